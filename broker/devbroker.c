@@ -1,0 +1,260 @@
+/* devbroker.c — see devbroker.h.
+ *
+ * librdkafka's mock brokers listen on ports they pick. To offer a port the
+ * user chooses, a small relay listens there and forwards each connection to
+ * broker 1; after bootstrap, clients follow the metadata to the brokers' own
+ * addresses, all on 127.0.0.1. */
+#include "devbroker.h"
+#include "kafka.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+struct devbroker {
+        rd_kafka_t *rk; /* bookkeeping handle the mock cluster needs */
+        rd_kafka_mock_cluster_t *mc;
+        int brokers;
+        int partitions;
+        char bootstrap[64];
+        struct sockaddr_in target; /* broker 1's own listener */
+        int listen_fd;
+        pthread_t relay_thread;
+        atomic_bool stopping;
+};
+
+static const char *const topics[] = { TOPIC_USAGE, TOPIC_CONTROL };
+
+/* Copies bytes both ways until either side closes. */
+static void *relay_connection(void *arg)
+{
+        int *fds = arg;
+        struct pollfd p[2] = { { fds[0], POLLIN, 0 }, { fds[1], POLLIN, 0 } };
+        char buf[65536];
+        for (;;) {
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        break;
+                }
+                bool done = false;
+                for (int i = 0; i < 2 && !done; i++) {
+                        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                                continue;
+                        ssize_t n = read(p[i].fd, buf, sizeof(buf));
+                        if (n <= 0) {
+                                done = true;
+                                break;
+                        }
+                        for (ssize_t off = 0; off < n;) {
+                                ssize_t w = write(p[1 - i].fd, buf + off, (size_t)(n - off));
+                                if (w <= 0) {
+                                        done = true;
+                                        break;
+                                }
+                                off += w;
+                        }
+                }
+                if (done)
+                        break;
+        }
+        close(fds[0]);
+        close(fds[1]);
+        free(fds);
+        return NULL;
+}
+
+static void *relay_accept(void *arg)
+{
+        struct devbroker *b = arg;
+        while (!atomic_load(&b->stopping)) {
+                int c = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+                if (c < 0) {
+                        if (errno == EINTR || errno == ECONNABORTED)
+                                continue;
+                        break; /* the listener was shut down */
+                }
+                int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (s < 0 || connect(s, (struct sockaddr *)&b->target, sizeof(b->target)) < 0) {
+                        if (s >= 0)
+                                close(s);
+                        close(c); /* broker down: the client sees a refused bootstrap */
+                        continue;
+                }
+                int *fds = malloc(2 * sizeof(int));
+                pthread_t t;
+                if (!fds) {
+                        close(c);
+                        close(s);
+                        continue;
+                }
+                fds[0] = c;
+                fds[1] = s;
+                if (pthread_create(&t, NULL, relay_connection, fds) != 0) {
+                        close(c);
+                        close(s);
+                        free(fds);
+                        continue;
+                }
+                pthread_detach(t);
+        }
+        return NULL;
+}
+
+static int start_relay(struct devbroker *b, int port, char *err, size_t errlen)
+{
+        /* The mock's bootstrap list starts with broker 1: "127.0.0.1:NNNNN,..." */
+        const char *boot = rd_kafka_mock_cluster_bootstraps(b->mc);
+        const char *colon = strchr(boot, ':');
+        if (!colon) {
+                snprintf(err, errlen, "unexpected mock bootstrap list \"%s\"", boot);
+                return -EPROTO;
+        }
+        b->target.sin_family = AF_INET;
+        b->target.sin_port = htons((uint16_t)atoi(colon + 1));
+        b->target.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+
+        b->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (b->listen_fd < 0)
+                return -errno;
+        int one = 1;
+        setsockopt(b->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        if (bind(b->listen_fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(b->listen_fd, 128) < 0) {
+                int e = errno;
+                snprintf(err, errlen, "could not listen on 127.0.0.1:%d: %s", port, strerror(e));
+                return -e;
+        }
+        if (pthread_create(&b->relay_thread, NULL, relay_accept, b) != 0) {
+                snprintf(err, errlen, "could not start the relay thread");
+                return -EAGAIN;
+        }
+        snprintf(b->bootstrap, sizeof(b->bootstrap), "127.0.0.1:%d", port);
+        return 0;
+}
+
+int devbroker_start(const struct devbroker_options *opt, struct devbroker **ret, char *err, size_t errlen)
+{
+        struct devbroker *b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        b->listen_fd = -1;
+        b->brokers = opt->brokers;
+        b->partitions = opt->partitions;
+        int r;
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set(conf, "log_level", "3", NULL, 0);
+        b->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, errlen);
+        if (!b->rk) {
+                rd_kafka_conf_destroy(conf);
+                r = -EINVAL;
+                goto fail;
+        }
+        b->mc = rd_kafka_mock_cluster_new(b->rk, opt->brokers);
+        if (!b->mc) {
+                snprintf(err, errlen, "could not create the mock cluster");
+                r = -EIO;
+                goto fail;
+        }
+        for (size_t i = 0; i < sizeof(topics) / sizeof(topics[0]); i++) {
+                rd_kafka_resp_err_t e = rd_kafka_mock_topic_create(b->mc, topics[i], opt->partitions,
+                                                                   opt->brokers < 3 ? opt->brokers : 3);
+                if (e) {
+                        snprintf(err, errlen, "could not create topic %s: %s", topics[i], rd_kafka_err2str(e));
+                        r = -EIO;
+                        goto fail;
+                }
+        }
+        if (opt->port > 0) {
+                if ((r = start_relay(b, opt->port, err, errlen)) < 0)
+                        goto fail;
+        } else {
+                snprintf(b->bootstrap, sizeof(b->bootstrap), "%s", rd_kafka_mock_cluster_bootstraps(b->mc));
+        }
+        *ret = b;
+        return 0;
+fail:
+        devbroker_free(b);
+        return r;
+}
+
+const char *devbroker_bootstrap(const struct devbroker *b) { return b->bootstrap; }
+
+int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t replylen)
+{
+        char cmd[32] = "";
+        long a1 = -1, a2 = -1, a3 = -1;
+        int n = sscanf(line, "%31s %ld %ld %ld", cmd, &a1, &a2, &a3);
+        rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+        if (n >= 1 && strcmp(cmd, "ping") == 0) {
+                snprintf(reply, replylen, "ok");
+                return 0;
+        }
+        if (n >= 1 && strcmp(cmd, "topics") == 0) {
+                snprintf(reply, replylen, "ok %s=%d %s=%d", TOPIC_USAGE, b->partitions, TOPIC_CONTROL,
+                         b->partitions);
+                return 0;
+        }
+        if (n >= 1 && (strcmp(cmd, "down") == 0 || strcmp(cmd, "up") == 0)) {
+                int32_t id = n >= 2 ? (int32_t)a1 : -1;
+                /* rd_kafka_mock_broker_set_down(-1) is documented but 2.0 only
+                 * matches real ids, so walk them. */
+                for (int32_t i = 1; i <= b->brokers && !e; i++)
+                        if (id < 0 || id == i)
+                                e = cmd[0] == 'd' ? rd_kafka_mock_broker_set_down(b->mc, i)
+                                                  : rd_kafka_mock_broker_set_up(b->mc, i);
+        } else if (n == 4 && strcmp(cmd, "error") == 0 && a3 > 0) {
+                rd_kafka_resp_err_t errs[1000];
+                size_t cnt = a3 > 1000 ? 1000 : (size_t)a3;
+                for (size_t i = 0; i < cnt; i++)
+                        errs[i] = (rd_kafka_resp_err_t)a2;
+                rd_kafka_mock_push_request_errors_array(b->mc, (int16_t)a1, cnt, errs);
+        } else if (n == 2 && strcmp(cmd, "clear") == 0) {
+                rd_kafka_mock_clear_request_errors(b->mc, (int16_t)a1);
+        } else if (n >= 2 && strcmp(cmd, "rtt") == 0 && a1 >= 0) {
+                for (int32_t i = 1; i <= b->brokers && !e; i++)
+                        if (n < 3 || a2 == i)
+                                e = rd_kafka_mock_broker_set_rtt(b->mc, i, (int)a1);
+        } else {
+                snprintf(reply, replylen,
+                         "error unknown command (down [ID], up [ID], error APIKEY ERRCODE COUNT, clear APIKEY, "
+                         "rtt MS [ID], topics, ping)");
+                return -EINVAL;
+        }
+        if (e) {
+                snprintf(reply, replylen, "error %s", rd_kafka_err2str(e));
+                return -EINVAL;
+        }
+        snprintf(reply, replylen, "ok");
+        return 0;
+}
+
+void devbroker_free(struct devbroker *b)
+{
+        if (!b)
+                return;
+        atomic_store(&b->stopping, true);
+        if (b->listen_fd >= 0) {
+                shutdown(b->listen_fd, SHUT_RDWR);
+                if (b->relay_thread)
+                        pthread_join(b->relay_thread, NULL);
+                close(b->listen_fd);
+        }
+        if (b->mc)
+                rd_kafka_mock_cluster_destroy(b->mc);
+        if (b->rk)
+                rd_kafka_destroy(b->rk);
+        free(b);
+}

@@ -1,0 +1,38 @@
+/* devbroker.h — the Kafka development broker: librdkafka's mock cluster, which
+ * speaks the real Kafka protocol on localhost, with tally's topics created.
+ *
+ * For development and tests only. It keeps everything in memory and forgets it
+ * when it exits; production points every daemon at a real Kafka cluster. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct devbroker;
+
+struct devbroker_options {
+        int port;          /* bootstrap port on 127.0.0.1; 0: use the mock's own listener */
+        int brokers;       /* brokers in the cluster, ids 1..brokers */
+        int partitions;    /* partitions of each tally topic */
+};
+
+/* Starts the cluster and creates the usage and control topics.
+ * Returns 0 and *ret, or -errno with the reason in err. */
+int devbroker_start(const struct devbroker_options *opt, struct devbroker **ret, char *err, size_t errlen);
+
+/* The bootstrap address clients use, "127.0.0.1:port". Owned by b. */
+const char *devbroker_bootstrap(const struct devbroker *b);
+
+/* Carries out one fault-injection command and writes a one-line reply:
+ *   down [ID]                 every broker (or broker ID) refuses connections
+ *   up [ID]                   they accept connections again
+ *   error APIKEY ERRCODE CNT  the next CNT requests of protocol APIKEY fail with ERRCODE
+ *   clear APIKEY              drop queued request errors of APIKEY
+ *   rtt MS [ID]               delay every response by MS milliseconds
+ *   topics                    list the topics and their partition counts
+ *   ping                      replies "ok"
+ * Returns 0 or -EINVAL. */
+int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t replylen);
+
+/* Stops everything. Accepts NULL. */
+void devbroker_free(struct devbroker *b);

@@ -1,0 +1,204 @@
+/* tally-broker — the Kafka development broker (librdkafka's mock cluster).
+ * For development and tests only: it keeps messages in memory and forgets them
+ * on exit. Production points every daemon at a real Kafka cluster. */
+#include "config.h"
+#include "devbroker.h"
+#include "log.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <poll.h>
+#include <unistd.h>
+
+struct broker_config {
+        int64_t port;
+        int64_t brokers;
+        int64_t partitions;
+        char *bootstrap_file;
+        char *control_socket;
+        char *log_level;
+};
+
+static const struct setting settings[] = {
+        { "port", SETTING_INT, "0", false, offsetof(struct broker_config, port), 0, 65535,
+          "Bootstrap port on 127.0.0.1; 0 lets the broker pick one" },
+        { "brokers", SETTING_INT, "1", false, offsetof(struct broker_config, brokers), 1, 16,
+          "Brokers in the development cluster" },
+        { "partitions", SETTING_INT, "4", false, offsetof(struct broker_config, partitions), 1, 1024,
+          "Partitions of the usage and control topics" },
+        { "bootstrap_file", SETTING_STRING, "", false, offsetof(struct broker_config, bootstrap_file), 0, 0,
+          "Write the bootstrap address to this file once ready (removed on exit)" },
+        { "control_socket", SETTING_STRING, "", false, offsetof(struct broker_config, control_socket), 0, 0,
+          "Unix socket for fault injection (see the ctl command)" },
+        SETTING_LOG_LEVEL(struct broker_config, log_level),
+        SETTINGS_END,
+};
+
+static const struct program_info program = {
+        .name = "tally-broker",
+        .summary = "Kafka development broker: librdkafka's mock cluster on localhost, with tally's topics.\n"
+                   "For development and tests only; production uses a real Kafka cluster.",
+        .usage = "[options] [ctl COMMAND...]",
+        .details = "Without a command it serves until SIGINT or SIGTERM and prints bootstrap=HOST:PORT.\n"
+                   "`ctl COMMAND` sends a fault to a running broker's --control-socket and prints the reply:\n"
+                   "  down [ID] | up [ID]             brokers refuse / accept connections\n"
+                   "  error APIKEY ERRCODE COUNT      fail the next COUNT requests of a protocol API\n"
+                   "  clear APIKEY | rtt MS [ID] | topics | ping",
+};
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+static int write_file_atomic(const char *path, const char *text)
+{
+        char tmp[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *f = fopen(tmp, "we");
+        if (!f)
+                return -errno;
+        fprintf(f, "%s\n", text);
+        if (fclose(f) != 0 || rename(tmp, path) < 0)
+                return -errno;
+        return 0;
+}
+
+static int open_control(const char *path)
+{
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (fd < 0 || strlen(path) >= sizeof(a.sun_path)) {
+                if (fd >= 0)
+                        close(fd);
+                return -ENAMETOOLONG;
+        }
+        strcpy(a.sun_path, path);
+        unlink(path);
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 16) < 0) {
+                int e = errno;
+                close(fd);
+                return -e;
+        }
+        return fd;
+}
+
+/* One command per connection: read a line, reply with a line. */
+static void serve_control(struct devbroker *b, int fd)
+{
+        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0)
+                return;
+        char line[256];
+        ssize_t n = read(c, line, sizeof(line) - 1);
+        if (n > 0) {
+                line[n] = '\0';
+                line[strcspn(line, "\r\n")] = '\0';
+                char reply[256];
+                int r = devbroker_command(b, line, reply, sizeof(reply));
+                log_info("fault command", "command=\"%s\" result=%s", line, r == 0 ? "ok" : "refused");
+                dprintf(c, "%s\n", reply);
+        }
+        close(c);
+}
+
+static int ctl(const char *path, int argc, char **argv)
+{
+        if (!path || !*path) {
+                fprintf(stderr, "tally-broker: ctl needs --control-socket\n");
+                return 2;
+        }
+        char line[256] = "";
+        for (int i = 0; i < argc; i++) {
+                strncat(line, argv[i], sizeof(line) - strlen(line) - 2);
+                strcat(line, i + 1 < argc ? " " : "\n");
+        }
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+                fprintf(stderr, "tally-broker: could not reach %s: %s\n", path, strerror(errno));
+                return 1;
+        }
+        if (write(fd, line, strlen(line)) < 0) {
+                close(fd);
+                return 1;
+        }
+        char reply[256];
+        ssize_t n = read(fd, reply, sizeof(reply) - 1);
+        close(fd);
+        if (n <= 0)
+                return 1;
+        reply[n] = '\0';
+        fputs(reply, stdout);
+        return strncmp(reply, "ok", 2) == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+        struct broker_config cfg = { 0 };
+        int argi, r = config_main(&program, settings, &cfg, argc, argv, &argi);
+        if (r >= 0)
+                return r;
+        int status = 1;
+        if (argi < argc) {
+                if (strcmp(argv[argi], "ctl") != 0 || argi + 1 >= argc) {
+                        fprintf(stderr, "tally-broker: unknown command \"%s\" (try --help)\n", argv[argi]);
+                        status = 2;
+                } else {
+                        status = ctl(cfg.control_socket, argc - argi - 1, argv + argi + 1);
+                }
+                config_free(settings, &cfg);
+                return status;
+        }
+
+        struct sigaction sa = { .sa_handler = on_signal };
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+
+        char err[512];
+        struct devbroker *b = NULL;
+        struct devbroker_options opt = { (int)cfg.port, (int)cfg.brokers, (int)cfg.partitions };
+        int ctl_fd = -1;
+        if ((r = devbroker_start(&opt, &b, err, sizeof(err))) < 0) {
+                log_error("could not start the development broker", "error=\"%s\"", err);
+                goto out;
+        }
+        if (*cfg.control_socket && (ctl_fd = open_control(cfg.control_socket)) < 0) {
+                log_error("could not open the control socket", "path=%s error=\"%s\"", cfg.control_socket,
+                          strerror(-ctl_fd));
+                goto out;
+        }
+        if (*cfg.bootstrap_file && (r = write_file_atomic(cfg.bootstrap_file, devbroker_bootstrap(b))) < 0) {
+                log_error("could not write the bootstrap file", "path=%s error=\"%s\"", cfg.bootstrap_file,
+                          strerror(-r));
+                goto out;
+        }
+        log_info("development broker ready", "bootstrap=%s brokers=%lld partitions=%lld", devbroker_bootstrap(b),
+                 (long long)cfg.brokers, (long long)cfg.partitions);
+        printf("bootstrap=%s\n", devbroker_bootstrap(b));
+        fflush(stdout);
+
+        while (!stop_requested) {
+                struct pollfd p = { ctl_fd, POLLIN, 0 };
+                int n = poll(&p, ctl_fd >= 0 ? 1 : 0, 500);
+                if (n > 0 && (p.revents & POLLIN))
+                        serve_control(b, ctl_fd);
+        }
+        log_info("development broker stopping", NULL);
+        status = 0;
+out:
+        if (ctl_fd >= 0) {
+                close(ctl_fd);
+                unlink(cfg.control_socket);
+        }
+        if (b && *cfg.bootstrap_file)
+                unlink(cfg.bootstrap_file);
+        devbroker_free(b);
+        config_free(settings, &cfg);
+        return status;
+}

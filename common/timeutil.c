@@ -1,0 +1,40 @@
+/* timeutil.c — see timeutil.h. */
+#include "timeutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <time.h>
+
+static int64_t now(clockid_t clock)
+{
+        struct timespec ts;
+        clock_gettime(clock, &ts);
+        return (int64_t)ts.tv_sec * NS_PER_SEC + ts.tv_nsec;
+}
+
+int64_t time_wall_ns(void) { return now(CLOCK_REALTIME); }
+int64_t time_mono_ns(void) { return now(CLOCK_MONOTONIC); }
+
+int64_t time_floor(int64_t t, int64_t unit)
+{
+        int64_t r = t % unit;
+        return r < 0 ? t - r - unit : t - r;
+}
+
+int time_format(char *buf, size_t size, int64_t wall_ns)
+{
+        int64_t sec = time_floor(wall_ns, NS_PER_SEC);
+        time_t s = (time_t)(sec / NS_PER_SEC);
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        char day[32];
+        strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+        return snprintf(buf, size, "%s.%09lldZ", day, (long long)(wall_ns - sec));
+}
+
+void time_sleep_ns(int64_t ns)
+{
+        struct timespec ts = { .tv_sec = ns / NS_PER_SEC, .tv_nsec = ns % NS_PER_SEC };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}

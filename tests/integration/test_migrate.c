@@ -1,0 +1,107 @@
+/* Integration: tally-migrate against a real PostgreSQL. Applying twice changes
+ * nothing; a database newer than the code is refused; a failing migration
+ * leaves nothing of itself behind. */
+#include "support.h"
+
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+
+static char *query1(const char *url, const char *sql)
+{
+        PGconn *c = PQconnectdb(url);
+        PGresult *r = PQexec(c, sql);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                v = strdup(PQgetvalue(r, 0, 0));
+        else
+                fprintf(stderr, "query failed: %s: %s\n", sql, PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+        return v ? v : strdup("<error>");
+}
+
+/* A fingerprint of the schema and the data that migrations write. */
+static char *fingerprint(const char *url)
+{
+        return query1(url,
+                      "SELECT md5(string_agg(table_name || '.' || column_name || ':' || data_type, ',' "
+                      "ORDER BY table_name, column_name)) || '/' || "
+                      "(SELECT count(*) FROM schema_migrations) || '/' || "
+                      "(SELECT string_agg(plan_id || meter || nanodollars_per_unit, ',' ORDER BY meter) FROM plan_rates)"
+                      " FROM information_schema.columns WHERE table_schema = 'public'");
+}
+
+static int migrate(const char *url, const char *dir, char **err)
+{
+        char *argv[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", (char *)url,
+                         dir ? "--sql-dir" : NULL, (char *)dir, NULL };
+        return test_run(argv, NULL, err);
+}
+
+int main(void)
+{
+        char *url = test_db_create("migrate");
+        char *err = NULL;
+
+        CHECK(migrate(url, NULL, &err) == 0, "first apply failed: %s", err);
+        free(err);
+        char *one = fingerprint(url);
+        CHECK(strstr(one, "/1/") != NULL, "expected one migration recorded, got %s", one);
+        CHECK(strstr(one, "default" "cpu" "25000000") != NULL, "default plan missing: %s", one);
+
+        CHECK(migrate(url, NULL, &err) == 0, "second apply failed: %s", err);
+        CHECK(strstr(err, "applied=0") != NULL, "second apply should apply nothing: %s", err);
+        free(err);
+        char *two = fingerprint(url);
+        CHECK(strcmp(one, two) == 0, "applying twice changed the database: %s vs %s", one, two);
+
+        /* A database that has a migration this code lacks. */
+        PGconn *c = PQconnectdb(url);
+        PQclear(PQexec(c, "INSERT INTO schema_migrations (version, name) VALUES (999, '999_future.sql')"));
+        PQfinish(c);
+        int rc = migrate(url, NULL, &err);
+        CHECK(rc != 0, "a newer database was accepted");
+        CHECK(strstr(err, "newer than the newest this tally has") != NULL, "unclear refusal: %s", err);
+        free(err);
+
+        /* A failing migration applies nothing of itself. */
+        char *dir = test_tmpdir("sql");
+        char path[512];
+        snprintf(path, sizeof(path), "%s/001_a.sql", dir);
+        FILE *f = fopen(path, "w");
+        fputs("CREATE TABLE a (x int);", f);
+        fclose(f);
+        snprintf(path, sizeof(path), "%s/002_b.sql", dir);
+        f = fopen(path, "w");
+        fputs("CREATE TABLE b (x int); SELECT no_such_function();", f);
+        fclose(f);
+        char *url2 = test_db_create("migrate_fail");
+        rc = migrate(url2, dir, &err);
+        CHECK(rc != 0, "a failing migration was reported as success");
+        CHECK(strstr(err, "002_b.sql failed, nothing of it applied") != NULL, "unclear failure: %s", err);
+        free(err);
+        char *tables = query1(url2, "SELECT string_agg(table_name, ',' ORDER BY table_name) FROM "
+                                    "information_schema.tables WHERE table_schema = 'public'");
+        CHECK(strcmp(tables, "a,schema_migrations") == 0, "partial migration left behind: %s", tables);
+
+        /* A badly named file is refused before anything runs. */
+        snprintf(path, sizeof(path), "%s/3_c.sql", dir);
+        f = fopen(path, "w");
+        fputs("SELECT 1;", f);
+        fclose(f);
+        rc = migrate(url2, dir, &err);
+        CHECK(rc != 0 && strstr(err, "3_c.sql is not named NNN_name.sql"), "bad name not refused: %s", err);
+        free(err);
+
+        free(one);
+        free(two);
+        free(tables);
+        free(dir);
+        test_db_drop(url);
+        test_db_drop(url2);
+        return test_result();
+}

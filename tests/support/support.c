@@ -1,0 +1,185 @@
+/* support.c — see support.h. */
+#include "support.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+int test_failures;
+
+int test_result(void)
+{
+        if (test_failures)
+                fprintf(stderr, "%d check(s) failed\n", test_failures);
+        return test_failures ? 1 : 0;
+}
+
+const char *test_env(const char *name)
+{
+        const char *v = getenv(name);
+        if (!v || !*v) {
+                fprintf(stderr, "FAIL: %s is not set; run the integration suite through ./scripts/test, "
+                                "which starts PostgreSQL and the development broker\n", name);
+                exit(1);
+        }
+        return v;
+}
+
+static PGconn *admin(void)
+{
+        PGconn *c = PQconnectdb(test_env("TALLY_TEST_PG_URL"));
+        if (PQstatus(c) != CONNECTION_OK) {
+                fprintf(stderr, "FAIL: could not connect to the test cluster: %s\n", PQerrorMessage(c));
+                exit(1);
+        }
+        return c;
+}
+
+static void admin_exec(const char *sql)
+{
+        PGconn *c = admin();
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fprintf(stderr, "FAIL: %s: %s\n", sql, PQerrorMessage(c));
+                exit(1);
+        }
+        PQclear(r);
+        PQfinish(c);
+}
+
+char *test_db_create(const char *prefix)
+{
+        static unsigned counter;
+        char name[64], sql[128];
+        snprintf(name, sizeof(name), "t_%s_%d_%u", prefix, (int)getpid(), counter++);
+        snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
+        admin_exec(sql);
+        const char *base = test_env("TALLY_TEST_PG_URL");
+        const char *slash = strrchr(base, '/');
+        char *url;
+        if (asprintf(&url, "%.*s/%s", (int)(slash - base), base, name) < 0)
+                abort();
+        return url;
+}
+
+void test_db_drop(char *url)
+{
+        if (!url)
+                return;
+        char sql[128];
+        snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", strrchr(url, '/') + 1);
+        admin_exec(sql);
+        free(url);
+}
+
+static char *drain(int fd)
+{
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&buf, &len);
+        char chunk[4096];
+        ssize_t n;
+        while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+                fwrite(chunk, 1, (size_t)n, mem);
+        fclose(mem);
+        return buf;
+}
+
+int test_run(char *const argv[], char **out, char **err)
+{
+        int po[2], pe[2];
+        if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0)
+                abort();
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, po[1], 1);
+        posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
+        pid_t pid;
+        if (posix_spawn(&pid, argv[0], &fa, NULL, argv, environ) != 0) {
+                fprintf(stderr, "FAIL: could not run %s: %s\n", argv[0], strerror(errno));
+                exit(1);
+        }
+        posix_spawn_file_actions_destroy(&fa);
+        close(po[1]);
+        close(pe[1]);
+        /* stderr is drained on a second pass; outputs here are small. */
+        char *o = drain(po[0]);
+        char *e = drain(pe[0]);
+        close(po[0]);
+        close(pe[0]);
+        int st;
+        waitpid(pid, &st, 0);
+        if (out)
+                *out = o;
+        else
+                free(o);
+        if (err)
+                *err = e;
+        else
+                free(e);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path)
+{
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, out_path ? out_path : "/dev/null",
+                                         O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        posix_spawn_file_actions_addopen(&fa, 2, err_path ? err_path : "/dev/null",
+                                         O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        pid_t pid;
+        int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (r != 0) {
+                fprintf(stderr, "FAIL: could not start %s: %s\n", argv[0], strerror(r));
+                exit(1);
+        }
+        return pid;
+}
+
+int test_wait_file(const char *path, int timeout_ms)
+{
+        for (int waited = 0; waited < timeout_ms; waited += 20) {
+                struct stat st;
+                if (stat(path, &st) == 0 && st.st_size > 0)
+                        return 0;
+                struct timespec ts = { 0, 20 * 1000000 };
+                nanosleep(&ts, NULL);
+        }
+        return -ETIMEDOUT;
+}
+
+char *test_read_file(const char *path)
+{
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return NULL;
+        char *s = drain(fd);
+        close(fd);
+        size_t n = strlen(s);
+        while (n && s[n - 1] == '\n')
+                s[--n] = '\0';
+        return s;
+}
+
+char *test_tmpdir(const char *prefix)
+{
+        const char *base = getenv("TALLY_TEST_WORK");
+        char *path;
+        if (asprintf(&path, "%s/%s.XXXXXX", base && *base ? base : "/tmp", prefix) < 0 || !mkdtemp(path))
+                abort();
+        return path;
+}

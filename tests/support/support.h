@@ -1,0 +1,49 @@
+/* support.h — what integration tests share: the throwaway services scripts/test
+ * started, fresh databases, and running tally's binaries as real processes.
+ * A missing service is a failure, never a skip: a test that did not run did
+ * not pass. */
+#pragma once
+
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+/* CHECK records a failed expectation with its reason and goes on, so one run
+ * reports every broken invariant; main returns test_result(). */
+extern int test_failures;
+#define CHECK(cond, ...)                                                                  \
+        do {                                                                              \
+                if (!(cond)) {                                                            \
+                        test_failures++;                                                  \
+                        fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
+                        fprintf(stderr, __VA_ARGS__);                                     \
+                        fputc('\n', stderr);                                              \
+                }                                                                         \
+        } while (0)
+int test_result(void);
+
+/* The value of an environment variable the test needs; aborts the test with a
+ * message naming it (and scripts/test) when unset. */
+const char *test_env(const char *name);
+
+/* Creates an empty database on the test cluster and returns its URL (malloc'd). */
+char *test_db_create(const char *prefix);
+/* Drops it (forcing connections off) and frees url. */
+void test_db_drop(char *url);
+
+/* Runs argv to completion (envp NULL: this environment), capturing stdout and
+ * stderr (malloc'd, NUL-terminated; pass NULL to discard). Returns the exit
+ * status, or 128+signal. */
+int test_run(char *const argv[], char **out, char **err);
+
+/* Starts argv in the background with stdout and stderr to files (NULL: /dev/null). */
+pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path);
+
+/* Waits until path exists and is non-empty, up to timeout_ms. Returns 0 or -ETIMEDOUT. */
+int test_wait_file(const char *path, int timeout_ms);
+
+/* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
+char *test_read_file(const char *path);
+
+/* A fresh folder under the test run's work folder (malloc'd). */
+char *test_tmpdir(const char *prefix);
