@@ -143,3 +143,25 @@ stop_pidfile() {
   fi
   rm -f "$f"
 }
+
+# start_test_services WORK: a throwaway PostgreSQL cluster and development
+# broker under WORK, for tests and benchmarks; exports TALLY_TEST_PG_URL,
+# TALLY_TEST_BROKERS, TALLY_TEST_BROKER_CONTROL and TALLY_TEST_WORK.
+# stop_test_services WORK removes them.
+start_test_services() {
+  local work=$1 build=${2:-$TALLY_ROOT/build} port
+  chmod 755 "$work"
+  port=$(free_port)
+  TALLY_PG_FSYNC=${TALLY_PG_FSYNC:-off} pg_start "$work/pg/data" "$port" "$work/postgresql.log"
+  broker_start "$build/broker/tally-broker" "$work/run" 0
+  export TALLY_TEST_PG_URL="postgresql://tally@127.0.0.1:$port/postgres"
+  export TALLY_TEST_BROKERS; TALLY_TEST_BROKERS=$(cat "$work/run/broker.bootstrap")
+  export TALLY_TEST_BROKER_CONTROL=$work/run/broker.sock
+  export TALLY_TEST_WORK=$work
+}
+stop_test_services() {
+  local work=$1
+  stop_pidfile "$work/run/broker.pid"
+  pg_stop "$work/pg/data"
+  rm -rf "$work"
+}

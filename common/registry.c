@@ -1,0 +1,233 @@
+/* registry.c — see registry.h. */
+#include "registry.h"
+#include "log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int registry_path(char *buf, size_t size, const char *state_dir, const char *id)
+{
+        int n = snprintf(buf, size, "%s/" REGISTRY_DIR "/%s.json", state_dir, id);
+        return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+void sandbox_record_clear(struct sandbox_record *rec)
+{
+        if (!rec)
+                return;
+        free(rec->labels);
+        memset(rec, 0, sizeof(*rec));
+}
+
+static json_t *to_json(const struct sandbox_record *r)
+{
+        json_t *labels = json_object();
+        for (size_t i = 0; i < r->nlabels; i++)
+                json_object_set_new(labels, r->labels[i].key, json_string(r->labels[i].value));
+        return json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, "
+                         "s:s, s:s, s:s, s:i, s:o}",
+                         "v", 1, "id", r->id, "account", r->account, "key", r->key, "host", r->host,
+                         "parent", r->parent, "backend", r->backend, "state", sandbox_state_name(r->state),
+                         "vcpus", (json_int_t)r->vcpus, "mem_size_bytes", (json_int_t)r->mem_size_bytes,
+                         "disk_size_bytes", (json_int_t)r->disk_size_bytes, "epoch", (json_int_t)r->epoch,
+                         "created_ns", (json_int_t)r->created_ns, "timeout_ns", (json_int_t)r->timeout_ns,
+                         "final_cpu_ns", (json_int_t)r->final_cpu_ns, "cgroup_version", r->cgroup_version,
+                         "cgroup_cpu", r->cgroup_cpu, "cgroup_memory", r->cgroup_memory, "disk_path",
+                         r->disk_path, "pid", (int)r->pid, "labels", labels);
+}
+
+int registry_write(const char *state_dir, const struct sandbox_record *rec)
+{
+        if (!event_id_valid(rec->id))
+                return -EINVAL;
+        char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX + 8];
+        snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir);
+        if (mkdir(state_dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        if (registry_path(path, sizeof(path), state_dir, rec->id) < 0)
+                return -ENAMETOOLONG;
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        json_t *j = to_json(rec);
+        if (!j)
+                return -ENOMEM;
+        char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS);
+        json_decref(j);
+        if (!text)
+                return -ENOMEM;
+        int r = 0;
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+                r = -errno;
+                goto out;
+        }
+        size_t len = strlen(text);
+        if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
+                r = errno ? -errno : -EIO;
+        if (close(fd) < 0 && r == 0)
+                r = -errno;
+        if (r == 0 && rename(tmp, path) < 0)
+                r = -errno;
+        if (r < 0)
+                unlink(tmp);
+out:
+        free(text);
+        return r;
+}
+
+static int copy_str(json_t *o, const char *name, char *out, size_t size, bool required)
+{
+        json_t *v = json_object_get(o, name);
+        if (!v)
+                return required ? -EINVAL : 0;
+        if (!json_is_string(v) || json_string_length(v) >= size)
+                return -EINVAL;
+        memcpy(out, json_string_value(v), json_string_length(v) + 1);
+        return 0;
+}
+
+static int get_u64(json_t *o, const char *name, uint64_t *out)
+{
+        json_t *v = json_object_get(o, name);
+        if (!v)
+                return 0;
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+                return -EINVAL;
+        *out = (uint64_t)json_integer_value(v);
+        return 0;
+}
+
+int registry_read_file(const char *path, struct sandbox_record *ret)
+{
+        json_error_t err;
+        json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+        if (!o) {
+                if (access(path, F_OK) < 0)
+                        return -ENOENT;
+                return -EINVAL;
+        }
+        struct sandbox_record r = { 0 };
+        char state[16] = "";
+        uint64_t vcpus = 0, created = 0, timeout = 0, version = 0, pid = 0;
+        int bad = !json_is_object(o) || copy_str(o, "id", r.id, sizeof(r.id), true) ||
+                  copy_str(o, "account", r.account, sizeof(r.account), true) ||
+                  copy_str(o, "key", r.key, sizeof(r.key), false) ||
+                  copy_str(o, "host", r.host, sizeof(r.host), false) ||
+                  copy_str(o, "parent", r.parent, sizeof(r.parent), false) ||
+                  copy_str(o, "backend", r.backend, sizeof(r.backend), false) ||
+                  copy_str(o, "state", state, sizeof(state), true) ||
+                  copy_str(o, "cgroup_cpu", r.cgroup_cpu, sizeof(r.cgroup_cpu), true) ||
+                  copy_str(o, "cgroup_memory", r.cgroup_memory, sizeof(r.cgroup_memory), true) ||
+                  copy_str(o, "disk_path", r.disk_path, sizeof(r.disk_path), false) ||
+                  get_u64(o, "vcpus", &vcpus) || get_u64(o, "mem_size_bytes", &r.mem_size_bytes) ||
+                  get_u64(o, "disk_size_bytes", &r.disk_size_bytes) || get_u64(o, "epoch", &r.epoch) ||
+                  get_u64(o, "created_ns", &created) || get_u64(o, "timeout_ns", &timeout) ||
+                  get_u64(o, "final_cpu_ns", &r.final_cpu_ns) || get_u64(o, "cgroup_version", &version) ||
+                  get_u64(o, "pid", &pid) || sandbox_state_parse(state, &r.state) < 0 ||
+                  !event_id_valid(r.id) || !event_id_valid(r.account) || (version != 1 && version != 2);
+        r.vcpus = (uint32_t)vcpus;
+        r.created_ns = (int64_t)created;
+        r.timeout_ns = (int64_t)timeout;
+        r.cgroup_version = (int)version;
+        r.pid = (pid_t)pid;
+        json_t *labels = json_object_get(o, "labels");
+        if (!bad && labels && json_is_object(labels)) {
+                struct usage_event tmp = { 0 };
+                const char *k;
+                json_t *v;
+                json_object_foreach(labels, k, v) {
+                        if (!json_is_string(v) || event_add_label(&tmp, k, json_string_value(v)) < 0) {
+                                bad = 1;
+                                break;
+                        }
+                }
+                r.labels = tmp.labels;
+                r.nlabels = tmp.nlabels;
+        }
+        json_decref(o);
+        if (bad) {
+                sandbox_record_clear(&r);
+                return -EINVAL;
+        }
+        *ret = r;
+        return 0;
+}
+
+int registry_read(const char *state_dir, const char *id, struct sandbox_record *ret)
+{
+        char path[PATH_MAX];
+        if (!event_id_valid(id) || registry_path(path, sizeof(path), state_dir, id) < 0)
+                return -EINVAL;
+        return registry_read_file(path, ret);
+}
+
+int registry_remove(const char *state_dir, const char *id)
+{
+        char path[PATH_MAX];
+        if (!event_id_valid(id) || registry_path(path, sizeof(path), state_dir, id) < 0)
+                return -EINVAL;
+        if (unlink(path) < 0 && errno != ENOENT)
+                return -errno;
+        return 0;
+}
+
+void registry_list_free(struct sandbox_record *list, int n)
+{
+        for (int i = 0; list && i < n; i++)
+                sandbox_record_clear(&list[i]);
+        free(list);
+}
+
+int registry_list(const char *state_dir, struct sandbox_record **ret)
+{
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir);
+        DIR *d = opendir(dir);
+        if (!d) {
+                if (errno == ENOENT) {
+                        *ret = NULL;
+                        return 0;
+                }
+                return -errno;
+        }
+        struct sandbox_record *list = NULL;
+        int n = 0, cap = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                size_t len = strlen(de->d_name);
+                if (len < 6 || strcmp(de->d_name + len - 5, ".json") != 0)
+                        continue;
+                char path[PATH_MAX + 256];
+                snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+                struct sandbox_record rec;
+                int r = registry_read_file(path, &rec);
+                if (r < 0) {
+                        if (r != -ENOENT)
+                                log_warn("skipping an invalid registry record", "path=%s", path);
+                        continue;
+                }
+                if (n == cap) {
+                        cap = cap ? cap * 2 : 64;
+                        struct sandbox_record *l = realloc(list, (size_t)cap * sizeof(*l));
+                        if (!l) {
+                                sandbox_record_clear(&rec);
+                                registry_list_free(list, n);
+                                closedir(d);
+                                return -ENOMEM;
+                        }
+                        list = l;
+                }
+                list[n++] = rec;
+        }
+        closedir(d);
+        *ret = list;
+        return n;
+}

@@ -1,0 +1,65 @@
+/* registry.h — the host's sandbox registry: one JSON file per sandbox in
+ * <state_dir>/sandboxes/<id>.json, written by tally-vmm, read by
+ * tally-collector (which watches the folder) and by a restarted tally-vmm.
+ *
+ * Writes are atomic (temporary file, fsync, rename), so a reader sees the old
+ * record or the new one, never half. The record outlives the sandbox's cgroup
+ * until its final counter is safe: see docs/registry.md for the stop handshake
+ * between vmm and collector. */
+#pragma once
+
+#include "event.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define REGISTRY_DIR "sandboxes"
+
+struct sandbox_record {
+        char id[EVENT_ID_MAX + 1];
+        char account[EVENT_ID_MAX + 1];
+        char key[EVENT_ID_MAX + 1];
+        char host[EVENT_ID_MAX + 1];
+        char parent[EVENT_ID_MAX + 1];   /* set for a fork's copy */
+        char backend[16];                /* "process" or "qemu" */
+        enum sandbox_state state;
+        uint32_t vcpus;
+        uint64_t mem_size_bytes;
+        uint64_t disk_size_bytes;
+        uint64_t epoch;                  /* changes whenever the cgroup (and its counters) is recreated */
+        int64_t created_ns;              /* wall clock */
+        int64_t timeout_ns;              /* wall clock deadline, 0: none */
+        uint64_t final_cpu_ns;           /* set with state stopped: the last counter read */
+        int cgroup_version;              /* 1 or 2 */
+        char cgroup_cpu[PATH_MAX];       /* folder holding cpuacct.usage (v1) or cpu.stat (v2) */
+        char cgroup_memory[PATH_MAX];    /* folder holding memory.usage_in_bytes (v1) or memory.current (v2) */
+        char disk_path[PATH_MAX];        /* the sandbox's disk (file or folder); "" if none */
+        pid_t pid;                       /* the sandbox's main process on this host */
+        size_t nlabels;
+        struct event_label *labels;      /* owned; freed by sandbox_record_clear */
+};
+
+/* Writes rec to <state_dir>/sandboxes/<id>.json atomically, creating the
+ * folder. Returns 0 or -errno. */
+int registry_write(const char *state_dir, const struct sandbox_record *rec);
+
+/* Reads one record file. Returns 0 and fills *ret (clear it later), -ENOENT,
+ * or -EINVAL for a file that is not a valid record. */
+int registry_read_file(const char *path, struct sandbox_record *ret);
+int registry_read(const char *state_dir, const char *id, struct sandbox_record *ret);
+
+/* Removes a record. Missing is fine. Returns 0 or -errno. */
+int registry_remove(const char *state_dir, const char *id);
+
+/* Reads every valid record (invalid files are skipped and logged). *ret is a
+ * malloc'd array the caller frees with registry_list_free. Returns the count or -errno. */
+int registry_list(const char *state_dir, struct sandbox_record **ret);
+void registry_list_free(struct sandbox_record *list, int n);
+
+/* Frees what the record owns and zeroes it. Accepts NULL. */
+void sandbox_record_clear(struct sandbox_record *rec);
+
+/* The record's path (for watchers): <state_dir>/sandboxes/<id>.json. */
+int registry_path(char *buf, size_t size, const char *state_dir, const char *id);
