@@ -160,12 +160,12 @@ int main(int argc, char **argv)
         sigaction(SIGTERM, &sa, NULL);
         signal(SIGPIPE, SIG_IGN);
 
-        char err[512];
+        char err[512], quoted[600];
         struct devbroker *b = NULL;
         struct devbroker_options opt = { (int)cfg.port, (int)cfg.brokers, (int)cfg.partitions };
         int ctl_fd = -1;
         if ((r = devbroker_start(&opt, &b, err, sizeof(err))) < 0) {
-                log_error("could not start the development broker", "error=\"%s\"", err);
+                log_error("could not start the development broker", "error=%s", log_quote(quoted, sizeof(quoted), err));
                 goto out;
         }
         if (*cfg.control_socket && (ctl_fd = open_control(cfg.control_socket)) < 0) {

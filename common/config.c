@@ -337,14 +337,17 @@ void config_free(const struct setting *table, void *cfg)
 int config_main(const struct program_info *prog, const struct setting *table, void *cfg,
                 int argc, char **argv, int *ret_argi)
 {
-        char err[512] = "";
+        char err[512] = "", quoted[600];
         log_set_component(prog->name);
         int r = config_load(prog, table, cfg, argc, argv, ret_argi, err, sizeof(err));
-        if (r == CONFIG_EXIT)
+        if (r == CONFIG_EXIT) {
+                config_free(table, cfg);
                 return 0;
+        }
         if (r < 0) {
                 fprintf(stderr, "%s: %s\n", prog->name, err);
-                log_error("configuration refused", "error=\"%s\"", err);
+                log_error("configuration refused", "error=%s", log_quote(quoted, sizeof(quoted), err));
+                config_free(table, cfg);
                 return 2;
         }
         const struct setting *lvl = find(table, "log_level", 9);
@@ -354,9 +357,10 @@ int config_main(const struct program_info *prog, const struct setting *table, vo
                 if (!name || log_level_parse(name, &level) < 0) {
                         fprintf(stderr, "%s: invalid value for log_level: \"%s\" (debug, info, warn or error)\n",
                                 prog->name, name ? name : "");
+                        config_free(table, cfg);
                         return 2;
                 }
                 log_set_level(level);
         }
-        return -1; /* continue */
+        return -1; /* go on */
 }

@@ -24,12 +24,11 @@ int log_level_parse(const char *s, enum log_level *ret)
         return -EINVAL;
 }
 
-/* Copies s into out as a quoted value, escaping quotes, backslashes and newlines. */
-static void quote(char *out, size_t size, const char *s)
+const char *log_quote(char *out, size_t size, const char *s)
 {
         size_t n = 0;
         if (size < 3)
-                return;
+                return "";
         out[n++] = '"';
         for (; *s && n + 3 < size; s++) {
                 char c = *s;
@@ -45,6 +44,7 @@ static void quote(char *out, size_t size, const char *s)
         }
         out[n++] = '"';
         out[n] = '\0';
+        return out;
 }
 
 void log_eventv(enum log_level level, const char *msg, const char *fields, va_list ap)
@@ -59,7 +59,7 @@ void log_eventv(enum log_level level, const char *msg, const char *fields, va_li
         char when[32];
         strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
         char qmsg[512];
-        quote(qmsg, sizeof(qmsg), msg);
+        log_quote(qmsg, sizeof(qmsg), msg);
         char rest[1024] = "";
         if (fields) {
                 errno = saved;

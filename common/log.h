@@ -7,6 +7,7 @@
 #pragma once
 
 #include <stdarg.h>
+#include <stddef.h>
 
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
@@ -17,6 +18,10 @@ enum log_level log_get_level(void);
 
 /* Parses "debug", "info", "warn" or "error". Returns 0, or -EINVAL. */
 int log_level_parse(const char *s, enum log_level *ret);
+
+/* Writes s into out as a quoted log value ("a \"b\""), escaping quotes,
+ * backslashes and newlines, and returns out. For fields that may hold spaces. */
+const char *log_quote(char *out, size_t size, const char *s);
 
 /* msg is the quoted human part; fields, if not NULL, is a printf format of
  * further key=value pairs, e.g. "partition=%d offset=%lld". */

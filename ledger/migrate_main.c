@@ -50,11 +50,11 @@ int main(int argc, char **argv)
         if (!dir || !*dir)
                 dir = access(TALLY_SOURCE_SQL_DIR, R_OK) == 0 ? TALLY_SOURCE_SQL_DIR : TALLY_INSTALLED_SQL_DIR;
 
-        char err[1024];
+        char err[1024], quoted[1100];
         int status = 1;
         PGconn *conn = db_connect(cfg.database_url, err, sizeof(err));
         if (!conn) {
-                log_error("could not connect", "error=\"%s\"", err);
+                log_error("could not connect", "error=%s", log_quote(quoted, sizeof(quoted), err));
                 goto out;
         }
         if (strcmp(cmd, "status") == 0) {
@@ -62,7 +62,7 @@ int main(int argc, char **argv)
                 int n = migrations_list(dir, &list, err, sizeof(err));
                 int v = n < 0 ? n : db_schema_version(conn, err, sizeof(err));
                 if (v < 0) {
-                        log_error("could not read status", "error=\"%s\"", err);
+                        log_error("could not read status", "error=%s", log_quote(quoted, sizeof(quoted), err));
                 } else {
                         printf("database=%d newest=%d\n", v, n ? list[n - 1].version : 0);
                         status = 0;
@@ -73,7 +73,7 @@ int main(int argc, char **argv)
         int applied = 0;
         r = migrations_apply(conn, dir, &applied, err, sizeof(err));
         if (r < 0) {
-                log_error("migrations refused", "error=\"%s\"", err);
+                log_error("migrations refused", "error=%s", log_quote(quoted, sizeof(quoted), err));
                 goto out;
         }
         log_info("schema up to date", "applied=%d dir=%s", applied, dir);
