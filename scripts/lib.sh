@@ -47,7 +47,7 @@ build_tally() {
 # The user PostgreSQL runs as, and a command prefix that runs as it.
 pg_user() { if [ "$(id -u)" -eq 0 ]; then echo tally; else id -un; fi; }
 as_pg() {
-  if [ "$(id -u)" -eq 0 ]; then runuser -u tally -- "$@"; else "$@"; fi
+  if [ "$(id -u)" -eq 0 ]; then (cd / && runuser -u tally -- "$@"); else "$@"; fi
 }
 ensure_pg_user() {
   [ "$(id -u)" -eq 0 ] || return 0
