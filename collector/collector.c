@@ -656,13 +656,12 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
                         int64_t done = time_mono_ns();
                         M_SET(c, tick_duration_us, (done - now) / NS_PER_US);
                         M_ADD(c, ticks_total, 1);
-                        next_tick += tick_ns;
-                        if (done > next_tick) {
-                                /* Overran: counted, and the next tick starts at once instead of being skipped. */
+                        bool overran;
+                        next_tick = tick_next(next_tick, tick_ns, done, &overran);
+                        if (overran) {
                                 M_ADD(c, tick_overruns_total, 1);
                                 log_warn("tick overran its interval", "duration_us=%lld tick_ms=%lld",
                                          (long long)((done - now) / NS_PER_US), (long long)c->opt.tick_ms);
-                                next_tick = done;
                         }
                         if (done - second_start >= NS_PER_SEC) {
                                 uint64_t total = M_GET(c, samples_total);

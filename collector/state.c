@@ -92,9 +92,10 @@ int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
         if (r == 0 && sscanf(text, "%" SCNu64, &last) != 1)
                 return -EINVAL;
         uint64_t next = last + 1;
-        if (now_sec > 0 && (uint64_t)now_sec > next)
-                next = (uint64_t)now_sec;
-        if (next > UINT32_MAX)
+        int64_t since = now_sec - GENERATION_EPOCH_S;
+        if (since > 0 && (uint64_t)since > next)
+                next = (uint64_t)since;
+        if (next > INT32_MAX)
                 return -EOVERFLOW;
         int len = snprintf(text, sizeof(text), "%" PRIu64 "\n", next);
         if ((r = state_write_atomic(path, text, (size_t)len)) < 0)

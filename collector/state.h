@@ -14,8 +14,11 @@
 int state_prepare(const char *state_dir);
 
 /* Reads the last generation, stores and returns the next one: above the last,
- * and at least the Unix time in seconds (so a lost state folder still gives a
- * higher generation unless the clock went back). Returns 0 or -errno. */
+ * and at least the seconds since GENERATION_EPOCH_S (so a lost state folder
+ * still gives a higher generation unless the clock went back; counted from
+ * 2023-11-14 so that seq = generation << 32 stays below 2^63 until about 2091).
+ * Returns 0 or -errno. */
+#define GENERATION_EPOCH_S INT64_C(1700000000)
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret);
 
 /* A sandbox's persisted epoch: the epoch published and the record epoch it was

@@ -57,3 +57,10 @@ int64_t wall_guard_next(struct wall_guard *g, int64_t real, int64_t mono)
         g->last_real = real;
         return wall;
 }
+
+int64_t tick_next(int64_t planned, int64_t tick_ns, int64_t done, bool *ret_overran)
+{
+        int64_t next = planned + tick_ns;
+        *ret_overran = done > next;
+        return *ret_overran ? done : next;
+}

@@ -56,3 +56,9 @@ struct wall_guard {
 
 /* Returns the wall time to stamp on a reading taken at (real, mono). */
 int64_t wall_guard_next(struct wall_guard *g, int64_t real, int64_t mono);
+
+/* Tick scheduling on the monotonic clock: the tick planned at `planned` ended
+ * at `done`. Returns when the next tick starts: planned + tick_ns, or, if the
+ * tick overran that, `done` itself (the next tick runs at once and is never
+ * skipped silently); *ret_overran says which. */
+int64_t tick_next(int64_t planned, int64_t tick_ns, int64_t done, bool *ret_overran);
