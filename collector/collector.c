@@ -50,6 +50,7 @@ struct sandbox {
         struct epoch_track track;
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
+        uint64_t peak_bytes;          /* the last peak read */
         bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
         int pending_len;
         char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
@@ -65,6 +66,7 @@ struct collector {
         int inotify_fd;
         uint32_t generation;
         uint32_t seq_counter;
+        uint64_t ticks;
         struct wall_guard wall;
         struct sandbox *hash[HASH_SIZE];
         struct sandbox **list;
@@ -178,12 +180,29 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         ev->state = s->state;
         ev->cpu_ns = cpu_ns;
         ev->mem_bytes = rd ? rd->mem_bytes : 0;
-        ev->mem_peak_bytes = rd ? rd->mem_peak_bytes : 0;
+        ev->mem_peak_bytes = rd ? s->peak_bytes : 0;
         ev->mem_size_bytes = s->mem_size_bytes;
         ev->disk_bytes = s->disk_bytes;
         ev->vcpus = s->vcpus;
         ev->final = s->state == STATE_STOPPED;
         M_SET(c, clock_steps_total, c->wall.steps);
+}
+
+/* Opens a sandbox's counter files, outside the hot path. */
+static int open_files(struct collector *c, struct sandbox *s)
+{
+        int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, &s->files);
+        if (r < 0) {
+                if (!s->gone_logged)
+                        log_warn("could not open a sandbox's cgroup", "sandbox=%s path=%s error=\"%s\"", s->id,
+                                 s->cpu_dir, strerror(-r));
+                s->gone_logged = true;
+                return r;
+        }
+        if (s->files.transient)
+                log_warn("out of file descriptors: this sandbox's counters are opened on every read",
+                         "sandbox=%s", s->id);
+        return 0;
 }
 
 /* Applies the epoch rules to a counter and persists an epoch the collector raised. */
@@ -306,7 +325,7 @@ static void take_final(struct collector *c, struct sandbox *s)
         if (!e && !marker) {
                 uint64_t cpu_ns = s->final_cpu_ns;
                 struct cgroup_reading rd;
-                if (s->files.cpu_fd >= 0 && cgroup_files_read(&s->files, &rd) == 0 && rd.cpu_ns > cpu_ns &&
+                if (s->files.version != 0 && cgroup_files_read(&s->files, &rd) == 0 && rd.cpu_ns > cpu_ns &&
                     cpu_ns == 0)
                         cpu_ns = rd.cpu_ns; /* a record without final_cpu_ns: the cgroup's own last word */
                 observe(c, s, s->record_epoch, cpu_ns);
@@ -394,14 +413,8 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                 log_info("sandbox found", "sandbox=%s account=%s state=%s cgroup_version=%d epoch=%llu", s->id,
                          s->account, sandbox_state_name(s->state), s->cgroup_version,
                          (unsigned long long)s->track.epoch);
-        if (s->state != STATE_STOPPED && s->files.cpu_fd < 0) {
-                int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, &s->files);
-                if (r < 0 && !s->gone_logged) {
-                        s->gone_logged = true;
-                        log_warn("could not open a sandbox's cgroup", "sandbox=%s path=%s error=\"%s\"", s->id,
-                                 s->cpu_dir, strerror(-r));
-                }
-        }
+        if (s->state != STATE_STOPPED && s->files.version == 0)
+                open_files(c, s);
         if (s->state == STATE_STOPPED && !s->finished)
                 take_final(c, s);
         return 0;
@@ -491,8 +504,7 @@ static void sample_all(struct collector *c)
                 struct sandbox *s = c->list[i];
                 if (s->finished || s->state == STATE_STOPPED)
                         continue;
-                if (s->files.cpu_fd < 0 &&
-                    cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, &s->files) < 0)
+                if (s->files.version == 0 && open_files(c, s) < 0)
                         continue; /* not there (yet, or any more) */
                 struct cgroup_reading rd;
                 int r = cgroup_files_read(&s->files, &rd);
@@ -507,6 +519,10 @@ static void sample_all(struct collector *c)
                         cgroup_files_close(&s->files);
                         continue;
                 }
+                /* Staggered, so each tick reads the peaks of 1/peak_every of the sandboxes. */
+                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || s->peak_bytes == 0) &&
+                    cgroup_files_read_peak(&s->files, &s->peak_bytes) < 0)
+                        errors++;
                 s->gone_logged = false;
                 observe(c, s, s->record_epoch, rd.cpu_ns);
                 next_event(c, s, rd.cpu_ns, &rd);
@@ -522,6 +538,7 @@ static void sample_all(struct collector *c)
         M_ADD(c, read_errors_total, errors);
         M_SET(c, pending_newest, c->npending);
         publish_spool(c);
+        c->ticks++;
 }
 
 /* Room for two descriptors a sandbox at 10,000s of sandboxes: raise the limit as far as allowed. */

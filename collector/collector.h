@@ -23,7 +23,8 @@ struct collector_options {
         int64_t queue_max;            /* ordinary samples waiting for the broker, at most */
         int64_t delivery_timeout_ms;  /* a message not acknowledged by then is reported failed (finals are re-sent) */
         int64_t rescan_s;             /* full registry rescan period, a safety net under inotify */
-        bool read_peak;               /* read memory.peak / memory.max_usage_in_bytes too */
+        bool read_peak;               /* read memory.peak / memory.max_usage_in_bytes too ... */
+        int64_t peak_every;           /* ... every this many ticks (it is a high watermark) */
 };
 
 /* Counters and gauges for /metrics. Written by the engine, read by the HTTP

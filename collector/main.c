@@ -18,6 +18,7 @@ struct collector_config {
         int64_t delivery_timeout_ms;
         int64_t rescan_s;
         bool read_peak;
+        int64_t peak_every;
         int64_t metrics_port;
         char *metrics_address;
         char *log_level;
@@ -39,6 +40,8 @@ static const struct setting settings[] = {
           "Seconds between full registry rescans (inotify reports changes in between)" },
         { "read_peak", SETTING_BOOL, "true", false, offsetof(struct collector_config, read_peak), 0, 0,
           "Read peak memory (memory.peak, memory.max_usage_in_bytes) where the kernel offers it" },
+        { "peak_every", SETTING_INT, "10", false, offsetof(struct collector_config, peak_every), 1, 3600,
+          "Ticks between readings of a sandbox's peak memory (a high watermark; staggered across sandboxes)" },
         { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
           "Port for /metrics (Prometheus text format); 0: off" },
         { "metrics_address", SETTING_STRING, "127.0.0.1", false,
@@ -76,7 +79,7 @@ int main(int argc, char **argv)
         struct collector_options opt = {
                 .brokers = cfg.kafka_brokers, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
-                .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak,
+                .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
         };
         if (collector_new(&opt, &c, err, sizeof(err)) < 0) {
                 log_error("could not start", "error=\"%s\"", err);
