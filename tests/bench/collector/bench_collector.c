@@ -34,6 +34,8 @@ static int n;
 static char parent_cpu[256], parent_mem[256];
 static volatile uint64_t sink;
 
+static void fail(const char *what, const char *path, const char *why);
+
 static int64_t cpu_now(void)
 {
         struct timespec ts;
@@ -59,11 +61,21 @@ static void create_all(void)
                 char d[PATH_MAX];
                 dir_of(d, sizeof(d), parent_cpu, i);
                 if (mkdir(d, 0755) < 0)
-                        fprintf(stderr, "bench-collector: mkdir %s: %s\n", d, strerror(errno)), exit(1);
+                        fail("could not create", d, strerror(errno));
                 dir_of(d, sizeof(d), parent_mem, i);
                 if (mkdir(d, 0755) < 0)
-                        fprintf(stderr, "bench-collector: mkdir %s: %s\n", d, strerror(errno)), exit(1);
+                        fail("could not create", d, strerror(errno));
         }
+}
+
+static void remove_all(void);
+
+/* Gives up, removing the cgroups made so far. */
+static void fail(const char *what, const char *path, const char *why)
+{
+        fprintf(stderr, "bench-collector: %s %s: %s\n", what, path, why);
+        remove_all();
+        exit(1);
 }
 
 static void remove_all(void)
@@ -90,10 +102,8 @@ static void open_all(void)
                 dir_of(c, sizeof(c), parent_cpu, i);
                 dir_of(m, sizeof(m), parent_mem, i);
                 int r = cgroup_files_open(1, c, m, 1, &files[i]);
-                if (r < 0 || !files[i].peak_path) {
-                        fprintf(stderr, "bench-collector: could not open %s's counters: %s\n", c, strerror(-r));
-                        exit(1);
-                }
+                if (r < 0 || !files[i].peak_path)
+                        fail("could not open the counters of", c, r < 0 ? strerror(-r) : "no peak file");
                 transient += files[i].transient;
         }
 }
@@ -108,12 +118,12 @@ static void tick_tally(void)
         for (int i = 0; i < n; i++) {
                 struct cgroup_reading rd;
                 if (cgroup_files_read(&files[i], &rd) < 0)
-                        fprintf(stderr, "bench-collector: read failed\n"), exit(1);
+                        fail("could not read", "a counter", "read failed");
                 sink += rd.cpu_ns + rd.mem_bytes;
                 if ((tick_no + (unsigned)i) % PEAK_EVERY == 0) {
                         uint64_t peak;
                         if (cgroup_files_read_peak(&files[i], &peak) < 0)
-                                fprintf(stderr, "bench-collector: peak read failed\n"), exit(1);
+                                fail("could not read", "a peak", "read failed");
                         sink += peak;
                 }
         }
@@ -126,12 +136,12 @@ static uint64_t read_openclose(const char *dir, const char *name)
         snprintf(path, sizeof(path), "%s/%s", dir, name);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
-                fprintf(stderr, "bench-collector: open %s: %s\n", path, strerror(errno)), exit(1);
+                fail("could not open", path, strerror(errno));
         ssize_t len = read(fd, buf, sizeof(buf));
         close(fd);
         uint64_t v = 0;
         if (len <= 0 || cgroup_parse_u64(buf, (size_t)len, &v) < 0)
-                fprintf(stderr, "bench-collector: bad %s\n", path), exit(1);
+                fail("could not parse", path, "bad content");
         return v;
 }
 
