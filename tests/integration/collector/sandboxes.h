@@ -83,5 +83,7 @@ void private_broker_stop(struct private_broker *b);
 
 /* Sleeps ms milliseconds. */
 void msleep(int ms);
+/* A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick). */
+int free_port(void);
 /* Fetches http://127.0.0.1:port/metrics (malloc'd body), or NULL. */
 char *http_get_metrics(int port);

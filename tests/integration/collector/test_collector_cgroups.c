@@ -63,7 +63,7 @@ int main(void)
         snprintf(state, sizeof(state), "%s/state", dir);
         snprintf(log, sizeof(log), "%s/collector.log", dir);
         snprintf(prefix, sizeof(prefix), "cgt%d_", (int)getpid());
-        int metrics_port = 30000 + (int)(getpid() % 20000);
+        int metrics_port = free_port();
         snprintf(port, sizeof(port), "%d", metrics_port);
         mkdir(state, 0755);
 
