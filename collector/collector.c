@@ -68,6 +68,7 @@ struct collector {
         uint32_t seq_counter;
         uint64_t ticks;
         struct wall_guard wall;
+        int64_t stamp_wall, stamp_mono;   /* the clocks for the readings being taken */
         struct sandbox *hash[HASH_SIZE];
         struct sandbox **list;
         size_t n, cap;
@@ -164,10 +165,17 @@ static int set_str(char **dst, const char *src)
         return 1;
 }
 
+/* Reads the clocks for a batch of readings: once per tick, not per sample. */
+static void stamp(struct collector *c)
+{
+        c->stamp_mono = time_mono_ns();
+        c->stamp_wall = wall_guard_next(&c->wall, time_wall_ns(), c->stamp_mono);
+        M_SET(c, clock_steps_total, c->wall.steps);
+}
+
 static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, const struct cgroup_reading *rd)
 {
         struct usage_event *ev = &c->ev;
-        int64_t mono = time_mono_ns();
         ev->type = EVENT_SAMPLE;
         memcpy(ev->host, *s->host ? s->host : c->host_id, sizeof(ev->host));
         memcpy(ev->sandbox, s->id, sizeof(ev->sandbox));
@@ -175,8 +183,8 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         memcpy(ev->key, s->key, sizeof(ev->key));
         ev->epoch = s->track.epoch;
         ev->seq = seq_make(c->generation, ++c->seq_counter);
-        ev->mono_ns = mono;
-        ev->wall_ns = wall_guard_next(&c->wall, time_wall_ns(), mono);
+        ev->mono_ns = c->stamp_mono;
+        ev->wall_ns = c->stamp_wall;
         ev->state = s->state;
         ev->cpu_ns = cpu_ns;
         ev->mem_bytes = rd ? rd->mem_bytes : 0;
@@ -185,7 +193,6 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         ev->disk_bytes = s->disk_bytes;
         ev->vcpus = s->vcpus;
         ev->final = s->state == STATE_STOPPED;
-        M_SET(c, clock_steps_total, c->wall.steps);
 }
 
 /* Opens a sandbox's counter files, outside the hot path. */
@@ -328,7 +335,16 @@ static void take_final(struct collector *c, struct sandbox *s)
                 if (s->files.version != 0 && cgroup_files_read(&s->files, &rd) == 0 && rd.cpu_ns > cpu_ns &&
                     cpu_ns == 0)
                         cpu_ns = rd.cpu_ns; /* a record without final_cpu_ns: the cgroup's own last word */
+                if (s->track.have_last && s->record_epoch == s->track.record_epoch && cpu_ns < s->track.last_cpu_ns) {
+                        /* The vmm's last read is below what we already published in this epoch: a new
+                         * epoch would bill the whole counter again, so the final keeps the higher one. */
+                        log_warn("final counter below the last published one; keeping the last",
+                                 "sandbox=%s final_cpu_ns=%llu last_cpu_ns=%llu", s->id,
+                                 (unsigned long long)cpu_ns, (unsigned long long)s->track.last_cpu_ns);
+                        cpu_ns = s->track.last_cpu_ns;
+                }
                 observe(c, s, s->record_epoch, cpu_ns);
+                stamp(c);
                 next_event(c, s, cpu_ns, NULL);
                 int len = event_encode(&c->ev, c->buf, sizeof(c->buf));
                 if (len < 0) {
@@ -499,6 +515,7 @@ static void drain_inotify(struct collector *c)
 static void sample_all(struct collector *c)
 {
         publish_pending(c);
+        stamp(c);
         uint64_t samples = 0, errors = 0;
         for (size_t i = 0; i < c->n; i++) {
                 struct sandbox *s = c->list[i];
