@@ -1,0 +1,768 @@
+/* collector.c — see collector.h.
+ *
+ * The hot path (sample_all) makes one pread per counter file, encodes into a
+ * reused buffer and hands a copy to librdkafka: no open, no allocation. All
+ * registry work (reading records, opening files, taking final samples) happens
+ * outside it, when inotify says a record changed. */
+#include "collector.h"
+#include "cgroup.h"
+#include "event.h"
+#include "kafka.h"
+#include "log.h"
+#include "registry.h"
+#include "spool.h"
+#include "state.h"
+#include "timeutil.h"
+#include "track.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SAMPLE_MAX 1024   /* an encoded sample without labels fits easily */
+#define HASH_SIZE 16384
+
+struct sandbox {
+        struct sandbox *hnext;
+        size_t index;                 /* in collector.list */
+        char id[EVENT_ID_MAX + 1];
+        char account[EVENT_ID_MAX + 1];
+        char key[EVENT_ID_MAX + 1];
+        char host[EVENT_ID_MAX + 1];
+        enum sandbox_state state;
+        uint32_t vcpus;
+        uint64_t mem_size_bytes;
+        uint64_t disk_bytes;
+        uint64_t final_cpu_ns;
+        uint64_t record_epoch;        /* the record's epoch now; the tracker applies it at the next reading */
+        int cgroup_version;
+        char *cpu_dir, *mem_dir, *disk_path;
+        struct cgroup_files files;
+        struct epoch_track track;
+        bool finished;                /* final sample spooled and <id>.final made */
+        bool gone_logged;
+        uint64_t peak_bytes;          /* the last peak read */
+        bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
+        int pending_len;
+        char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
+};
+
+struct collector {
+        struct collector_options opt;
+        char state_dir[PATH_MAX];
+        char registry_dir[PATH_MAX];
+        char host_id[EVENT_ID_MAX + 1];
+        rd_kafka_t *rk;
+        struct spool spool;
+        int inotify_fd;
+        uint32_t generation;
+        uint32_t seq_counter;
+        uint64_t ticks;
+        struct wall_guard wall;
+        int64_t stamp_wall, stamp_mono;   /* the clocks for the readings being taken */
+        struct sandbox *hash[HASH_SIZE];
+        struct sandbox **list;
+        size_t n, cap;
+        size_t npending;
+        struct usage_event ev;        /* reused for every sample */
+        char buf[SAMPLE_MAX];
+        struct collector_metrics m;
+};
+
+#define M_SET(c, field, v) __atomic_store_n(&(c)->m.field, (uint64_t)(v), __ATOMIC_RELAXED)
+#define M_ADD(c, field, v) __atomic_fetch_add(&(c)->m.field, (uint64_t)(v), __ATOMIC_RELAXED)
+#define M_GET(c, field)    __atomic_load_n(&(c)->m.field, __ATOMIC_RELAXED)
+
+static unsigned hash_id(const char *s)
+{
+        unsigned h = 2166136261u;
+        for (; *s; s++)
+                h = (h ^ (unsigned char)*s) * 16777619u;
+        return h % HASH_SIZE;
+}
+
+static struct sandbox *find(struct collector *c, const char *id)
+{
+        for (struct sandbox *s = c->hash[hash_id(id)]; s; s = s->hnext)
+                if (strcmp(s->id, id) == 0)
+                        return s;
+        return NULL;
+}
+
+static void sandbox_free(struct sandbox *s)
+{
+        if (!s)
+                return;
+        cgroup_files_close(&s->files);
+        free(s->cpu_dir);
+        free(s->mem_dir);
+        free(s->disk_path);
+        free(s->pending_buf);
+        free(s);
+}
+
+static void remove_sandbox(struct collector *c, struct sandbox *s, const char *why)
+{
+        if (!s->finished)
+                log_info("sandbox left the registry without a final sample from this collector",
+                         "sandbox=%s reason=%s", s->id, why);
+        for (struct sandbox **p = &c->hash[hash_id(s->id)]; *p; p = &(*p)->hnext)
+                if (*p == s) {
+                        *p = s->hnext;
+                        break;
+                }
+        c->list[s->index] = c->list[--c->n];
+        c->list[s->index]->index = s->index;
+        if (s->pending)
+                c->npending--;
+        state_remove_epoch(c->state_dir, s->id);
+        sandbox_free(s);
+        M_SET(c, sandboxes, c->n);
+}
+
+/* Bytes a sandbox's disk uses: blocks of a file, or of every file under a folder. */
+static uint64_t disk_total;
+static int add_blocks(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+        (void)path, (void)ftw;
+        if (type == FTW_F)
+                disk_total += (uint64_t)st->st_blocks * 512;
+        return 0;
+}
+
+static uint64_t disk_used(const char *path)
+{
+        struct stat st;
+        if (!path || !*path || lstat(path, &st) < 0)
+                return 0;
+        if (S_ISREG(st.st_mode))
+                return (uint64_t)st.st_blocks * 512;
+        if (!S_ISDIR(st.st_mode))
+                return 0;
+        disk_total = 0;
+        nftw(path, add_blocks, 16, FTW_PHYS);
+        return disk_total;
+}
+
+static int set_str(char **dst, const char *src)
+{
+        if (*dst && strcmp(*dst, src) == 0)
+                return 0;
+        char *d = strdup(src);
+        if (!d)
+                return -ENOMEM;
+        free(*dst);
+        *dst = d;
+        return 1;
+}
+
+/* Reads the clocks for a batch of readings: once per tick, not per sample. */
+static void stamp(struct collector *c)
+{
+        c->stamp_mono = time_mono_ns();
+        c->stamp_wall = wall_guard_next(&c->wall, time_wall_ns(), c->stamp_mono);
+        M_SET(c, clock_steps_total, c->wall.steps);
+}
+
+static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, const struct cgroup_reading *rd)
+{
+        struct usage_event *ev = &c->ev;
+        ev->type = EVENT_SAMPLE;
+        memcpy(ev->host, *s->host ? s->host : c->host_id, sizeof(ev->host));
+        memcpy(ev->sandbox, s->id, sizeof(ev->sandbox));
+        memcpy(ev->account, s->account, sizeof(ev->account));
+        memcpy(ev->key, s->key, sizeof(ev->key));
+        ev->epoch = s->track.epoch;
+        ev->seq = seq_make(c->generation, ++c->seq_counter);
+        ev->mono_ns = c->stamp_mono;
+        ev->wall_ns = c->stamp_wall;
+        ev->state = s->state;
+        ev->cpu_ns = cpu_ns;
+        ev->mem_bytes = rd ? rd->mem_bytes : 0;
+        ev->mem_peak_bytes = rd ? s->peak_bytes : 0;
+        ev->mem_size_bytes = s->mem_size_bytes;
+        ev->disk_bytes = s->disk_bytes;
+        ev->vcpus = s->vcpus;
+        ev->final = s->state == STATE_STOPPED;
+}
+
+/* Opens a sandbox's counter files, outside the hot path. */
+static int open_files(struct collector *c, struct sandbox *s)
+{
+        int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, &s->files);
+        if (r < 0) {
+                if (!s->gone_logged)
+                        log_warn("could not open a sandbox's cgroup", "sandbox=%s path=%s error=\"%s\"", s->id,
+                                 s->cpu_dir, strerror(-r));
+                s->gone_logged = true;
+                return r;
+        }
+        if (s->files.transient)
+                log_warn("out of file descriptors: this sandbox's counters are opened on every read",
+                         "sandbox=%s", s->id);
+        return 0;
+}
+
+/* Applies the epoch rules to a counter and persists an epoch the collector raised. */
+static void observe(struct collector *c, struct sandbox *s, uint64_t record_epoch, uint64_t cpu_ns)
+{
+        uint64_t before = s->track.epoch;
+        if (!epoch_track_observe(&s->track, record_epoch, cpu_ns))
+                return;
+        M_ADD(c, epoch_changes_total, 1);
+        log_info("counter restarted: new epoch", "sandbox=%s epoch=%llu previous=%llu record_epoch=%llu", s->id,
+                 (unsigned long long)s->track.epoch, (unsigned long long)before,
+                 (unsigned long long)record_epoch);
+        int r = epoch_track_is_local(&s->track)
+                        ? state_save_epoch(c->state_dir, s->id, s->track.epoch, s->track.record_epoch)
+                        : state_remove_epoch(c->state_dir, s->id);
+        if (r < 0)
+                log_error("could not persist a sandbox's epoch", "sandbox=%s error=\"%s\"", s->id, strerror(-r));
+}
+
+static int produce(struct collector *c, const char *account, const char *payload, size_t len, void *opaque)
+{
+        rd_kafka_resp_err_t e = rd_kafka_producev(
+                c->rk, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_KEY(account, strlen(account)),
+                RD_KAFKA_V_VALUE((void *)payload, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                return -ENOBUFS;
+        if (e) {
+                M_ADD(c, publish_errors_total, 1);
+                log_warn("could not queue a sample", "error=\"%s\"", rd_kafka_err2str(e));
+                return -EIO;
+        }
+        return 0;
+}
+
+static bool queue_has_room(struct collector *c)
+{
+        return rd_kafka_outq_len(c->rk) < (int)c->opt.queue_max;
+}
+
+/* Publishes c->buf for s, or keeps it as s's newest sample when the queue is full. */
+static void publish_sample(struct collector *c, struct sandbox *s, int len)
+{
+        if (queue_has_room(c) && produce(c, s->account, c->buf, (size_t)len, NULL) != -ENOBUFS) {
+                if (s->pending) {
+                        /* An older sample waited; this newer one carries the truth. */
+                        s->pending = false;
+                        c->npending--;
+                }
+                return;
+        }
+        memcpy(s->pending_buf, c->buf, (size_t)len);
+        s->pending_len = len;
+        if (!s->pending) {
+                s->pending = true;
+                c->npending++;
+        }
+}
+
+static void publish_pending(struct collector *c)
+{
+        for (size_t i = 0; i < c->n && c->npending > 0; i++) {
+                struct sandbox *s = c->list[i];
+                if (!s->pending)
+                        continue;
+                if (!queue_has_room(c) || produce(c, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS)
+                        break;
+                s->pending = false;
+                c->npending--;
+        }
+        M_SET(c, pending_newest, c->npending);
+}
+
+static void publish_spool(struct collector *c)
+{
+        for (struct spool_entry *e = c->spool.head; e; e = e->next) {
+                if (e->in_flight)
+                        continue;
+                if (produce(c, e->account, e->payload, e->len, e) == 0)
+                        e->in_flight = true;
+        }
+        M_SET(c, spool_entries, c->spool.count);
+        M_SET(c, spool_bytes, c->spool.bytes);
+}
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+        struct collector *c = opaque;
+        struct spool_entry *e = msg->_private;
+        if (msg->err) {
+                M_ADD(c, publish_errors_total, 1);
+                log_warn("a sample was not delivered", "error=\"%s\" final=%s", rd_kafka_err2str(msg->err),
+                         e ? "true" : "false");
+                if (e)
+                        e->in_flight = false; /* re-sent on the next tick */
+                return;
+        }
+        M_ADD(c, deliveries_total, 1);
+        if (e) {
+                log_debug("final sample acknowledged", "sandbox=%s", e->sandbox);
+                int r = spool_done(&c->spool, e);
+                if (r < 0)
+                        log_error("could not delete an acknowledged spool entry", "error=\"%s\"", strerror(-r));
+        }
+}
+
+static bool final_marker_exists(struct collector *c, const char *id)
+{
+        char path[PATH_MAX + 80];
+        snprintf(path, sizeof(path), "%s/%s.final", c->registry_dir, id);
+        return access(path, F_OK) == 0;
+}
+
+/* The stop handshake (docs/registry.md): spool the final sample durably, then
+ * make <id>.final so the vmm may remove the cgroup, then produce. */
+static void take_final(struct collector *c, struct sandbox *s)
+{
+        bool marker = final_marker_exists(c, s->id);
+        struct spool_entry *e = spool_find(&c->spool, s->id);
+        if (!e && !marker) {
+                uint64_t cpu_ns = s->final_cpu_ns;
+                struct cgroup_reading rd;
+                if (s->files.version != 0 && cgroup_files_read(&s->files, &rd) == 0 && rd.cpu_ns > cpu_ns &&
+                    cpu_ns == 0)
+                        cpu_ns = rd.cpu_ns; /* a record without final_cpu_ns: the cgroup's own last word */
+                if (s->track.have_last && s->record_epoch == s->track.record_epoch && cpu_ns < s->track.last_cpu_ns) {
+                        /* The vmm's last read is below what we already published in this epoch: a new
+                         * epoch would bill the whole counter again, so the final keeps the higher one. */
+                        log_warn("final counter below the last published one; keeping the last",
+                                 "sandbox=%s final_cpu_ns=%llu last_cpu_ns=%llu", s->id,
+                                 (unsigned long long)cpu_ns, (unsigned long long)s->track.last_cpu_ns);
+                        cpu_ns = s->track.last_cpu_ns;
+                }
+                observe(c, s, s->record_epoch, cpu_ns);
+                stamp(c);
+                next_event(c, s, cpu_ns, NULL);
+                int len = event_encode(&c->ev, c->buf, sizeof(c->buf));
+                if (len < 0) {
+                        log_error("could not encode a final sample", "sandbox=%s error=\"%s\"", s->id, strerror(-len));
+                        return;
+                }
+                e = spool_add(&c->spool, s->id, s->account, c->buf, (size_t)len);
+                if (!e) {
+                        log_error("could not spool a final sample", "sandbox=%s error=\"%m\"", s->id);
+                        return;
+                }
+                M_ADD(c, finals_total, 1);
+                log_info("final sample", "sandbox=%s account=%s epoch=%llu cpu_ns=%llu", s->id, s->account,
+                         (unsigned long long)s->track.epoch, (unsigned long long)cpu_ns);
+        }
+        if (!marker) {
+                char path[PATH_MAX + 80];
+                snprintf(path, sizeof(path), "%s/%s.final", c->registry_dir, s->id);
+                int r = state_write_atomic(path, "", 0);
+                if (r < 0) {
+                        log_error("could not mark a final sample taken", "path=%s error=\"%s\"", path, strerror(-r));
+                        return;
+                }
+        }
+        if (e && !e->in_flight && produce(c, e->account, e->payload, e->len, e) == 0)
+                e->in_flight = true;
+        s->finished = true;
+        cgroup_files_close(&s->files); /* the vmm removes the cgroup now */
+}
+
+/* Takes in a registry record: a new sandbox, a changed one, or a stopped one. */
+static int load_record(struct collector *c, struct sandbox_record *rec)
+{
+        struct sandbox *s = find(c, rec->id);
+        bool fresh = !s;
+        if (fresh) {
+                s = calloc(1, sizeof(*s));
+                if (!s || !(s->pending_buf = malloc(SAMPLE_MAX))) {
+                        free(s);
+                        return -ENOMEM;
+                }
+                if (c->n == c->cap) {
+                        size_t cap = c->cap ? c->cap * 2 : 256;
+                        struct sandbox **l = realloc(c->list, cap * sizeof(*l));
+                        if (!l) {
+                                sandbox_free(s);
+                                return -ENOMEM;
+                        }
+                        c->list = l;
+                        c->cap = cap;
+                }
+                s->files = CGROUP_FILES_NONE;
+                memcpy(s->id, rec->id, sizeof(s->id));
+                uint64_t saved_epoch = 0, saved_record = 0;
+                int r = state_load_epoch(c->state_dir, s->id, &saved_epoch, &saved_record);
+                if (r < 0)
+                        log_warn("could not read a saved epoch", "sandbox=%s error=\"%s\"", s->id, strerror(-r));
+                epoch_track_init(&s->track, rec->epoch, saved_epoch, saved_record);
+                s->index = c->n;
+                c->list[c->n++] = s;
+                unsigned h = hash_id(s->id);
+                s->hnext = c->hash[h];
+                c->hash[h] = s;
+                M_SET(c, sandboxes, c->n);
+        }
+        memcpy(s->account, rec->account, sizeof(s->account));
+        memcpy(s->key, *rec->key ? rec->key : rec->account, sizeof(s->key));
+        memcpy(s->host, rec->host, sizeof(s->host));
+        s->state = rec->state;
+        s->vcpus = rec->vcpus ? rec->vcpus : 1;
+        s->mem_size_bytes = rec->mem_size_bytes;
+        s->final_cpu_ns = rec->final_cpu_ns;
+        s->record_epoch = rec->epoch;
+        int moved = set_str(&s->cpu_dir, rec->cgroup_cpu) | set_str(&s->mem_dir, rec->cgroup_memory);
+        if (moved < 0 || set_str(&s->disk_path, rec->disk_path) < 0)
+                return -ENOMEM;
+        s->disk_bytes = disk_used(s->disk_path);
+        if (moved || s->cgroup_version != rec->cgroup_version)
+                cgroup_files_close(&s->files);
+        s->cgroup_version = rec->cgroup_version;
+        if (fresh)
+                log_info("sandbox found", "sandbox=%s account=%s state=%s cgroup_version=%d epoch=%llu", s->id,
+                         s->account, sandbox_state_name(s->state), s->cgroup_version,
+                         (unsigned long long)s->track.epoch);
+        if (s->state != STATE_STOPPED && s->files.version == 0)
+                open_files(c, s);
+        if (s->state == STATE_STOPPED && !s->finished)
+                take_final(c, s);
+        return 0;
+}
+
+static void reload_one(struct collector *c, const char *name)
+{
+        size_t len = strlen(name);
+        if (len <= 5 || strcmp(name + len - 5, ".json") != 0)
+                return;
+        char id[EVENT_ID_MAX + 1];
+        if (len - 5 > EVENT_ID_MAX)
+                return;
+        memcpy(id, name, len - 5);
+        id[len - 5] = '\0';
+        struct sandbox_record rec;
+        int r = registry_read(c->state_dir, id, &rec);
+        if (r == -ENOENT) {
+                struct sandbox *s = find(c, id);
+                if (s)
+                        remove_sandbox(c, s, "record removed");
+                return;
+        }
+        if (r < 0) {
+                log_warn("skipping an invalid registry record", "sandbox=%s", id);
+                return;
+        }
+        if ((r = load_record(c, &rec)) < 0)
+                log_error("could not track a sandbox", "sandbox=%s error=\"%s\"", id, strerror(-r));
+        sandbox_record_clear(&rec);
+}
+
+static int rescan(struct collector *c)
+{
+        struct sandbox_record *recs = NULL;
+        int n = registry_list(c->state_dir, &recs);
+        if (n < 0) {
+                log_error("could not read the registry", "path=%s error=\"%s\"", c->registry_dir, strerror(-n));
+                return n;
+        }
+        /* Mark and sweep: a sandbox no record names any more is gone. */
+        bool *seen = calloc(c->n + (size_t)n + 1, sizeof(*seen));
+        if (!seen) {
+                registry_list_free(recs, n);
+                return -ENOMEM;
+        }
+        for (int i = 0; i < n; i++) {
+                int r = load_record(c, &recs[i]);
+                struct sandbox *s = find(c, recs[i].id);
+                if (r < 0)
+                        log_error("could not track a sandbox", "sandbox=%s error=\"%s\"", recs[i].id, strerror(-r));
+                else if (s)
+                        seen[s->index] = true;
+        }
+        for (size_t i = c->n; i-- > 0;)
+                if (!seen[i])
+                        remove_sandbox(c, c->list[i], "record removed");
+        free(seen);
+        registry_list_free(recs, n);
+        return 0;
+}
+
+static void drain_inotify(struct collector *c)
+{
+        char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+        for (;;) {
+                ssize_t n = read(c->inotify_fd, buf, sizeof(buf));
+                if (n <= 0)
+                        return;
+                for (char *p = buf; p < buf + n;) {
+                        const struct inotify_event *ev = (const struct inotify_event *)p;
+                        if (ev->mask & IN_Q_OVERFLOW)
+                                rescan(c);
+                        else if (ev->len > 0)
+                                reload_one(c, ev->name);
+                        p += sizeof(*ev) + ev->len;
+                }
+        }
+}
+
+/* One tick: a reading of every live sandbox. */
+static void sample_all(struct collector *c)
+{
+        publish_pending(c);
+        stamp(c);
+        uint64_t samples = 0, errors = 0;
+        for (size_t i = 0; i < c->n; i++) {
+                struct sandbox *s = c->list[i];
+                if (s->finished || s->state == STATE_STOPPED)
+                        continue;
+                if (s->files.version == 0 && open_files(c, s) < 0)
+                        continue; /* not there (yet, or any more) */
+                struct cgroup_reading rd;
+                int r = cgroup_files_read(&s->files, &rd);
+                if (r < 0) {
+                        /* Removed between discovery and read (ENODEV/ENOENT): close, and reopen if it
+                         * comes back; a recreated cgroup's counter restarts, which the epoch rules catch. */
+                        errors++;
+                        if (!s->gone_logged)
+                                log_warn("could not read a sandbox's cgroup", "sandbox=%s error=\"%s\"", s->id,
+                                         strerror(-r));
+                        s->gone_logged = true;
+                        cgroup_files_close(&s->files);
+                        continue;
+                }
+                /* Staggered, so each tick reads the peaks of 1/peak_every of the sandboxes. */
+                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || s->peak_bytes == 0) &&
+                    cgroup_files_read_peak(&s->files, &s->peak_bytes) < 0)
+                        errors++;
+                s->gone_logged = false;
+                observe(c, s, s->record_epoch, rd.cpu_ns);
+                next_event(c, s, rd.cpu_ns, &rd);
+                int len = event_encode(&c->ev, c->buf, sizeof(c->buf));
+                if (len < 0) {
+                        errors++;
+                        continue;
+                }
+                publish_sample(c, s, len);
+                samples++;
+        }
+        M_ADD(c, samples_total, samples);
+        M_ADD(c, read_errors_total, errors);
+        M_SET(c, pending_newest, c->npending);
+        publish_spool(c);
+        c->ticks++;
+}
+
+/* Room for two descriptors a sandbox at 10,000s of sandboxes: raise the limit as far as allowed. */
+static void raise_nofile(void)
+{
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return;
+        struct rlimit want = { 1 << 20, 1 << 20 };
+        if (rl.rlim_max >= want.rlim_max || setrlimit(RLIMIT_NOFILE, &want) < 0) {
+                rl.rlim_cur = rl.rlim_max;
+                setrlimit(RLIMIT_NOFILE, &rl);
+        }
+}
+
+static void default_host_id(char *out, size_t size)
+{
+        char h[256] = "";
+        gethostname(h, sizeof(h) - 1);
+        size_t j = 0;
+        for (size_t i = 0; h[i] && j + 1 < size; i++) {
+                char ch = h[i];
+                bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                          ch == '_' || ch == '-' || ch == '.' || ch == ':';
+                out[j++] = ok ? ch : '_';
+        }
+        if (j == 0)
+                out[j++] = 'h';
+        out[j] = '\0';
+}
+
+int collector_new(const struct collector_options *opt, struct collector **ret, char *err, size_t errlen)
+{
+        struct collector *c = calloc(1, sizeof(*c));
+        if (!c) {
+                snprintf(err, errlen, "out of memory");
+                return -ENOMEM;
+        }
+        c->opt = *opt;
+        c->inotify_fd = -1;
+        int r;
+        snprintf(c->state_dir, sizeof(c->state_dir), "%s", opt->state_dir);
+        snprintf(c->registry_dir, sizeof(c->registry_dir), "%s/" REGISTRY_DIR, opt->state_dir);
+        if (opt->host_id && *opt->host_id) {
+                if (!event_id_valid(opt->host_id)) {
+                        snprintf(err, errlen, "host_id \"%s\" is not a valid id ([A-Za-z0-9_.:-]{1,64})", opt->host_id);
+                        r = -EINVAL;
+                        goto fail;
+                }
+                snprintf(c->host_id, sizeof(c->host_id), "%s", opt->host_id);
+        } else {
+                default_host_id(c->host_id, sizeof(c->host_id));
+        }
+        if ((r = state_prepare(c->state_dir)) < 0 ||
+            (mkdir(c->registry_dir, 0755) < 0 && errno != EEXIST && (r = -errno))) {
+                snprintf(err, errlen, "could not create the state folders under %s: %s", c->state_dir, strerror(-r));
+                goto fail;
+        }
+        if ((r = state_next_generation(c->state_dir, time_wall_ns() / NS_PER_SEC, &c->generation)) < 0) {
+                snprintf(err, errlen, "could not store the start generation in %s/" COLLECTOR_DIR ": %s",
+                         c->state_dir, strerror(-r));
+                goto fail;
+        }
+        if ((r = spool_open(&c->spool, c->state_dir)) < 0) {
+                snprintf(err, errlen, "could not open the spool: %s", strerror(-r));
+                goto fail;
+        }
+        c->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        if (c->inotify_fd < 0 ||
+            inotify_add_watch(c->inotify_fd, c->registry_dir,
+                              IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE) < 0) {
+                r = -errno;
+                snprintf(err, errlen, "could not watch %s: %s", c->registry_dir, strerror(errno));
+                goto fail;
+        }
+        raise_nofile();
+
+        char kerr[512], timeout[64], qmax[64];
+        snprintf(timeout, sizeof(timeout), "message.timeout.ms=%lld", (long long)opt->delivery_timeout_ms);
+        /* The queue holds ordinary samples up to queue_max plus every final in the spool. */
+        snprintf(qmax, sizeof(qmax), "queue.buffering.max.messages=%lld", (long long)opt->queue_max + 100000);
+        const char *const pairs[] = { timeout, qmax, "client.id=tally-collector", NULL };
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        rd_kafka_conf_set_opaque(conf, c);
+        c->rk = kafka_producer_new(opt->brokers, conf, pairs, kerr, sizeof(kerr));
+        if (!c->rk) {
+                snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
+        if (c->spool.count)
+                log_info("re-sending final samples left in the spool", "count=%zu", c->spool.count);
+        *ret = c;
+        return 0;
+fail:
+        collector_free(c);
+        return r;
+}
+
+void collector_free(struct collector *c)
+{
+        if (!c)
+                return;
+        if (c->rk)
+                rd_kafka_destroy(c->rk);
+        for (size_t i = 0; i < c->n; i++)
+                sandbox_free(c->list[i]);
+        free(c->list);
+        spool_close(&c->spool);
+        if (c->inotify_fd >= 0)
+                close(c->inotify_fd);
+        free(c);
+}
+
+int collector_run(struct collector *c, volatile sig_atomic_t *stop)
+{
+        const int64_t tick_ns = c->opt.tick_ms * NS_PER_MS;
+        int r = rescan(c);
+        if (r < 0)
+                return r;
+        log_info("collector running", "host=%s sandboxes=%zu generation=%u tick_ms=%lld spool=%zu", c->host_id, c->n,
+                 c->generation, (long long)c->opt.tick_ms, c->spool.count);
+        int64_t next_tick = time_mono_ns();
+        int64_t next_rescan = next_tick + c->opt.rescan_s * NS_PER_SEC;
+        int64_t second_start = next_tick;
+        uint64_t second_samples = 0;
+        while (!*stop) {
+                int64_t now = time_mono_ns();
+                if (now >= next_tick) {
+                        sample_all(c);
+                        int64_t done = time_mono_ns();
+                        M_SET(c, tick_duration_us, (done - now) / NS_PER_US);
+                        M_ADD(c, ticks_total, 1);
+                        bool overran;
+                        next_tick = tick_next(next_tick, tick_ns, done, &overran);
+                        if (overran) {
+                                M_ADD(c, tick_overruns_total, 1);
+                                log_warn("tick overran its interval", "duration_us=%lld tick_ms=%lld",
+                                         (long long)((done - now) / NS_PER_US), (long long)c->opt.tick_ms);
+                        }
+                        if (done - second_start >= NS_PER_SEC) {
+                                uint64_t total = M_GET(c, samples_total);
+                                M_SET(c, samples_per_second,
+                                      (total - second_samples) * (uint64_t)NS_PER_SEC / (uint64_t)(done - second_start));
+                                second_samples = total;
+                                second_start = done;
+                        }
+                }
+                if (now >= next_rescan) {
+                        rescan(c);
+                        next_rescan = now + c->opt.rescan_s * NS_PER_SEC;
+                }
+                int64_t wait_ms = (next_tick - time_mono_ns()) / NS_PER_MS;
+                if (wait_ms > 100)
+                        wait_ms = 100; /* delivery reports are served between waits */
+                if (wait_ms < 0)
+                        wait_ms = 0;
+                struct pollfd p = { c->inotify_fd, POLLIN, 0 };
+                if (poll(&p, 1, (int)wait_ms) > 0)
+                        drain_inotify(c);
+                rd_kafka_poll(c->rk, 0);
+                M_SET(c, queue_depth, rd_kafka_outq_len(c->rk));
+                M_SET(c, spool_entries, c->spool.count);
+                M_SET(c, spool_bytes, c->spool.bytes);
+        }
+        log_info("collector stopping", "queued=%d spool=%zu", rd_kafka_outq_len(c->rk), c->spool.count);
+        if (rd_kafka_flush(c->rk, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                log_warn("stopped before the broker acknowledged everything; the spool keeps final samples",
+                         "queued=%d spool=%zu", rd_kafka_outq_len(c->rk), c->spool.count);
+        return 0;
+}
+
+int collector_metrics_text(const struct collector *c, char *buf, size_t size)
+{
+        static const struct {
+                const char *name, *type, *help;
+                size_t offset;
+        } rows[] = {
+#define ROW(n, t, h) { "tally_collector_" #n, t, h, offsetof(struct collector_metrics, n) }
+                ROW(sandboxes, "gauge", "Sandboxes tracked"),
+                ROW(samples_total, "counter", "Samples taken"),
+                ROW(samples_per_second, "gauge", "Samples taken in the last second"),
+                ROW(finals_total, "counter", "Final samples spooled"),
+                ROW(deliveries_total, "counter", "Messages the broker acknowledged"),
+                ROW(publish_errors_total, "counter", "Messages that could not be queued or delivered"),
+                ROW(queue_depth, "gauge", "Messages waiting for the broker"),
+                ROW(pending_newest, "gauge", "Sandboxes whose newest sample waits for room in the queue"),
+                ROW(spool_entries, "gauge", "Final samples on disk awaiting acknowledgement"),
+                ROW(spool_bytes, "gauge", "Bytes of final samples on disk"),
+                ROW(tick_duration_us, "gauge", "Duration of the last tick in microseconds"),
+                ROW(tick_overruns_total, "counter", "Ticks that took longer than the tick interval"),
+                ROW(ticks_total, "counter", "Ticks run"),
+                ROW(read_errors_total, "counter", "Counter reads that failed (cgroup gone, unparseable)"),
+                ROW(epoch_changes_total, "counter", "Counter restarts seen (new epochs)"),
+                ROW(clock_steps_total, "counter", "Wall clock steps seen"),
+#undef ROW
+        };
+        size_t len = 0;
+        for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+                const uint64_t *v = (const uint64_t *)((const char *)&c->m + rows[i].offset);
+                int n = snprintf(buf + len, size - len, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", rows[i].name,
+                                 rows[i].help, rows[i].name, rows[i].type, rows[i].name,
+                                 (unsigned long long)__atomic_load_n(v, __ATOMIC_RELAXED));
+                if (n < 0 || (size_t)n >= size - len)
+                        return -ENOBUFS;
+                len += (size_t)n;
+        }
+        return (int)len;
+}

@@ -1,0 +1,103 @@
+/* tally-collector — one per host: samples every sandbox's cgroup once per tick
+ * and publishes cumulative usage samples to Kafka (see collector.h). */
+#include "collector.h"
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+struct collector_config {
+        char *kafka_brokers;
+        char *state_dir;
+        char *host_id;
+        int64_t tick_ms;
+        int64_t queue_max;
+        int64_t delivery_timeout_ms;
+        int64_t rescan_s;
+        bool read_peak;
+        int64_t peak_every;
+        int64_t metrics_port;
+        char *metrics_address;
+        char *log_level;
+};
+
+static const struct setting settings[] = {
+        SETTING_KAFKA_BROKERS(struct collector_config, kafka_brokers),
+        SETTING_STATE_DIR(struct collector_config, state_dir),
+        { "host_id", SETTING_STRING, "", false, offsetof(struct collector_config, host_id), 0, 0,
+          "This host's id in samples when a registry record names none (default: the hostname)" },
+        { "tick_ms", SETTING_INT, "1000", false, offsetof(struct collector_config, tick_ms), 10, 600000,
+          "Milliseconds between readings of every sandbox's cgroup" },
+        { "queue_max", SETTING_INT, "100000", false, offsetof(struct collector_config, queue_max), 1, 10000000,
+          "Samples waiting for the broker, at most; beyond it each sandbox keeps only its newest" },
+        { "delivery_timeout_ms", SETTING_INT, "300000", false,
+          offsetof(struct collector_config, delivery_timeout_ms), 1000, 86400000,
+          "A message the broker has not acknowledged by then fails (final samples are re-sent)" },
+        { "rescan_s", SETTING_INT, "60", false, offsetof(struct collector_config, rescan_s), 1, 86400,
+          "Seconds between full registry rescans (inotify reports changes in between)" },
+        { "read_peak", SETTING_BOOL, "true", false, offsetof(struct collector_config, read_peak), 0, 0,
+          "Read peak memory (memory.peak, memory.max_usage_in_bytes) where the kernel offers it" },
+        { "peak_every", SETTING_INT, "10", false, offsetof(struct collector_config, peak_every), 1, 3600,
+          "Ticks between readings of a sandbox's peak memory (a high watermark; staggered across sandboxes)" },
+        { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
+          "Port for /metrics (Prometheus text format); 0: off" },
+        { "metrics_address", SETTING_STRING, "127.0.0.1", false,
+          offsetof(struct collector_config, metrics_address), 0, 0, "IPv4 address /metrics listens on" },
+        SETTING_LOG_LEVEL(struct collector_config, log_level),
+        SETTINGS_END,
+};
+
+static const struct program_info program = {
+        .name = "tally-collector",
+        .summary = "Samples every sandbox's cgroup on this host and publishes cumulative usage samples to Kafka.",
+        .usage = "[options]",
+        .details = "Sandboxes come from the vmm registry, <state_dir>/sandboxes. Final samples of stopped\n"
+                   "sandboxes wait in <state_dir>/collector/spool until the broker acknowledges them.",
+};
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+int main(int argc, char **argv)
+{
+        struct collector_config cfg = { 0 };
+        int r = config_main(&program, settings, &cfg, argc, argv, NULL);
+        if (r >= 0)
+                return r;
+        struct sigaction sa = { .sa_handler = on_signal };
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+
+        int status = 1;
+        char err[1024];
+        struct collector *c = NULL;
+        struct metrics_server *ms = NULL;
+        struct collector_options opt = {
+                .brokers = cfg.kafka_brokers, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
+                .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
+                .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
+        };
+        if (collector_new(&opt, &c, err, sizeof(err)) < 0) {
+                log_error("could not start", "error=\"%s\"", err);
+                goto out;
+        }
+        if ((r = metrics_server_start(c, cfg.metrics_address, (int)cfg.metrics_port, &ms)) < 0) {
+                log_error("could not serve /metrics", "address=%s port=%lld error=\"%s\"", cfg.metrics_address,
+                          (long long)cfg.metrics_port, strerror(-r));
+                goto out;
+        }
+        if (ms)
+                log_info("metrics served", "url=http://%s:%lld/metrics", cfg.metrics_address,
+                         (long long)cfg.metrics_port);
+        if (collector_run(c, &stop_requested) == 0)
+                status = 0;
+out:
+        metrics_server_stop(ms);
+        collector_free(c);
+        config_free(settings, &cfg);
+        return status;
+}

@@ -1,0 +1,75 @@
+/* metrics.c — see metrics.h. */
+#include "metrics.h"
+#include "collector.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct metrics_server {
+        struct MHD_Daemon *daemon;
+};
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                              const char *version, const char *upload_data, size_t *upload_size, void **state)
+{
+        const struct collector *c = cls;
+        char body[8192];
+        unsigned status = MHD_HTTP_OK;
+        const char *type = "text/plain; version=0.0.4";
+        int len;
+        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+                status = MHD_HTTP_METHOD_NOT_ALLOWED;
+                len = snprintf(body, sizeof(body), "only GET\n");
+        } else if (strcmp(url, "/metrics") != 0) {
+                status = MHD_HTTP_NOT_FOUND;
+                len = snprintf(body, sizeof(body), "not found: try /metrics\n");
+        } else if ((len = collector_metrics_text(c, body, sizeof(body))) < 0) {
+                status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+                len = snprintf(body, sizeof(body), "metrics too large\n");
+        }
+        struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)len, body, MHD_RESPMEM_MUST_COPY);
+        if (!resp)
+                return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", type);
+        enum MHD_Result r = MHD_queue_response(conn, status, resp);
+        MHD_destroy_response(resp);
+        return r;
+}
+
+int metrics_server_start(const struct collector *c, const char *address, int port, struct metrics_server **ret)
+{
+        if (port == 0) {
+                *ret = NULL;
+                return 0;
+        }
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        if (inet_pton(AF_INET, address, &sa.sin_addr) != 1)
+                return -EINVAL;
+        struct metrics_server *m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, answer,
+                                     (void *)c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                     MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u,
+                                     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                                     (size_t)65536, MHD_OPTION_END);
+        if (!m->daemon) {
+                free(m);
+                return -EADDRINUSE;
+        }
+        *ret = m;
+        return 0;
+}
+
+void metrics_server_stop(struct metrics_server *m)
+{
+        if (!m)
+                return;
+        MHD_stop_daemon(m->daemon);
+        free(m);
+}

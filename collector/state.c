@@ -1,0 +1,140 @@
+/* state.c — see state.h. */
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int mkdir_one(const char *path)
+{
+        return mkdir(path, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+int state_prepare(const char *state_dir)
+{
+        char path[PATH_MAX];
+        int r = mkdir_one(state_dir);
+        snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR, state_dir);
+        if (r == 0)
+                r = mkdir_one(path);
+        snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/epochs", state_dir);
+        if (r == 0)
+                r = mkdir_one(path);
+        snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/spool", state_dir);
+        if (r == 0)
+                r = mkdir_one(path);
+        return r;
+}
+
+static int fsync_parent(const char *path)
+{
+        char copy[PATH_MAX];
+        snprintf(copy, sizeof(copy), "%s", path);
+        int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        int r = fsync(fd) < 0 ? -errno : 0;
+        close(fd);
+        return r;
+}
+
+int state_write_atomic(const char *path, const char *text, size_t len)
+{
+        char tmp[PATH_MAX + 8];
+        int n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        if (n < 0 || (size_t)n >= sizeof(tmp))
+                return -ENAMETOOLONG;
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+                return -errno;
+        int r = 0;
+        if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
+                r = errno ? -errno : -EIO;
+        if (close(fd) < 0 && r == 0)
+                r = -errno;
+        if (r == 0 && rename(tmp, path) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlink(tmp);
+                return r;
+        }
+        return fsync_parent(path);
+}
+
+/* Reads a small file into buf (NUL-terminated). Returns 0, -ENOENT, or -errno. */
+static int read_small(const char *path, char *buf, size_t size)
+{
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        ssize_t n = read(fd, buf, size - 1);
+        int r = n < 0 ? -errno : 0;
+        close(fd);
+        if (r == 0)
+                buf[n] = '\0';
+        return r;
+}
+
+int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
+{
+        char path[PATH_MAX], text[64];
+        snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/generation", state_dir);
+        uint64_t last = 0;
+        int r = read_small(path, text, sizeof(text));
+        if (r < 0 && r != -ENOENT)
+                return r;
+        if (r == 0 && sscanf(text, "%" SCNu64, &last) != 1)
+                return -EINVAL;
+        uint64_t next = last + 1;
+        int64_t since = now_sec - GENERATION_EPOCH_S;
+        if (since > 0 && (uint64_t)since > next)
+                next = (uint64_t)since;
+        if (next > INT32_MAX)
+                return -EOVERFLOW;
+        int len = snprintf(text, sizeof(text), "%" PRIu64 "\n", next);
+        if ((r = state_write_atomic(path, text, (size_t)len)) < 0)
+                return r;
+        *ret = (uint32_t)next;
+        return 0;
+}
+
+static void epoch_path(char *buf, size_t size, const char *state_dir, const char *sandbox)
+{
+        snprintf(buf, size, "%s/" COLLECTOR_DIR "/epochs/%s", state_dir, sandbox);
+}
+
+int state_load_epoch(const char *state_dir, const char *sandbox, uint64_t *ret_epoch, uint64_t *ret_record)
+{
+        char path[PATH_MAX], text[128];
+        epoch_path(path, sizeof(path), state_dir, sandbox);
+        uint64_t e = 0, rec = 0;
+        int r = read_small(path, text, sizeof(text));
+        if (r < 0 && r != -ENOENT)
+                return r;
+        if (r == 0 && sscanf(text, "%" SCNu64 " %" SCNu64, &e, &rec) != 2)
+                return -EINVAL;
+        *ret_epoch = e;
+        *ret_record = rec;
+        return 0;
+}
+
+int state_save_epoch(const char *state_dir, const char *sandbox, uint64_t epoch, uint64_t record)
+{
+        char path[PATH_MAX], text[64];
+        epoch_path(path, sizeof(path), state_dir, sandbox);
+        int len = snprintf(text, sizeof(text), "%" PRIu64 " %" PRIu64 "\n", epoch, record);
+        return state_write_atomic(path, text, (size_t)len);
+}
+
+int state_remove_epoch(const char *state_dir, const char *sandbox)
+{
+        char path[PATH_MAX];
+        epoch_path(path, sizeof(path), state_dir, sandbox);
+        return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
+}

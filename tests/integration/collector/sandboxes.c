@@ -1,0 +1,402 @@
+/* sandboxes.c — see sandboxes.h. */
+#include "sandboxes.h"
+#include "kafka.h"
+#include "support.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define V1_CPU "/sys/fs/cgroup/cpuacct"
+#define V1_MEM "/sys/fs/cgroup/memory"
+#define V2     "/sys/fs/cgroup/unified"
+
+void msleep(int ms)
+{
+        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+static void die(const char *what, const char *path)
+{
+        fprintf(stderr, "FAIL: %s %s: %s (the collector's tests need root and cgroups)\n", what, path,
+                strerror(errno));
+        exit(1);
+}
+
+static void parent_path(char *buf, size_t size, const char *root)
+{
+        snprintf(buf, size, "%s/tally-collector-test-%d", root, (int)getpid());
+}
+
+static void ensure_dir(const char *path)
+{
+        if (mkdir(path, 0755) < 0 && errno != EEXIST)
+                die("could not create cgroup", path);
+}
+
+static void write_str(const char *path, const char *text)
+{
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, text, strlen(text)) < 0)
+                die("could not write", path);
+        close(fd);
+}
+
+void tsb_cgroup_parent_remove(void)
+{
+        const char *roots[] = { V1_CPU, V1_MEM, V2 };
+        for (size_t i = 0; i < 3; i++) {
+                char p[512];
+                parent_path(p, sizeof(p), roots[i]);
+                rmdir(p);
+        }
+}
+
+static void cgroup_dir(char *buf, size_t size, const char *root, const char *id)
+{
+        char parent[256];
+        parent_path(parent, sizeof(parent), root);
+        ensure_dir(parent);
+        snprintf(buf, size, "%.256s/%.64s", parent, id);
+}
+
+/* Burns ms of this process's CPU time from now on. */
+static void burn(int ms)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        int64_t until = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (int64_t)ms * 1000000;
+        volatile uint64_t x = 0;
+        for (;;) {
+                for (int i = 0; i < 100000; i++)
+                        x += (uint64_t)i;
+                clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+                if ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec >= until)
+                        return;
+        }
+}
+
+void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, const char *account, int version,
+                int burn_ms)
+{
+        memset(sb, 0, sizeof(*sb));
+        sb->version = version;
+        if (version == 1) {
+                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), V1_CPU, id);
+                cgroup_dir(sb->mem_dir, sizeof(sb->mem_dir), V1_MEM, id);
+                ensure_dir(sb->cpu_dir);
+                ensure_dir(sb->mem_dir);
+        } else {
+                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), V2, id);
+                ensure_dir(sb->cpu_dir);
+                snprintf(sb->mem_dir, sizeof(sb->mem_dir), "%s", sb->cpu_dir);
+        }
+        int ready[2];
+        if (pipe(ready) < 0)
+                abort();
+        pid_t pid = fork();
+        if (pid == 0) {
+                close(ready[0]);
+                char procs[600];
+                snprintf(procs, sizeof(procs), "%s/cgroup.procs", sb->cpu_dir);
+                write_str(procs, "0");
+                if (version == 1) {
+                        snprintf(procs, sizeof(procs), "%s/cgroup.procs", sb->mem_dir);
+                        write_str(procs, "0");
+                }
+                /* Counted from joining: the cgroup sees everything from here on. */
+                burn(burn_ms);
+                if (write(ready[1], "x", 1) < 0)
+                        _exit(1);
+                for (;;)
+                        pause();
+        }
+        close(ready[1]);
+        char x;
+        if (read(ready[0], &x, 1) != 1) {
+                fprintf(stderr, "FAIL: burner for %s died\n", id);
+                exit(1);
+        }
+        close(ready[0]);
+        sb->child = pid;
+
+        struct sandbox_record *r = &sb->rec;
+        snprintf(r->id, sizeof(r->id), "%s", id);
+        snprintf(r->account, sizeof(r->account), "%s", account);
+        snprintf(r->key, sizeof(r->key), "key_%s", account);
+        snprintf(r->host, sizeof(r->host), "testhost");
+        snprintf(r->backend, sizeof(r->backend), "process");
+        r->state = STATE_RUNNING;
+        r->vcpus = 2;
+        r->mem_size_bytes = UINT64_C(4) << 30;
+        r->epoch = 1;
+        r->created_ns = (int64_t)time(NULL) * 1000000000;
+        r->cgroup_version = version;
+        snprintf(r->cgroup_cpu, sizeof(r->cgroup_cpu), "%s", sb->cpu_dir);
+        snprintf(r->cgroup_memory, sizeof(r->cgroup_memory), "%s", sb->mem_dir);
+        r->pid = pid;
+        int rc = registry_write(state_dir, r);
+        CHECK(rc == 0, "registry_write %s: %s", id, strerror(-rc));
+}
+
+uint64_t tsb_read_cpu(const struct test_sandbox *sb)
+{
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", sb->cpu_dir, sb->version == 1 ? "cpuacct.usage" : "cpu.stat");
+        char *text = test_read_file(path);
+        if (!text)
+                die("could not read", path);
+        uint64_t v = 0;
+        if (sb->version == 1) {
+                v = strtoull(text, NULL, 10);
+        } else {
+                const char *p = strstr(text, "usage_usec ");
+                v = p ? strtoull(p + 11, NULL, 10) * 1000 : 0;
+        }
+        free(text);
+        return v;
+}
+
+void tsb_stop(struct test_sandbox *sb, const char *state_dir)
+{
+        if (sb->child > 0) {
+                kill(sb->child, SIGKILL);
+                waitpid(sb->child, NULL, 0);
+                sb->child = 0;
+        }
+        sb->truth_cpu_ns = tsb_read_cpu(sb);
+        sb->rec.state = STATE_STOPPED;
+        sb->rec.final_cpu_ns = sb->truth_cpu_ns;
+        int rc = registry_write(state_dir, &sb->rec);
+        CHECK(rc == 0, "registry_write stopped %s: %s", sb->rec.id, strerror(-rc));
+        sb->stopped = true;
+}
+
+bool tsb_final_marked(const struct test_sandbox *sb, const char *state_dir)
+{
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/" REGISTRY_DIR "/%s.final", state_dir, sb->rec.id);
+        return access(path, F_OK) == 0;
+}
+
+void tsb_remove(struct test_sandbox *sb, const char *state_dir)
+{
+        if (sb->child > 0) {
+                kill(sb->child, SIGKILL);
+                waitpid(sb->child, NULL, 0);
+                sb->child = 0;
+        }
+        registry_remove(state_dir, sb->rec.id);
+        rmdir(sb->cpu_dir);
+        if (sb->version == 1)
+                rmdir(sb->mem_dir);
+        free(sb->rec.labels); /* the ids stay: tests look up what was published */
+        sb->rec.labels = NULL;
+        sb->rec.nlabels = 0;
+        sb->removed = true;
+}
+
+struct consumer {
+        rd_kafka_t *rk;
+        struct published *items;
+        size_t n, cap;
+};
+
+struct consumer *consumer_new(const char *brokers)
+{
+        static int counter;
+        char group[64], err[512];
+        snprintf(group, sizeof(group), "collector-test-%d-%d", (int)getpid(), counter++);
+        struct consumer *c = calloc(1, sizeof(*c));
+        c->rk = kafka_consumer_new(brokers, group, NULL, NULL, err, sizeof(err));
+        if (!c->rk) {
+                fprintf(stderr, "FAIL: consumer: %s\n", err);
+                exit(1);
+        }
+        rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(topics, TOPIC_USAGE, RD_KAFKA_PARTITION_UA);
+        rd_kafka_subscribe(c->rk, topics);
+        rd_kafka_topic_partition_list_destroy(topics);
+        return c;
+}
+
+void consumer_poll(struct consumer *c, const char *prefix, int ms)
+{
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        for (;;) {
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                int elapsed = (int)((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
+                if (elapsed >= ms)
+                        return;
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, ms - elapsed < 100 ? ms - elapsed : 100);
+                if (!m)
+                        continue;
+                if (!m->err) {
+                        struct usage_event ev = { 0 };
+                        char why[256];
+                        int r = event_decode(m->payload, m->len, &ev, why, sizeof(why));
+                        if (r == 0 && ev.type == EVENT_SAMPLE && strncmp(ev.sandbox, prefix, strlen(prefix)) == 0) {
+                                CHECK(m->key_len == strlen(ev.account) && memcmp(m->key, ev.account, m->key_len) == 0,
+                                      "sample of %s is not keyed by its account", ev.sandbox);
+                                if (c->n == c->cap) {
+                                        c->cap = c->cap ? c->cap * 2 : 256;
+                                        c->items = realloc(c->items, c->cap * sizeof(*c->items));
+                                }
+                                struct published *p = &c->items[c->n++];
+                                memcpy(p->sandbox, ev.sandbox, sizeof(p->sandbox));
+                                p->epoch = ev.epoch;
+                                p->seq = ev.seq;
+                                p->cpu_ns = ev.cpu_ns;
+                                p->wall_ns = ev.wall_ns;
+                                p->state = ev.state;
+                                p->final = ev.final;
+                                p->mem_bytes = ev.mem_bytes;
+                                p->mem_peak_bytes = ev.mem_peak_bytes;
+                        } else if (r < 0 && strstr((const char *)m->payload, prefix)) {
+                                CHECK(0, "a message the collector published does not decode: %s", why);
+                        }
+                        event_clear(&ev);
+                }
+                rd_kafka_message_destroy(m);
+        }
+}
+
+const struct published *consumer_items(struct consumer *c, size_t *ret_n)
+{
+        *ret_n = c->n;
+        return c->items;
+}
+
+int published_finals(struct consumer *c, const char *sandbox, uint64_t *ret_cpu_ns)
+{
+        int finals = 0;
+        for (size_t i = 0; i < c->n; i++)
+                if (c->items[i].final && strcmp(c->items[i].sandbox, sandbox) == 0) {
+                        finals++;
+                        *ret_cpu_ns = c->items[i].cpu_ns;
+                }
+        return finals;
+}
+
+void consumer_free(struct consumer *c)
+{
+        if (!c)
+                return;
+        rd_kafka_consumer_close(c->rk);
+        rd_kafka_destroy(c->rk);
+        free(c->items);
+        free(c);
+}
+
+pid_t collector_start(const char *state_dir, const char *brokers, const char *log_path, const char *const *extra)
+{
+        char *argv[32];
+        int n = 0;
+        argv[n++] = (char *)test_env("TALLY_COLLECTOR_BIN");
+        argv[n++] = "--kafka-brokers";
+        argv[n++] = (char *)brokers;
+        argv[n++] = "--state-dir";
+        argv[n++] = (char *)state_dir;
+        argv[n++] = "--log-level";
+        argv[n++] = "debug";
+        for (; extra && *extra && n < 30; extra++)
+                argv[n++] = (char *)*extra;
+        argv[n] = NULL;
+        return test_spawn(argv, NULL, log_path);
+}
+
+int collector_stop(pid_t pid)
+{
+        kill(pid, SIGTERM);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void private_broker_start(struct private_broker *b, const char *dir)
+{
+        char file[512], log[512];
+        snprintf(file, sizeof(file), "%s/broker.bootstrap", dir);
+        snprintf(b->sock, sizeof(b->sock), "%s/broker.sock", dir);
+        snprintf(log, sizeof(log), "%s/broker.log", dir);
+        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--port", "0", "--partitions", "3",
+                         "--bootstrap-file", file, "--control-socket", b->sock, NULL };
+        b->pid = test_spawn(argv, NULL, log);
+        if (test_wait_file(file, 10000) < 0) {
+                fprintf(stderr, "FAIL: private broker did not start (log %s)\n", log);
+                exit(1);
+        }
+        char *s = test_read_file(file);
+        snprintf(b->bootstrap, sizeof(b->bootstrap), "%s", s);
+        free(s);
+}
+
+void private_broker_ctl(struct private_broker *b, const char *cmd)
+{
+        char *out = NULL;
+        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--control-socket", b->sock, "ctl", (char *)cmd, NULL };
+        int rc = test_run(argv, &out, NULL);
+        CHECK(rc == 0 && out && strncmp(out, "ok", 2) == 0, "broker ctl %s: rc=%d reply=%s", cmd, rc, out ? out : "");
+        free(out);
+}
+
+void private_broker_stop(struct private_broker *b)
+{
+        kill(b->pid, SIGTERM);
+        waitpid(b->pid, NULL, 0);
+}
+
+char *http_get_metrics(int port)
+{
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return NULL;
+        }
+        const char *req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if (write(fd, req, strlen(req)) < 0) {
+                close(fd);
+                return NULL;
+        }
+        size_t cap = 65536, len = 0;
+        char *buf = malloc(cap);
+        ssize_t n;
+        while ((n = read(fd, buf + len, cap - len - 1)) > 0)
+                len += (size_t)n;
+        close(fd);
+        buf[len] = '\0';
+        return buf;
+}
+
+int free_port(void)
+{
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET };
+        socklen_t len = sizeof(sa);
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+                fprintf(stderr, "FAIL: no free port: %s\n", strerror(errno));
+                exit(1);
+        }
+        close(fd);
+        return ntohs(sa.sin_port);
+}

@@ -1,0 +1,89 @@
+/* sandboxes.h — the collector's integration tests play the vmm's part with real
+ * cgroups and real processes: a sandbox is a cgroup (v1 cpuacct + memory, or a
+ * child of the unified v2 tree) holding a child that burns a known amount of
+ * CPU, plus a registry record written with common/registry.c. Stopping one is
+ * what tally-vmm does: kill the processes, read the cgroup's counter
+ * independently, rewrite the record as stopped with final_cpu_ns; once the
+ * collector made <id>.final, remove the cgroup and the record. The tests then
+ * read what the collector published from the broker. */
+#pragma once
+
+#include "event.h"
+#include "registry.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct test_sandbox {
+        struct sandbox_record rec;
+        pid_t child;
+        int version;
+        char cpu_dir[512], mem_dir[512];
+        uint64_t truth_cpu_ns;   /* the counter read by the test when it stopped */
+        bool stopped, removed;
+};
+
+/* The per-test parent cgroups (unique per process); created on first use. */
+void tsb_cgroup_parent_remove(void);
+
+/* Creates the cgroup(s) for a sandbox and starts a child in them that burns
+ * burn_ms of its own CPU time, then blocks; returns once the burn is done. */
+void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, const char *account, int version,
+                int burn_ms);
+
+/* Reads the sandbox's CPU counter from the kernel (cpuacct.usage, or cpu.stat usage_usec × 1000). */
+uint64_t tsb_read_cpu(const struct test_sandbox *sb);
+
+/* Stops as the vmm does: kill -9, reap, read the counter, record state stopped + final_cpu_ns. */
+void tsb_stop(struct test_sandbox *sb, const char *state_dir);
+
+/* True if <state_dir>/sandboxes/<id>.final exists. */
+bool tsb_final_marked(const struct test_sandbox *sb, const char *state_dir);
+
+/* Removes the cgroup(s) and the record (the vmm's last step). */
+void tsb_remove(struct test_sandbox *sb, const char *state_dir);
+
+/* What the collector published, read from the broker. */
+struct published {
+        char sandbox[EVENT_ID_MAX + 1];
+        uint64_t epoch, seq, cpu_ns;
+        int64_t wall_ns;
+        enum sandbox_state state;
+        bool final;
+        uint64_t mem_bytes, mem_peak_bytes;
+};
+
+struct consumer;
+/* A consumer of the usage topic in a fresh group, from the earliest offset. */
+struct consumer *consumer_new(const char *brokers);
+/* Reads for up to ms milliseconds, appending samples whose sandbox id starts with prefix. */
+void consumer_poll(struct consumer *c, const char *prefix, int ms);
+/* Messages kept so far (borrowed). */
+const struct published *consumer_items(struct consumer *c, size_t *ret_n);
+void consumer_free(struct consumer *c);
+
+/* Counts what was published for sandbox: finals, and the last final's counter. */
+int published_finals(struct consumer *c, const char *sandbox, uint64_t *ret_cpu_ns);
+
+/* Starts tally-collector with the given state folder and brokers and extra args (NULL-terminated). */
+pid_t collector_start(const char *state_dir, const char *brokers, const char *log_path, const char *const *extra);
+/* SIGTERM and wait; returns the exit status. */
+int collector_stop(pid_t pid);
+
+/* A private tally-broker, for faults that must not disturb other tests. */
+struct private_broker {
+        pid_t pid;
+        char bootstrap[128];
+        char sock[512];
+};
+void private_broker_start(struct private_broker *b, const char *dir);
+void private_broker_ctl(struct private_broker *b, const char *cmd);
+void private_broker_stop(struct private_broker *b);
+
+/* Sleeps ms milliseconds. */
+void msleep(int ms);
+/* A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick). */
+int free_port(void);
+/* Fetches http://127.0.0.1:port/metrics (malloc'd body), or NULL. */
+char *http_get_metrics(int port);

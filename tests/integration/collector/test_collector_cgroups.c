@@ -1,0 +1,183 @@
+/* Integration: tally-collector samples real cgroups — v1 (cpuacct + memory)
+ * and the unified v2 tree — and publishes each known CPU burn with the exact
+ * cumulative counter the kernel reports, running and final. Edge cases with
+ * real cgroups: a cgroup removed under a running sandbox's record (ENODEV on
+ * the open file) is survived and counted; the same cgroup recreated (its
+ * counter restarts from zero) is published under a higher epoch, never as a
+ * smaller counter in the same epoch. /metrics answers in Prometheus text. */
+#include "sandboxes.h"
+#include "support.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BURN_MS 300
+
+/* Waits until a running sample of sandbox with exactly cpu_ns arrived. */
+static bool wait_running_sample(struct consumer *c, const char *prefix, const char *sandbox, uint64_t cpu_ns,
+                                int timeout_ms)
+{
+        for (int waited = 0; waited < timeout_ms; waited += 200) {
+                size_t n;
+                const struct published *p = consumer_items(c, &n);
+                for (size_t i = 0; i < n; i++)
+                        if (strcmp(p[i].sandbox, sandbox) == 0 && p[i].state == STATE_RUNNING && p[i].cpu_ns == cpu_ns)
+                                return true;
+                consumer_poll(c, prefix, 200);
+        }
+        return false;
+}
+
+static bool wait_final(struct consumer *c, const char *prefix, const char *sandbox, uint64_t *ret_cpu, int timeout_ms)
+{
+        for (int waited = 0; waited < timeout_ms; waited += 200) {
+                if (published_finals(c, sandbox, ret_cpu) > 0)
+                        return true;
+                consumer_poll(c, prefix, 200);
+        }
+        return false;
+}
+
+static void wait_marker_and_remove(struct test_sandbox *sb, const char *state)
+{
+        int waited = 0;
+        while (!tsb_final_marked(sb, state) && waited < 10000) {
+                msleep(50);
+                waited += 50;
+        }
+        CHECK(tsb_final_marked(sb, state), "no %s.final after the record said stopped", sb->rec.id);
+        tsb_remove(sb, state);
+}
+
+int main(void)
+{
+        const char *brokers = test_env("TALLY_TEST_BROKERS");
+        char *dir = test_tmpdir("collector-cgroups");
+        char state[600], log[600], prefix[64], port[16];
+        snprintf(state, sizeof(state), "%s/state", dir);
+        snprintf(log, sizeof(log), "%s/collector.log", dir);
+        snprintf(prefix, sizeof(prefix), "cgt%d_", (int)getpid());
+        int metrics_port = free_port();
+        snprintf(port, sizeof(port), "%d", metrics_port);
+        mkdir(state, 0755);
+
+        struct test_sandbox v1, v2, gone;
+        char id[96];
+        snprintf(id, sizeof(id), "%sv1", prefix);
+        tsb_create(&v1, state, id, "acct_cg1", 1, BURN_MS);
+        snprintf(id, sizeof(id), "%sv2", prefix);
+        tsb_create(&v2, state, id, "acct_cg2", 2, BURN_MS);
+        snprintf(id, sizeof(id), "%sgone", prefix);
+        tsb_create(&gone, state, id, "acct_cg3", 1, 50);
+
+        /* The burners are blocked now: their counters hold still, and the test reads them itself. */
+        uint64_t truth1 = tsb_read_cpu(&v1), truth2 = tsb_read_cpu(&v2);
+        CHECK(truth1 >= (uint64_t)BURN_MS * 1000000, "v1 cgroup counted %" PRIu64 " ns of a %d ms burn", truth1, BURN_MS);
+        CHECK(truth2 >= (uint64_t)BURN_MS * 1000000, "v2 cgroup counted %" PRIu64 " ns of a %d ms burn", truth2, BURN_MS);
+
+        const char *extra[] = { "--tick-ms", "200", "--metrics-port", port, NULL };
+        pid_t collector = collector_start(state, brokers, log, extra);
+        struct consumer *c = consumer_new(brokers);
+
+        CHECK(wait_running_sample(c, prefix, v1.rec.id, truth1, 20000),
+              "no running sample of the v1 sandbox with its exact counter %" PRIu64, truth1);
+        CHECK(wait_running_sample(c, prefix, v2.rec.id, truth2, 20000),
+              "no running sample of the v2 sandbox with its exact counter %" PRIu64, truth2);
+
+        /* v1 reports memory and its peak; the burner holds some. */
+        size_t n;
+        const struct published *p = consumer_items(c, &n);
+        bool mem_seen = false;
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(p[i].sandbox, v1.rec.id) == 0 && p[i].mem_bytes > 0 && p[i].mem_peak_bytes >= p[i].mem_bytes)
+                        mem_seen = true;
+        CHECK(mem_seen, "no v1 sample with memory.usage_in_bytes and a peak at least as large");
+
+        /* Removed between discovery and read: the record still says running. */
+        uint64_t gone_first = tsb_read_cpu(&gone);
+        CHECK(wait_running_sample(c, prefix, gone.rec.id, gone_first, 20000), "no sample of the sandbox to remove");
+        kill(gone.child, SIGKILL);
+        waitpid(gone.child, NULL, 0);
+        gone.child = 0;
+        CHECK(rmdir(gone.cpu_dir) == 0 && rmdir(gone.mem_dir) == 0, "could not remove the cgroup: %m");
+        msleep(800);
+        CHECK(kill(collector, 0) == 0, "the collector died when a cgroup vanished");
+        char *metrics = http_get_metrics(metrics_port);
+        CHECK(metrics && strstr(metrics, "200 OK"), "GET /metrics failed: %s", metrics ? metrics : "(no answer)");
+        const char *rerr = metrics ? strstr(metrics, "\ntally_collector_read_errors_total ") : NULL;
+        CHECK(rerr && strtoull(rerr + 35, NULL, 10) >= 1, "read errors not counted after the cgroup vanished");
+        CHECK(metrics && strstr(metrics, "# TYPE tally_collector_sandboxes gauge\ntally_collector_sandboxes 3\n"),
+              "/metrics does not say 3 sandboxes tracked");
+        CHECK(metrics && strstr(metrics, "tally_collector_queue_depth ") && strstr(metrics, "tally_collector_spool_entries ") &&
+                      strstr(metrics, "tally_collector_tick_duration_us ") &&
+                      strstr(metrics, "tally_collector_samples_per_second ") &&
+                      strstr(metrics, "tally_collector_publish_errors_total "),
+              "/metrics lacks a metric");
+        free(metrics);
+
+        /* Recreated at the same path: the counter restarts below what was published. */
+        struct test_sandbox again;
+        struct sandbox_record keep = gone.rec;
+        tsb_create(&again, state, gone.rec.id, "acct_cg3", 1, 20);
+        (void)keep;
+        uint64_t again_cpu = tsb_read_cpu(&again);
+        CHECK(again_cpu < gone_first, "the recreated cgroup's counter %" PRIu64 " is not below %" PRIu64, again_cpu,
+              gone_first);
+        CHECK(wait_running_sample(c, prefix, again.rec.id, again_cpu, 20000),
+              "no sample of the recreated cgroup with its counter %" PRIu64, again_cpu);
+        p = consumer_items(c, &n);
+        uint64_t first_epoch = 0, new_epoch = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(p[i].sandbox, again.rec.id) != 0)
+                        continue;
+                if (p[i].cpu_ns == gone_first)
+                        first_epoch = p[i].epoch;
+                if (p[i].cpu_ns == again_cpu)
+                        new_epoch = p[i].epoch;
+        }
+        CHECK(first_epoch >= 1 && new_epoch > first_epoch,
+              "counter went back from %" PRIu64 " to %" PRIu64 " but the epoch went %" PRIu64 " -> %" PRIu64,
+              gone_first, again_cpu, first_epoch, new_epoch);
+        /* Within each epoch, counters never go down and seq always goes up. */
+        for (size_t i = 0; i < n; i++)
+                for (size_t j = i + 1; j < n; j++)
+                        if (strcmp(p[i].sandbox, p[j].sandbox) == 0 && p[i].epoch == p[j].epoch) {
+                                CHECK(p[j].cpu_ns >= p[i].cpu_ns, "%s: counter went down within epoch %" PRIu64,
+                                      p[i].sandbox, p[i].epoch);
+                                CHECK(p[j].seq > p[i].seq, "%s: seq did not increase", p[i].sandbox);
+                        }
+
+        /* Stop all as the vmm does; each final sample carries the counter the test read itself. */
+        struct test_sandbox *all[] = { &v1, &v2, &again };
+        for (int i = 0; i < 3; i++)
+                tsb_stop(all[i], state);
+        for (int i = 0; i < 3; i++) {
+                uint64_t fin = 0;
+                CHECK(wait_final(c, prefix, all[i]->rec.id, &fin, 20000), "no final sample of %s", all[i]->rec.id);
+                CHECK(fin == all[i]->truth_cpu_ns, "%s: final counter %" PRIu64 ", the kernel said %" PRIu64,
+                      all[i]->rec.id, fin, all[i]->truth_cpu_ns);
+                wait_marker_and_remove(all[i], state);
+        }
+        /* Killing a process costs it a little CPU too, so the final counter is the running one or more. */
+        CHECK(v1.truth_cpu_ns >= truth1 && v2.truth_cpu_ns >= truth2, "counters went down when the burners died");
+
+        CHECK(collector_stop(collector) == 0, "the collector did not stop cleanly on SIGTERM");
+        char spool[700];
+        snprintf(spool, sizeof(spool), "%s/collector/spool/%s.json", state, v1.rec.id);
+        CHECK(access(spool, F_OK) != 0, "an acknowledged final sample is still in the spool");
+        consumer_free(c);
+        tsb_cgroup_parent_remove();
+        if (test_failures) {
+                char *l = test_read_file(log);
+                fprintf(stderr, "collector log:\n%s\n", l ? l : "");
+                free(l);
+        }
+        free(dir);
+        return test_result();
+}
