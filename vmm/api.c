@@ -185,8 +185,10 @@ static enum MHD_Result route(struct vmm_api *a, struct MHD_Connection *c, const 
         id[idlen] = '\0';
         const char *action = slash ? slash + 1 : "";
         if (!*action) {
-                if (get)
-                        return send_result(c, vmm_show(a->vmm, id, &out, why, sizeof(why)), why, out, 200);
+                if (get) {
+                        r = vmm_show(a->vmm, id, &out, why, sizeof(why));
+                        return send_result(c, r, why, out, 200);
+                }
                 if (strcmp(method, "DELETE") == 0) {
                         r = vmm_stop(a->vmm, id, "request", why, sizeof(why));
                         if (r == 0)
@@ -209,7 +211,8 @@ static enum MHD_Result route(struct vmm_api *a, struct MHD_Connection *c, const 
                 int64_t count;
                 if ((r = get_opt_int(body, "count", 1, 10, 1, &count, why, sizeof(why))) < 0)
                         return send_result(c, r, why, NULL, 200);
-                return send_result(c, vmm_fork(a->vmm, id, (int)count, &out, why, sizeof(why)), why, out, 201);
+                r = vmm_fork(a->vmm, id, (int)count, &out, why, sizeof(why));
+                return send_result(c, r, why, out, 201);
         } else if (strcmp(action, "timeout") == 0) {
                 json_t *t = json_object_get(body, "timeout_s");
                 if (!json_is_integer(t)) {

@@ -95,6 +95,14 @@ static int print_answer(long status, json_t *answer)
         return 0;
 }
 
+/* One request whose answer is printed as it comes. */
+static int request(const char *sock, const char *method, const char *path, json_t *body)
+{
+        json_t *answer = NULL;
+        long status = call(sock, method, path, body, &answer);
+        return print_answer(status, answer);
+}
+
 static int usage(const char *msg)
 {
         fprintf(stderr, "tally-vmm: %s (try --help)\n", msg);
@@ -214,7 +222,7 @@ static int cmd_exec(const char *sock, int argc, char **argv)
         json_t *body = json_object();
         int o, rc = 2;
         optind = 1;
-        while ((o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
                 long long n;
                 if (o == 'i') {
                         json_object_set_new(body, "stdin", json_string(optarg));
@@ -232,7 +240,14 @@ static int cmd_exec(const char *sock, int argc, char **argv)
         }
         char path[128];
         snprintf(path, sizeof(path), "/sandboxes/%s/exec", argv[optind]);
-        json_object_set_new(body, "command", argv_json(argc - optind - 1, argv + optind + 1));
+        int first = optind + 1;
+        if (first < argc && strcmp(argv[first], "--") == 0)
+                first++;
+        if (first >= argc) {
+                rc = usage("exec wants a command after the sandbox id");
+                goto out;
+        }
+        json_object_set_new(body, "command", argv_json(argc - first, argv + first));
         json_t *answer = NULL;
         long status = call(sock, "POST", path, body, &answer);
         if (status < 0 || status >= 300) {
@@ -292,17 +307,17 @@ int vmm_cli(const char *sock, int argc, char **argv)
         if (strcmp(cmd, "ls") == 0)
                 return cmd_ls(sock, argc, argv);
         if (strcmp(cmd, "status") == 0)
-                return print_answer(call(sock, "GET", "/status", NULL, &answer), answer);
+                return request(sock, "GET", "/status", NULL);
         if (argc < 2)
                 return usage("this command wants a sandbox id");
         const char *id = argv[1];
         if (strcmp(cmd, "show") == 0 && argc == 2) {
                 snprintf(path, sizeof(path), "/sandboxes/%s", id);
-                return print_answer(call(sock, "GET", path, NULL, &answer), answer);
+                return request(sock, "GET", path, NULL);
         }
         if ((strcmp(cmd, "pause") == 0 || strcmp(cmd, "resume") == 0 || strcmp(cmd, "stop") == 0) && argc == 2) {
                 snprintf(path, sizeof(path), "/sandboxes/%s/%s", id, cmd);
-                return print_answer(call(sock, "POST", path, NULL, &answer), answer);
+                return request(sock, "POST", path, NULL);
         }
         long long n = 1;
         if (strcmp(cmd, "fork") == 0) {

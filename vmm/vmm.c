@@ -639,10 +639,15 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason)
         pthread_mutex_unlock(&v->lock);
         if (st == STATE_STOPPED)
                 return 0;
-        if (sb->bs) {
+        int r;
+        /* A frozen process cannot die, so a backend waiting for it would wait forever:
+         * a paused sandbox is killed through its cgroup (which thaws it) first. */
+        if (st == STATE_PAUSED && (r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS)) < 0)
+                log_error("could not empty a paused sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id,
+                          strerror(-r));
+        if (sb->bs)
                 sb->ops->stop(sb->bs);
-        }
-        int r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
+        r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
         if (r < 0)
                 log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
         uint64_t cpu = 0;
