@@ -197,6 +197,10 @@ int create_request_parse(const json_t *body, const struct vmm_limits *limits, st
                                          strlen(k), EVENT_LABEL_KEY_MAX);
                                 goto label_fail;
                         }
+                        if (strlen(json_string_value(v)) != json_string_length(v)) {
+                                snprintf(why, whylen, "label \"%s\": the value holds a NUL byte", k);
+                                goto label_fail;
+                        }
                         if (json_string_length(v) > EVENT_LABEL_VALUE_MAX) {
                                 snprintf(why, whylen, "label \"%s\": the value is %zu bytes, at most %d allowed", k,
                                          json_string_length(v), EVENT_LABEL_VALUE_MAX);

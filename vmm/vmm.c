@@ -1208,8 +1208,12 @@ void vmm_close(struct vmm *v)
         pthread_join(v->thread, NULL);
         rd_kafka_consumer_close(v->consumer);
         rd_kafka_destroy(v->consumer);
-        if (rd_kafka_flush(v->producer, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        if (rd_kafka_flush(v->producer, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+                /* A stopped event lost here is published again by the next run (its record says stopped). */
                 log_warn("lifecycle events still queued at exit", "count=%d", rd_kafka_outq_len(v->producer));
+                rd_kafka_purge(v->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+                rd_kafka_poll(v->producer, 0);
+        }
         while (v->list)
                 sandbox_unlink(v, v->list);
         rd_kafka_destroy(v->producer);

@@ -10,6 +10,7 @@ WORK=$(mktemp -d /tmp/tally-bench-vmm.XXXXXX)
 PARENT=tally-bench-vmm-$$
 VMM_PID=
 cleanup() {
+  set +e
   [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
   # Whatever the run left under our cgroup parent: thaw, kill, remove.
   for h in freezer cpu cpuacct memory pids unified; do
