@@ -889,7 +889,23 @@ int vmm_apply_control(struct vmm *v, const struct control_command *c)
 
 /* ---- background work ---- */
 
-/* Stops sandboxes whose lease ran out; removes stopped ones whose final counter is safe. */
+/* False once pid has exited (gone, or a zombie not yet reaped). */
+static bool process_alive(pid_t pid)
+{
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return false;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')');
+        return !paren || (paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X');
+}
+
+/* Stops sandboxes whose lease ran out or whose main process ended on its own;
+ * removes stopped ones whose final counter is safe. */
 static void tick(struct vmm *v)
 {
         struct sandbox **all;
@@ -897,11 +913,17 @@ static void tick(struct vmm *v)
         if (n < 0)
                 return;
         int64_t now = time_wall_ns(), mono = time_mono_ns();
+        /* Liveness once a second is plenty: a dead sandbox burns nothing. */
+        static int64_t last_alive_check;
+        bool check_alive = mono - last_alive_check >= NS_PER_SEC;
+        if (check_alive)
+                last_alive_check = mono;
         for (int i = 0; i < n; i++) {
                 struct sandbox *sb = all[i];
                 pthread_mutex_lock(&v->lock);
                 enum sandbox_state st = sb->rec.state;
                 bool expired = st == STATE_RUNNING && sb->rec.timeout_ns > 0 && sb->rec.timeout_ns <= now;
+                pid_t pid = sb->rec.pid;
                 bool republish = st == STATE_STOPPED && !sb->stop_published;
                 bool acked = sb->stop_acked;
                 int64_t since = mono - sb->stopped_mono;
@@ -913,6 +935,16 @@ static void tick(struct vmm *v)
                         pthread_mutex_unlock(&v->lock);
                         if (expired)
                                 stop_locked(v, sb, "timeout");
+                        pthread_mutex_unlock(&sb->op);
+                        continue;
+                }
+                if (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid)) {
+                        pthread_mutex_lock(&sb->op);
+                        pthread_mutex_lock(&v->lock);
+                        bool still = sb->rec.state != STATE_STOPPED;
+                        pthread_mutex_unlock(&v->lock);
+                        if (still)
+                                stop_locked(v, sb, "main_process_ended");
                         pthread_mutex_unlock(&sb->op);
                         continue;
                 }

@@ -493,6 +493,15 @@ static void test_timeout(void)
         CHECK(!pid_alive(pid), "the init of a timed-out sandbox still runs");
         CHECK(wait_event(EVENT_STOPPED, id, 5000), "no stopped event after the timeout");
         json_decref(sb);
+
+        /* A sandbox whose main process is killed from outside is stopped too, its counter kept. */
+        sb = create("key-killed", "1", "64", "120", NULL);
+        id = jstr(sb, "id");
+        kill((pid_t)jint(sb, "pid"), SIGKILL);
+        CHECK(wait_state(id, "stopped", 4000), "a sandbox whose init was killed still counts as running");
+        struct usage_event *ev = wait_event(EVENT_STOPPED, id, 5000);
+        CHECK(ev && ev->cpu_ns > 0, "no stopped event with a counter for a killed sandbox");
+        json_decref(sb);
 }
 
 /* fork makes the asked number of running copies with the source's files. */
