@@ -300,8 +300,8 @@ int vmm_api_start(struct vmm *v, const char *path, struct vmm_api **ret, char *e
                 r = -ENAMETOOLONG;
                 goto fail;
         }
-        snprintf(a->path, sizeof(a->path), "%s", path);
-        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+        memcpy(a->path, path, strlen(path) + 1);
+        memcpy(addr.sun_path, path, strlen(path) + 1);
         a->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         unlink(path);
         if (a->fd < 0 || bind(a->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || chmod(path, 0660) < 0 ||
