@@ -330,14 +330,6 @@ static struct usage_event *wait_event(enum event_type type, const char *id, int 
         }
 }
 
-static int count_events(enum event_type type, const char *id)
-{
-        int n = 0;
-        for (int i = 0; i < events.n; i++)
-                n += events.ev[i].type == type && strcmp(events.ev[i].sandbox, id) == 0;
-        return n;
-}
-
 /* ---- the cases ---- */
 
 /* CPU burned inside a sandbox appears in its cgroup and is not lost when it stops. */
@@ -816,6 +808,5 @@ int main(void)
         rd_kafka_destroy(usage_consumer);
         for (int i = 0; i < events.n; i++)
                 event_clear(&events.ev[i]);
-        (void)count_events;
         return test_result();
 }
