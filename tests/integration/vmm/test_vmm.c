@@ -29,7 +29,9 @@
 static char parent[64];          /* our own cgroup parent: tally-test-vmm-<pid> */
 static char account[64];
 static char *work, *state, *sock, *db_url;
-static pid_t daemon_pid = -1;
+static pid_t daemon_pid = -1, broker_pid = -1;
+static const char *brokers;      /* the shared test broker, or the outage case's private one */
+static const char *final_wait_ms = "4000";
 static int cgroup_version;
 
 static int64_t now_ms(void)
@@ -92,6 +94,11 @@ static void cleanup(void)
                 kill(daemon_pid, SIGKILL);
                 waitpid(daemon_pid, NULL, 0);
                 daemon_pid = -1;
+        }
+        if (broker_pid > 0) {
+                kill(broker_pid, SIGTERM);
+                waitpid(broker_pid, NULL, 0);
+                broker_pid = -1;
         }
         if (!*parent)
                 return;
@@ -181,8 +188,8 @@ static void start_daemon(void)
         char log[1024];
         snprintf(log, sizeof(log), "%s/vmm.log", work);
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
-                         "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
-                         "--host-id", "test-vmm-host", "--backend", "process", "--final-wait-ms", "4000",
+                         "--kafka-brokers", (char *)brokers, "--cgroup-parent", parent,
+                         "--host-id", "test-vmm-host", "--backend", "process", "--final-wait-ms", (char *)final_wait_ms,
                          "--limits-database-url", db_url,
                          "--blocked-key-query", "SELECT 1 FROM blocked WHERE account_id = $1 AND key_id = $2",
                          "--log-level", "debug", NULL };
@@ -289,7 +296,7 @@ static void open_usage_consumer(void)
 {
         char err[512], group[96];
         snprintf(group, sizeof(group), "test-vmm-%d", (int)getpid());
-        usage_consumer = kafka_consumer_new(test_env("TALLY_TEST_BROKERS"), group, NULL, NULL, err, sizeof(err));
+        usage_consumer = kafka_consumer_new(brokers, group, NULL, NULL, err, sizeof(err));
         CHECK(usage_consumer != NULL, "consumer: %s", err);
         rd_kafka_topic_partition_list_t *t = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(t, TOPIC_USAGE, RD_KAFKA_PARTITION_UA);
@@ -672,7 +679,7 @@ static void test_control(void)
         json_t *a = create("key-ctl", "1", "64", "120", NULL), *b = create("key-ctl", "1", "64", "120", NULL),
                *other = create("key-other", "1", "64", "120", NULL);
         char err[512];
-        rd_kafka_t *p = kafka_producer_new(test_env("TALLY_TEST_BROKERS"), NULL, NULL, err, sizeof(err));
+        rd_kafka_t *p = kafka_producer_new(brokers, NULL, NULL, err, sizeof(err));
         CHECK(p != NULL, "producer: %s", err);
         /* Warm the producer (connection, producer id) with a command about no sandbox of
          * ours, so the clock below measures tally-vmm, not this test's start-up. */
@@ -754,6 +761,77 @@ static void test_restart(void)
         json_decref(paused);
 }
 
+static int broker_ctl(const char *ctl_sock, const char *cmd)
+{
+        char *out = NULL;
+        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--control-socket", (char *)ctl_sock, "ctl",
+                         (char *)cmd, NULL };
+        int rc = test_run(argv, &out, NULL);
+        CHECK(rc == 0 && out && strncmp(out, "ok", 2) == 0, "broker ctl %s: rc=%d %s", cmd, rc, out ? out : "");
+        free(out);
+        return rc;
+}
+
+/* While the broker is down, a stopped sandbox's cgroup and record stay, even
+ * with the collector's final sample taken and the wait over: the stopped event
+ * is not yet acknowledged. Once the broker is back, the event arrives with the
+ * final counter and only then the cgroup goes. Runs against a private broker
+ * (the fault must not disturb other tests) and a daemon of its own. */
+static void test_outage(void)
+{
+        stop_daemon();
+        rd_kafka_consumer_close(usage_consumer);
+        rd_kafka_destroy(usage_consumer);
+        char file[1024], ctl_sock[1024], log[1024];
+        snprintf(file, sizeof(file), "%s/broker.bootstrap", work);
+        snprintf(ctl_sock, sizeof(ctl_sock), "%s/broker.sock", work);
+        snprintf(log, sizeof(log), "%s/broker.log", work);
+        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--partitions", "2", "--bootstrap-file", file,
+                         "--control-socket", ctl_sock, NULL };
+        broker_pid = test_spawn(argv, NULL, log);
+        if (test_wait_file(file, 10000) < 0) {
+                CHECK(0, "the private broker did not start");
+                return;
+        }
+        brokers = test_read_file(file);
+        final_wait_ms = "300";
+        free(state);
+        free(sock);
+        if (asprintf(&state, "%s/state-outage", work) < 0 || asprintf(&sock, "%s/vmm-outage.sock", work) < 0)
+                abort();
+        open_usage_consumer();
+        start_daemon();
+        json_t *sb = create("key-outage", "1", "64", "120", NULL);
+        const char *id = jstr(sb, "id");
+        CHECK(sh_exec(id, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done", NULL, NULL) == 0, "burn failed");
+        broker_ctl(ctl_sock, "down");
+        int rc;
+        json_t *st = cli(&rc, "stop", id, NULL);
+        uint64_t final = (uint64_t)jint(st, "final_cpu_ns");
+        CHECK(rc == 0 && final > 0 && final == cgroup_cpu(sb), "stop with the broker down: %s", json_dumps(st, 0));
+        char final_path[1024], rec_path[1024];
+        snprintf(final_path, sizeof(final_path), "%s/sandboxes/%s.final", state, id);
+        snprintf(rec_path, sizeof(rec_path), "%s/sandboxes/%s.json", state, id);
+        FILE *f = fopen(final_path, "w");
+        if (f)
+                fclose(f);
+        sleep_ms(2000); /* well past final_wait_ms */
+        const char *cpu_dir = jstr(sb, "cgroup_cpu");
+        CHECK(dir_exists(cpu_dir) && access(rec_path, F_OK) == 0,
+              "the cgroup or record went before the stopped event was acknowledged");
+        broker_ctl(ctl_sock, "up");
+        int64_t until = now_ms() + 30000;
+        while (dir_exists(cpu_dir) && now_ms() < until)
+                sleep_ms(100);
+        CHECK(!dir_exists(cpu_dir) && access(rec_path, F_OK) != 0,
+              "the cgroup stayed after the broker came back");
+        struct usage_event *ev = wait_event(EVENT_STOPPED, id, 20000);
+        CHECK(ev && ev->cpu_ns == final, "the stopped event after the outage carries %" PRIu64 ", wanted %" PRIu64,
+              ev ? ev->cpu_ns : 0, final);
+        json_decref(st);
+        json_decref(sb);
+}
+
 static void make_limits_db(void)
 {
         db_url = test_db_create("vmm");
@@ -784,6 +862,7 @@ int main(void)
         atexit(cleanup);
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
+        brokers = test_env("TALLY_TEST_BROKERS");
         make_limits_db();
         open_usage_consumer();
         start_daemon();
@@ -795,6 +874,7 @@ int main(void)
                 { "pause", test_pause },                 { "timeout", test_timeout },
                 { "fork", test_fork },                   { "bad_input", test_bad_input },
                 { "control", test_control },             { "restart", test_restart },
+                { "outage", test_outage },
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 int before = test_failures;
