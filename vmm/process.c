@@ -246,6 +246,12 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         int sync[2] = { -1, -1 }, ready[2] = { -1, -1 };
         pid_t pid = -1;
         int r;
+        if (spec->image && *spec->image) {
+                snprintf(why, whylen, "the process backend runs on the host's file system and has no images "
+                         "(image \"%.64s\"); use the qemu backend", spec->image);
+                free(sb);
+                return -EINVAL;
+        }
         if (!sb)
                 return -ENOMEM;
         sb->cg = *cg;

@@ -229,9 +229,14 @@ static void event_from_record(struct usage_event *ev, enum event_type type, cons
  * stop_acked is set when the broker acknowledges it. */
 static int publish(struct vmm *v, const struct usage_event *ev, bool track_stop)
 {
-        char buf[16384];
-        int n = event_encode(ev, buf, sizeof(buf));
+        /* Room for 32 labels at their longest, every byte escaped. */
+        size_t size = 128 * 1024;
+        char *buf = malloc(size);
+        if (!buf)
+                return -ENOMEM;
+        int n = event_encode(ev, buf, size);
         if (n < 0) {
+                free(buf);
                 log_error("could not encode a lifecycle event", "sandbox=%s type=%s", ev->sandbox,
                           event_type_name(ev->type));
                 return n;
@@ -247,12 +252,15 @@ static int publish(struct vmm *v, const struct usage_event *ev, bool track_stop)
                         v->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_KEY(ev->account, strlen(ev->account)),
                         RD_KAFKA_V_VALUE(buf, (size_t)n), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                         RD_KAFKA_V_OPAQUE(d), RD_KAFKA_V_END);
-                if (e == RD_KAFKA_RESP_ERR_NO_ERROR)
+                if (e == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                        free(buf);
                         return 0;
+                }
                 if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL || tries > 100) {
                         log_error("could not queue a lifecycle event", "sandbox=%s type=%s error=\"%s\"",
                                   ev->sandbox, event_type_name(ev->type), rd_kafka_err2str(e));
                         free(d);
+                        free(buf);
                         return -EIO;
                 }
                 rd_kafka_poll(v->producer, 10);

@@ -615,7 +615,7 @@ static void test_bad_input(void)
                 const char *what, *needle;
                 json_t *answer;
                 int rc;
-        } cases[5];
+        } cases[6];
         cases[0].what = "0 vCPUs";
         cases[0].needle = "vcpus";
         cases[0].answer = cli(&cases[0].rc, "create", "--account", account, "--key", "k", "--vcpus", "0", NULL);
@@ -632,7 +632,10 @@ static void test_bad_input(void)
         cases[4].what = "a blocked key";
         cases[4].needle = "daily spend limit";
         cases[4].answer = cli(&cases[4].rc, "create", "--account", account, "--key", "key-blocked", NULL);
-        for (int i = 0; i < 5; i++) {
+        cases[5].what = "an image on the process backend";
+        cases[5].needle = "has no images";
+        cases[5].answer = cli(&cases[5].rc, "create", "--account", account, "--key", "k", "--image", "ubuntu", NULL);
+        for (int i = 0; i < 6; i++) {
                 const char *err = jstr(cases[i].answer, "raw_stderr");
                 CHECK(cases[i].rc == 1 && strstr(err, cases[i].needle), "%s: rc=%d stderr=%s", cases[i].what,
                       cases[i].rc, err);
