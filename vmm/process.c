@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,6 +86,36 @@ static void write_str(int fd, const char *s)
         (void)r;
 }
 
+/* Where this process's command line and environment strings live
+ * (/proc/self/stat fields 48 to 51), so the init can blank its copy of them:
+ * the daemon's flags and environment (a database URL with a password, say)
+ * must not show in the sandbox's /proc/1/cmdline or /proc/1/environ. */
+struct arg_area {
+        unsigned long arg_start, arg_end, env_start, env_end;
+};
+
+static int read_arg_area(struct arg_area *ret)
+{
+        char buf[2048];
+        FILE *f = fopen("/proc/self/stat", "re");
+        if (!f)
+                return -errno;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        char *p = strrchr(buf, ')');
+        if (!p)
+                return -EINVAL;
+        unsigned long v[52] = { 0 };
+        int field = 2;
+        for (char *save = NULL, *t = strtok_r(p + 1, " ", &save); t && field < 51; t = strtok_r(NULL, " ", &save))
+                v[++field] = strtoul(t, NULL, 10);
+        if (field < 51 || v[48] == 0 || v[49] < v[48] || v[51] < v[50])
+                return -EINVAL;
+        *ret = (struct arg_area){ v[48], v[49], v[50], v[51] };
+        return 0;
+}
+
 struct init_args {
         int sync_r;                  /* the daemon closes its end once the init is in the cgroup */
         int ready_w;                 /* the init writes "ok" or the reason it failed */
@@ -93,6 +124,7 @@ struct init_args {
         const char *disk;
         const char *console;         /* the main program's stdout and stderr */
         char **command;
+        struct arg_area area;        /* zero: unknown, left as is */
 };
 
 static void on_sigchld(int sig) { (void)sig; }
@@ -117,6 +149,16 @@ static int init_main(void *arg)
         if (read(a->sync_r, &byte, 1) != 1)
                 _exit(1); /* the daemon gave up before the cgroup held us */
         close(a->sync_r);
+        prctl(PR_SET_NAME, "tally-init", 0, 0, 0);
+        if (a->area.arg_start) {
+                static const char name[] = "tally-sandbox-init";
+                size_t len = a->area.arg_end - a->area.arg_start;
+                memset((void *)a->area.arg_start, 0, len);
+                memcpy((void *)a->area.arg_start, name, len < sizeof(name) ? len : sizeof(name));
+                if (len < sizeof(name) && len > 0)
+                        ((char *)a->area.arg_start)[len - 1] = '\0';
+                memset((void *)a->area.env_start, 0, a->area.env_end - a->area.env_start);
+        }
         int null = open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0)
                 dup2(null, 0);
@@ -275,7 +317,9 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
                 r = errno ? -errno : -ENOMEM;
                 goto fail;
         }
-        struct init_args args = { sync[0], ready[1], spec->network, sb->id, sb->disk, console, spec->command };
+        struct init_args args = { sync[0], ready[1], spec->network, sb->id, sb->disk, console, spec->command, { 0 } };
+        if (read_arg_area(&args.area) < 0)
+                memset(&args.area, 0, sizeof(args.area));
         int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (spec->network ? 0 : CLONE_NEWNET);
         pid = clone(init_main, stack + INIT_STACK_SIZE, flags | SIGCHLD, &args);
         if (pid < 0) {

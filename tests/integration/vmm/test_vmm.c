@@ -672,6 +672,17 @@ static void test_bad_input(void)
         CHECK(took < 5000, "a 700 ms exec timeout took %lld ms", (long long)took);
         free(out);
         free(err);
+        /* The daemon's flags (a database URL) and environment do not show inside. */
+        out = NULL;
+        err = NULL;
+        ex = sh_exec(jstr(sb, "id"), "tr '\\0' ' ' < /proc/1/cmdline; echo; tr '\\0' ' ' < /proc/1/environ; env",
+                     &out, &err);
+        CHECK(ex == 0 && out && strstr(out, "tally-sandbox-init") && !strstr(out, "limits-database-url") &&
+                      !strstr(out, "postgresql:") && !strstr(out, "TALLY_"),
+              "the daemon's command line or environment shows in the sandbox: rc=%d %s %s", ex, out ? out : "",
+              err ? err : "");
+        free(out);
+        free(err);
         json_decref(cli(&rc, "stop", jstr(sb, "id"), NULL));
         json_decref(sb);
 }
