@@ -457,6 +457,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         spec.command = req->command;
         spec.image = req->image;
         pid_t pid = 0;
+        int64_t start_mono = time_mono_ns();
         if (src) {
                 if (!ops->fork) {
                         r = -EOPNOTSUPP;
@@ -478,8 +479,9 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         sandbox_insert(v, sb);
         publish_created(v, sb);
         log_info("sandbox created", "sandbox=%s account=%s key=%s backend=%s vcpus=%u memory_mib=%" PRIu64
-                 " pid=%d parent=%s", rec->id, rec->account, rec->key, rec->backend, rec->vcpus,
-                 rec->mem_size_bytes >> 20, (int)pid, *rec->parent ? rec->parent : "-");
+                 " pid=%d parent=%s start_us=%lld", rec->id, rec->account, rec->key, rec->backend, rec->vcpus,
+                 rec->mem_size_bytes >> 20, (int)pid, *rec->parent ? rec->parent : "-",
+                 (long long)((time_mono_ns() - start_mono) / NS_PER_US));
         *ret_sb = sb;
         return 0;
 fail:
