@@ -12,6 +12,7 @@
  * is prepared before the fork. */
 #include "process.h"
 #include "log.h"
+#include "spec.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -125,6 +127,7 @@ struct init_args {
         const char *console;         /* the main program's stdout and stderr */
         char **command;
         struct arg_area area;        /* zero: unknown, left as is */
+        int listen_fd;               /* <dir>/init.sock: exec requests from the daemon, -1 if none */
 };
 
 static void on_sigchld(int sig) { (void)sig; }
@@ -138,13 +141,152 @@ static void fail_init(int fd, const char *what)
         _exit(1);
 }
 
+#define INIT_JOBS_MAX 256
+#define INIT_REQUEST_MAX (SPEC_COMMAND_BYTES_MAX + 64)
+
+/* The init's exec server. A request is one SOCK_SEQPACKET message on a fresh
+ * connection to <dir>/init.sock: the argv as NUL-terminated strings, with the
+ * command's stdin, stdout and stderr passed as SCM_RIGHTS. The init forks the
+ * command (already inside the sandbox's namespaces and cgroup: no migration,
+ * which on cgroup v1 costs an RCU grace period per exec), answers its pid, then
+ * its wait status when it ends. A byte from the daemon, or the connection
+ * closing early, kills the command's process group. It also reaps every orphan
+ * of the sandbox. Static buffers only: this runs in a copy of a threaded daemon. */
+static struct init_job {
+        int conn;
+        pid_t pid;
+} init_jobs[INIT_JOBS_MAX];
+static char init_request[INIT_REQUEST_MAX];
+static char *init_argv[SPEC_COMMAND_ARGS_MAX + 1];
+
+static void start_job(int conn)
+{
+        int fds[3] = { -1, -1, -1 };
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(fds))];
+        } control;
+        struct iovec iov = { init_request, sizeof(init_request) - 1 };
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                              .msg_controllen = sizeof(control.buf) };
+        ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+        struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+        int slot = -1;
+        for (int i = 0; i < INIT_JOBS_MAX && slot < 0; i++)
+                if (init_jobs[i].pid == 0)
+                        slot = i;
+        if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(fds)) || (msg.msg_flags & MSG_TRUNC) ||
+            slot < 0 || init_request[n - 1] != '\0') {
+                if (c && c->cmsg_type == SCM_RIGHTS) {
+                        memcpy(fds, CMSG_DATA(c), sizeof(fds));
+                        for (int i = 0; i < 3; i++)
+                                if (fds[i] >= 0)
+                                        close(fds[i]);
+                }
+                close(conn);
+                return;
+        }
+        memcpy(fds, CMSG_DATA(c), sizeof(fds));
+        size_t argc = 0;
+        for (ssize_t at = 0; at < n && argc < SPEC_COMMAND_ARGS_MAX; at += (ssize_t)strlen(init_request + at) + 1)
+                init_argv[argc++] = init_request + at;
+        init_argv[argc] = NULL;
+        pid_t pid = argc ? fork() : -1;
+        if (pid == 0) {
+                setsid();
+                dup2(fds[0], 0);
+                dup2(fds[1], 1);
+                dup2(fds[2], 2);
+                sigset_t none;
+                sigemptyset(&none);
+                sigprocmask(SIG_SETMASK, &none, NULL);
+                signal(SIGCHLD, SIG_DFL);
+                execvpe(init_argv[0], init_argv, sandbox_env);
+                int e = errno;
+                write_str(2, "tally: could not run ");
+                write_str(2, init_argv[0]);
+                write_str(2, ": ");
+                write_str(2, strerrordesc_np(e) ? strerrordesc_np(e) : "error");
+                write_str(2, "\n");
+                _exit(e == ENOENT ? 127 : 126);
+        }
+        for (int i = 0; i < 3; i++)
+                close(fds[i]);
+        int v = (int)pid;
+        if (pid < 0 || write(conn, &v, sizeof(v)) != sizeof(v)) {
+                if (pid > 0)
+                        kill(pid, SIGKILL); /* reaped below; nobody waits for its status */
+                close(conn);
+                return;
+        }
+        init_jobs[slot].conn = conn;
+        init_jobs[slot].pid = pid;
+}
+
+static _Noreturn void serve_exec(int listen_fd, const sigset_t *none)
+{
+        struct pollfd fds[INIT_JOBS_MAX + 1];
+        int slots[INIT_JOBS_MAX + 1];
+        for (;;) {
+                int status;
+                pid_t p;
+                while ((p = waitpid(-1, &status, WNOHANG)) > 0) {
+                        for (int i = 0; i < INIT_JOBS_MAX; i++) {
+                                if (init_jobs[i].pid != p)
+                                        continue;
+                                if (init_jobs[i].conn >= 0) {
+                                        ssize_t w = write(init_jobs[i].conn, &status, sizeof(status));
+                                        (void)w;
+                                        close(init_jobs[i].conn);
+                                }
+                                init_jobs[i].pid = 0;
+                                init_jobs[i].conn = -1;
+                        }
+                }
+                int n = 0;
+                if (listen_fd >= 0) {
+                        fds[n] = (struct pollfd){ listen_fd, POLLIN, 0 };
+                        slots[n++] = -1;
+                }
+                for (int i = 0; i < INIT_JOBS_MAX; i++)
+                        if (init_jobs[i].pid > 0 && init_jobs[i].conn >= 0) {
+                                fds[n] = (struct pollfd){ init_jobs[i].conn, POLLIN, 0 };
+                                slots[n++] = i;
+                        }
+                if (ppoll(fds, (nfds_t)n, NULL, none) <= 0)
+                        continue; /* SIGCHLD: reap */
+                for (int k = 0; k < n; k++) {
+                        if (!fds[k].revents)
+                                continue;
+                        if (slots[k] < 0) {
+                                int c = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+                                if (c >= 0)
+                                        start_job(c);
+                                continue;
+                        }
+                        /* The daemon asks for a kill, or went away: the command must not outlive it. */
+                        struct init_job *j = &init_jobs[slots[k]];
+                        char b;
+                        ssize_t r = read(j->conn, &b, 1);
+                        if (r == 1 || r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
+                                kill(-j->pid, SIGKILL);
+                                kill(j->pid, SIGKILL);
+                        }
+                        if (r <= 0 && !(r < 0 && (errno == EINTR || errno == EAGAIN))) {
+                                close(j->conn);
+                                j->conn = -1;
+                        }
+                }
+        }
+}
+
 /* The sandbox's pid 1. Sets up its namespaces, starts the main program if
  * there is one, then reaps orphans until it is killed. */
 static int init_main(void *arg)
 {
         struct init_args *a = arg;
-        int keep[] = { a->sync_r, a->ready_w };
-        close_other_fds(keep, 2);
+        int keep[] = { a->sync_r, a->ready_w, a->listen_fd };
+        close_other_fds(keep, 3);
         char byte;
         if (read(a->sync_r, &byte, 1) != 1)
                 _exit(1); /* the daemon gave up before the cgroup held us */
@@ -211,11 +353,7 @@ static int init_main(void *arg)
         }
         write_str(a->ready_w, "ok");
         close(a->ready_w);
-        for (;;) {
-                while (waitpid(-1, NULL, WNOHANG) > 0)
-                        ;
-                sigsuspend(&none);
-        }
+        serve_exec(a->listen_fd, &none);
 }
 
 static int write_command_file(const char *dir, char **command)
@@ -280,6 +418,74 @@ static int read_command_file(const char *dir, char ***ret)
         return 0;
 }
 
+/* The init's exec socket, <dir>/init.sock; -1 (exec then joins the namespaces
+ * itself) if the path is too long for a unix socket or it cannot be made. */
+static int open_init_socket(const char *dir)
+{
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (snprintf(a.sun_path, sizeof(a.sun_path), "%s/init.sock", dir) >= (int)sizeof(a.sun_path))
+                return -1;
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -1;
+        unlink(a.sun_path);
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || chmod(a.sun_path, 0600) < 0 || listen(fd, 64) < 0) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/* Asks the init to run argv with the given ends of the pipes. Returns the
+ * connection (which then delivers the command's pid and wait status, and
+ * takes a byte to kill it), or -1 if the sandbox has no exec socket. */
+static int request_exec(struct backend_sandbox *sb, char *const *argv, int fds[3])
+{
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (snprintf(a.sun_path, sizeof(a.sun_path), "%s/init.sock", sb->dir) >= (int)sizeof(a.sun_path))
+                return -1;
+        size_t len = 0;
+        for (char *const *p = argv; *p; p++)
+                len += strlen(*p) + 1;
+        if (len > INIT_REQUEST_MAX - 1)
+                return -1;
+        char *buf = malloc(len ? len : 1);
+        if (!buf)
+                return -1;
+        size_t at = 0;
+        for (char *const *p = argv; *p; p++) {
+                memcpy(buf + at, *p, strlen(*p) + 1);
+                at += strlen(*p) + 1;
+        }
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                free(buf);
+                return -1;
+        }
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(3 * sizeof(int))];
+        } control;
+        memset(&control, 0, sizeof(control));
+        struct iovec iov = { buf, len };
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                              .msg_controllen = sizeof(control.buf) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, 3 * sizeof(int));
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        free(buf);
+        if (n != (ssize_t)len) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
 static int process_start(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
                          struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
 {
@@ -317,12 +523,16 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
                 r = errno ? -errno : -ENOMEM;
                 goto fail;
         }
-        struct init_args args = { sync[0], ready[1], spec->network, sb->id, sb->disk, console, spec->command, { 0 } };
+        int listen_fd = open_init_socket(dir);
+        struct init_args args = { sync[0], ready[1], spec->network, sb->id, sb->disk, console, spec->command, { 0 },
+                                  listen_fd };
         if (read_arg_area(&args.area) < 0)
                 memset(&args.area, 0, sizeof(args.area));
         int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (spec->network ? 0 : CLONE_NEWNET);
         pid = clone(init_main, stack + INIT_STACK_SIZE, flags | SIGCHLD, &args);
         if (pid < 0) {
+                if (listen_fd >= 0)
+                        close(listen_fd);
                 r = -errno;
                 snprintf(why, whylen, "could not create the sandbox's namespaces: %s", strerror(-r));
                 goto fail;
@@ -331,6 +541,9 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         sync[0] = -1;
         close(ready[1]);
         ready[1] = -1;
+        if (listen_fd >= 0)
+                close(listen_fd); /* the init keeps its copy */
+        listen_fd = -1;
         if ((r = cgroup_enter(cg, pid)) < 0) {
                 snprintf(why, whylen, "could not move the sandbox into its cgroup: %s", strerror(-r));
                 goto fail;
@@ -425,8 +638,19 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
         struct exec_result res = { 0 };
         pid_t helper = -1;
         int r = 0;
+        bool via_init = false;
         for (int i = 0; i < NS_COUNT; i++)
                 ns[i] = -1;
+        if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
+                r = -errno;
+                goto out;
+        }
+        int ends[3] = { in[0], out[1], err[1] };
+        if ((st[0] = request_exec(sb, req->argv, ends)) >= 0) {
+                via_init = true;
+                goto started;
+        }
+        /* No exec socket: join the namespaces and the cgroup from a helper. */
         for (int i = 0; i < NS_COUNT; i++) {
                 char path[64];
                 snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)sb->init, ns_names[i]);
@@ -436,8 +660,7 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                         goto out;
                 }
         }
-        if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
-            pipe2(st, O_CLOEXEC) < 0) {
+        if (pipe2(st, O_CLOEXEC) < 0) {
                 r = -errno;
                 goto out;
         }
@@ -498,10 +721,12 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                         _exit(1);
                 _exit(0);
         }
+started:
         close(in[0]);
         close(out[1]);
         close(err[1]);
-        close(st[1]);
+        if (st[1] >= 0)
+                close(st[1]);
         in[0] = out[1] = err[1] = st[1] = -1;
         if (!req->stdin_data || req->stdin_len == 0) {
                 close(in[1]);
@@ -529,7 +754,10 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 if (left <= 0 && !killed) {
                         res.timed_out = true;
                         killed = true;
-                        if (cmd > 0) {
+                        if (via_init) {
+                                ssize_t w = write(st[0], "k", 1); /* the init kills the command's group */
+                                (void)w;
+                        } else if (cmd > 0) {
                                 kill(-cmd, SIGKILL);
                                 kill(cmd, SIGKILL);
                         }
@@ -587,7 +815,10 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 }
         }
         if (got < sizeof(words)) {
-                if (!killed && cmd > 0) {
+                if (via_init && st[0] >= 0) {
+                        ssize_t w = write(st[0], "k", 1);
+                        (void)w;
+                } else if (!killed && cmd > 0) {
                         kill(-cmd, SIGKILL);
                         kill(cmd, SIGKILL);
                 }

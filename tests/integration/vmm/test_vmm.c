@@ -672,6 +672,17 @@ static void test_bad_input(void)
         CHECK(took < 5000, "a 700 ms exec timeout took %lld ms", (long long)took);
         free(out);
         free(err);
+        /* Without the init's exec socket (a sandbox from an older tally-vmm, a state folder
+         * too deep for a socket path) exec joins the namespaces and cgroup itself. */
+        char init_sock[1100];
+        snprintf(init_sock, sizeof(init_sock), "%s/init.sock", jstr(sb, "dir"));
+        CHECK(access(init_sock, F_OK) == 0, "no exec socket at %s", init_sock);
+        unlink(init_sock);
+        out = NULL;
+        ex = sh_exec(jstr(sb, "id"), "cat /proc/self/cgroup; hostname", &out, NULL);
+        CHECK(ex == 0 && out && strstr(out, jstr(sb, "id")) && strstr(out, parent),
+              "exec without the init's socket did not run in the sandbox: rc=%d %s", ex, out ? out : "");
+        free(out);
         /* The daemon's flags (a database URL) and environment do not show inside. */
         out = NULL;
         err = NULL;
