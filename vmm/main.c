@@ -1,0 +1,152 @@
+/* tally-vmm — the host's sandbox launcher: a daemon (no command) and the
+ * command line client of that daemon (a command). */
+#include "api.h"
+#include "cli.h"
+#include "config.h"
+#include "log.h"
+#include "vmm.h"
+
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct vmm_config {
+        char *socket;
+        char *state_dir;
+        char *host_id;
+        char *backend;
+        char *cgroup_mount;
+        char *cgroup_parent;
+        char *kafka_brokers;
+        char *limits_database_url;
+        char *blocked_key_query;
+        int64_t timeout_max_s;
+        int64_t final_wait_ms;
+        int64_t exec_timeout_ms;
+        int64_t exec_output_cap;
+        char *log_level;
+};
+
+#define DEFAULT_BLOCKED_KEY_QUERY                                                                   \
+        "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = (now() AT TIME ZONE 'UTC')::date"
+
+static const struct setting settings[] = {
+        { "socket", SETTING_STRING, "", false, offsetof(struct vmm_config, socket), 0, 0,
+          "Unix socket of the local API (default: STATE_DIR/vmm.sock)" },
+        SETTING_STATE_DIR(struct vmm_config, state_dir),
+        { "host_id", SETTING_STRING, "", false, offsetof(struct vmm_config, host_id), 0, 0,
+          "This host's id in events and records (default: the host name)" },
+        { "backend", SETTING_STRING, "auto", false, offsetof(struct vmm_config, backend), 0, 0,
+          "Default backend: auto (qemu with KVM when built, else process), process or qemu" },
+        { "cgroup_mount", SETTING_STRING, "", false, offsetof(struct vmm_config, cgroup_mount), 0, 0,
+          "Where the cgroup file systems are mounted (default /sys/fs/cgroup)" },
+        { "cgroup_parent", SETTING_STRING, "tally", false, offsetof(struct vmm_config, cgroup_parent), 0, 0,
+          "Parent cgroup of the sandboxes' cgroups, relative to each hierarchy's root" },
+        { "kafka_brokers", SETTING_STRING, "", false, offsetof(struct vmm_config, kafka_brokers), 0, 0,
+          "Kafka bootstrap servers, host:port[,...] (required by the daemon, not by the client commands)" },
+        { "limits_database_url", SETTING_STRING, "", false, offsetof(struct vmm_config, limits_database_url), 0, 0,
+          "PostgreSQL URL to check that a key is not blocked before creating (empty: no check)" },
+        { "blocked_key_query", SETTING_STRING, DEFAULT_BLOCKED_KEY_QUERY, false,
+          offsetof(struct vmm_config, blocked_key_query), 0, 0,
+          "Query run with $1 account and $2 key: any row means blocked for today" },
+        { "timeout_max_s", SETTING_INT, "3600", false, offsetof(struct vmm_config, timeout_max_s), 1, 31536000,
+          "Longest lease one create or extension may ask for, seconds" },
+        { "final_wait_ms", SETTING_INT, "30000", false, offsetof(struct vmm_config, final_wait_ms), 0, 86400000,
+          "How long a stopped sandbox's cgroup waits for the collector's final sample" },
+        { "exec_timeout_ms", SETTING_INT, "60000", false, offsetof(struct vmm_config, exec_timeout_ms), 1, 86400000,
+          "Default timeout of a command run with exec" },
+        { "exec_output_cap", SETTING_INT, "65536", false, offsetof(struct vmm_config, exec_output_cap), 0, 67108864,
+          "Default bytes of stdout and of stderr an exec returns" },
+        SETTING_LOG_LEVEL(struct vmm_config, log_level),
+        SETTINGS_END,
+};
+
+static const struct program_info program = {
+        .name = "tally-vmm",
+        .summary = "Launches this host's sandboxes, one cgroup each, publishes their lifecycle events and\n"
+                   "carries out the control topic's pause and stop commands.",
+        .usage = "[options] [COMMAND [ARGS...]]",
+        .details =
+                "Without a command it runs the daemon. A command talks to a running daemon over --socket:\n"
+                "  create --account ID --key ID [--vcpus N] [--memory-mib N] [--disk-mib N] [--label K=V]...\n"
+                "         [--timeout S] [--network] [--backend B] [--image NAME] [-- COMMAND...]\n"
+                "  ls [--account ID]          show ID          status\n"
+                "  exec ID [--timeout-ms N] [--output-cap N] [--stdin TEXT] -- COMMAND...\n"
+                "                             (prints the command's output, exits with its status; 124 on timeout)\n"
+                "  pause ID | resume ID | stop ID | fork ID [--count N] | timeout ID SECONDS",
+};
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+int main(int argc, char **argv)
+{
+        struct vmm_config cfg = { 0 };
+        int argi, r = config_main(&program, settings, &cfg, argc, argv, &argi);
+        if (r >= 0)
+                return r;
+        int status = 1;
+        char socket_path[4096], host[256] = "";
+        if (*cfg.socket)
+                snprintf(socket_path, sizeof(socket_path), "%s", cfg.socket);
+        else
+                snprintf(socket_path, sizeof(socket_path), "%s/vmm.sock", cfg.state_dir);
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        if (argi < argc && strcmp(argv[argi], "serve") != 0) {
+                if (!vmm_cli_is_command(argv[argi])) {
+                        fprintf(stderr, "tally-vmm: unknown command \"%s\" (try --help)\n", argv[argi]);
+                        status = 2;
+                } else {
+                        status = vmm_cli(socket_path, argc - argi, argv + argi);
+                }
+                goto out;
+        }
+        if (!*cfg.kafka_brokers) {
+                fprintf(stderr, "tally-vmm: missing required setting kafka_brokers (set kafka_brokers in the config "
+                                "file, TALLY_KAFKA_BROKERS, or --kafka_brokers)\n");
+                status = 2;
+                goto out;
+        }
+        if (*cfg.host_id)
+                snprintf(host, sizeof(host), "%s", cfg.host_id);
+        else if (gethostname(host, sizeof(host) - 1) < 0)
+                snprintf(host, sizeof(host), "localhost");
+        struct vmm_settings s = {
+                .state_dir = cfg.state_dir, .host_id = host, .backend = cfg.backend,
+                .cgroup_mount = cfg.cgroup_mount, .cgroup_parent = cfg.cgroup_parent,
+                .kafka_brokers = cfg.kafka_brokers, .limits_database_url = cfg.limits_database_url,
+                .blocked_key_query = cfg.blocked_key_query, .timeout_max_s = cfg.timeout_max_s,
+                .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
+                .exec_output_cap_default = cfg.exec_output_cap,
+        };
+        struct sigaction sa = { .sa_handler = on_signal };
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        char err[1024];
+        struct vmm *v = NULL;
+        struct vmm_api *api = NULL;
+        if ((r = vmm_open(&s, &v, err, sizeof(err))) < 0) {
+                log_error("could not start", "error=\"%s\"", err);
+                goto out;
+        }
+        if ((r = vmm_api_start(v, socket_path, &api, err, sizeof(err))) < 0) {
+                log_error("could not start the local API", "error=\"%s\"", err);
+                vmm_close(v);
+                goto out;
+        }
+        log_info("tally-vmm ready", "socket=%s", socket_path);
+        while (!stop_requested)
+                pause();
+        log_info("tally-vmm stopping; sandboxes keep running", NULL);
+        vmm_api_stop(api);
+        vmm_close(v);
+        status = 0;
+out:
+        curl_global_cleanup();
+        config_free(settings, &cfg);
+        return status;
+}

@@ -1,0 +1,1266 @@
+/* vmm.c — see vmm.h.
+ *
+ * Locking: v->lock guards the list and every sandbox's record and flags; it is
+ * never held across a backend call, a cgroup wait or a Kafka call that may
+ * block. A sandbox's op mutex serialises its lifecycle changes (pause, resume,
+ * stop, fork); exec takes a reference and runs beside them. */
+#include "vmm.h"
+#include "kafka.h"
+#include "log.h"
+#include "registry.h"
+#include "timeutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SANDBOX_DIR   "vmm"        /* <state_dir>/vmm/<id>/: the sandbox's own folder */
+#define FORK_MAX      10
+#define FREEZE_WAIT_MS 5000
+#define KILL_WAIT_MS   5000
+
+struct sandbox {
+        struct sandbox *next;
+        int refs;                        /* the list holds one; each caller one more */
+        pthread_mutex_t op;              /* serialises lifecycle changes */
+        pthread_mutex_t exec_lock;       /* for backends without concurrent exec */
+        struct sandbox_record rec;       /* guarded by v->lock */
+        const struct backend_ops *ops;
+        struct backend_sandbox *bs;      /* NULL once stopped */
+        struct sandbox_cgroup cg;
+        char dir[PATH_MAX];
+        bool network;
+        int64_t remaining_ns;            /* while paused: what was left of the lease */
+        bool stop_published;             /* the stopped event is with the producer */
+        bool stop_acked;                 /* ... and the broker acknowledged it */
+        int64_t stopped_mono;
+        bool removed;                    /* no longer in the list */
+};
+
+struct vmm {
+        struct vmm_settings s;           /* strings owned by the caller */
+        struct cgroup_host cgroups;
+        struct vmm_limits limits;
+        const struct backend_ops *default_backend;
+        const char *default_reason;
+        pthread_mutex_t lock;
+        struct sandbox *list;
+        rd_kafka_t *producer;
+        rd_kafka_t *consumer;
+        pthread_t thread, control_thread;
+        volatile bool quit;
+        bool control_ready;
+        pthread_mutex_t db_lock;
+        PGconn *db;
+};
+
+/* ---- sandboxes ---- */
+
+static void sandbox_unref(struct vmm *v, struct sandbox *sb)
+{
+        pthread_mutex_lock(&v->lock);
+        bool last = --sb->refs == 0;
+        pthread_mutex_unlock(&v->lock);
+        if (!last)
+                return;
+        if (sb->bs && sb->ops)
+                sb->ops->free(sb->bs);
+        sandbox_record_clear(&sb->rec);
+        pthread_mutex_destroy(&sb->op);
+        pthread_mutex_destroy(&sb->exec_lock);
+        free(sb);
+}
+
+/* A reference to the sandbox id, or NULL. */
+static struct sandbox *sandbox_get(struct vmm *v, const char *id)
+{
+        pthread_mutex_lock(&v->lock);
+        struct sandbox *sb = v->list;
+        while (sb && strcmp(sb->rec.id, id) != 0)
+                sb = sb->next;
+        if (sb)
+                sb->refs++;
+        pthread_mutex_unlock(&v->lock);
+        return sb;
+}
+
+static struct sandbox *sandbox_new(void)
+{
+        struct sandbox *sb = calloc(1, sizeof(*sb));
+        if (!sb)
+                return NULL;
+        sb->refs = 1;
+        pthread_mutex_init(&sb->op, NULL);
+        pthread_mutex_init(&sb->exec_lock, NULL);
+        return sb;
+}
+
+static void sandbox_insert(struct vmm *v, struct sandbox *sb)
+{
+        pthread_mutex_lock(&v->lock);
+        sb->next = v->list;
+        v->list = sb;
+        pthread_mutex_unlock(&v->lock);
+}
+
+static void sandbox_unlink(struct vmm *v, struct sandbox *sb)
+{
+        bool found = false;
+        pthread_mutex_lock(&v->lock);
+        for (struct sandbox **p = &v->list; *p; p = &(*p)->next)
+                if (*p == sb) {
+                        *p = sb->next;
+                        sb->removed = true;
+                        found = true;
+                        break;
+                }
+        pthread_mutex_unlock(&v->lock);
+        if (found)
+                sandbox_unref(v, sb);
+}
+
+static int new_id(char *buf, size_t size)
+{
+        unsigned char b[8];
+        if (RAND_bytes(b, sizeof(b)) != 1)
+                return -EIO;
+        snprintf(buf, size, "sbx-%02x%02x%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
+                 b[7]);
+        return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        remove(path);
+        return 0;
+}
+
+static void remove_tree(const char *path)
+{
+        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void sandbox_dir(const struct vmm *v, const char *id, char *buf, size_t size)
+{
+        snprintf(buf, size, "%s/" SANDBOX_DIR "/%s", v->s.state_dir, id);
+}
+
+/* The few spec fields the registry record does not hold, kept in the sandbox's folder. */
+static int write_spec_file(const char *dir, bool network)
+{
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/spec.json", dir);
+        json_t *j = json_pack("{s:b}", "network", network);
+        int r = j && json_dump_file(j, path, 0) == 0 ? 0 : -EIO;
+        json_decref(j);
+        return r;
+}
+
+static bool read_network(const char *dir)
+{
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/spec.json", dir);
+        json_t *j = json_load_file(path, 0, NULL);
+        bool net = j && json_is_true(json_object_get(j, "network"));
+        json_decref(j);
+        return net;
+}
+
+/* ---- events ---- */
+
+struct delivery {
+        char id[EVENT_ID_MAX + 1];       /* set for a stopped event: who waits for the acknowledgement */
+};
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+        struct vmm *v = opaque;
+        struct delivery *d = m->_private;
+        if (m->err)
+                log_warn("could not deliver a lifecycle event", "error=\"%s\"", rd_kafka_err2str(m->err));
+        if (!d)
+                return;
+        struct sandbox *sb = sandbox_get(v, d->id);
+        if (sb) {
+                pthread_mutex_lock(&v->lock);
+                if (m->err)
+                        sb->stop_published = false; /* the tick publishes it again */
+                else
+                        sb->stop_acked = true;
+                pthread_mutex_unlock(&v->lock);
+                sandbox_unref(v, sb);
+        }
+        free(d);
+        (void)rk;
+}
+
+/* Fills the fields every lifecycle event of rec shares. */
+static void event_from_record(struct usage_event *ev, enum event_type type, const struct sandbox_record *rec)
+{
+        memset(ev, 0, sizeof(*ev));
+        ev->type = type;
+        snprintf(ev->host, sizeof(ev->host), "%s", rec->host);
+        snprintf(ev->sandbox, sizeof(ev->sandbox), "%s", rec->id);
+        snprintf(ev->account, sizeof(ev->account), "%s", rec->account);
+        snprintf(ev->key, sizeof(ev->key), "%s", rec->key);
+        ev->wall_ns = time_wall_ns();
+        ev->mono_ns = time_mono_ns();
+        ev->state = rec->state;
+        ev->vcpus = rec->vcpus;
+        ev->mem_size_bytes = rec->mem_size_bytes;
+        ev->epoch = rec->epoch;
+}
+
+/* Queues ev keyed by its account. For a stopped event, the sandbox's
+ * stop_acked is set when the broker acknowledges it. */
+static int publish(struct vmm *v, const struct usage_event *ev, bool track_stop)
+{
+        /* Room for 32 labels at their longest, every byte escaped. */
+        size_t size = 128 * 1024;
+        char *buf = malloc(size);
+        if (!buf)
+                return -ENOMEM;
+        int n = event_encode(ev, buf, size);
+        if (n < 0) {
+                free(buf);
+                log_error("could not encode a lifecycle event", "sandbox=%s type=%s", ev->sandbox,
+                          event_type_name(ev->type));
+                return n;
+        }
+        struct delivery *d = NULL;
+        if (track_stop) {
+                if (!(d = calloc(1, sizeof(*d))))
+                        return -ENOMEM;
+                snprintf(d->id, sizeof(d->id), "%s", ev->sandbox);
+        }
+        for (int tries = 0;; tries++) {
+                rd_kafka_resp_err_t e = rd_kafka_producev(
+                        v->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_KEY(ev->account, strlen(ev->account)),
+                        RD_KAFKA_V_VALUE(buf, (size_t)n), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                        RD_KAFKA_V_OPAQUE(d), RD_KAFKA_V_END);
+                if (e == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                        free(buf);
+                        return 0;
+                }
+                if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL || tries > 100) {
+                        log_error("could not queue a lifecycle event", "sandbox=%s type=%s error=\"%s\"",
+                                  ev->sandbox, event_type_name(ev->type), rd_kafka_err2str(e));
+                        free(d);
+                        free(buf);
+                        return -EIO;
+                }
+                rd_kafka_poll(v->producer, 10);
+        }
+}
+
+static void publish_simple(struct vmm *v, struct sandbox *sb, enum event_type type)
+{
+        struct usage_event ev;
+        pthread_mutex_lock(&v->lock);
+        event_from_record(&ev, type, &sb->rec);
+        pthread_mutex_unlock(&v->lock);
+        publish(v, &ev, false);
+}
+
+static void publish_created(struct vmm *v, struct sandbox *sb)
+{
+        struct usage_event ev;
+        pthread_mutex_lock(&v->lock);
+        event_from_record(&ev, EVENT_CREATED, &sb->rec);
+        snprintf(ev.parent, sizeof(ev.parent), "%s", sb->rec.parent);
+        snprintf(ev.backend, sizeof(ev.backend), "%s", sb->rec.backend);
+        ev.disk_size_bytes = sb->rec.disk_size_bytes;
+        ev.wall_ns = sb->rec.created_ns;
+        for (size_t i = 0; i < sb->rec.nlabels; i++)
+                event_add_label(&ev, sb->rec.labels[i].key, sb->rec.labels[i].value);
+        pthread_mutex_unlock(&v->lock);
+        publish(v, &ev, false);
+        event_clear(&ev);
+}
+
+static void publish_stopped(struct vmm *v, struct sandbox *sb)
+{
+        struct usage_event ev;
+        pthread_mutex_lock(&v->lock);
+        event_from_record(&ev, EVENT_STOPPED, &sb->rec);
+        ev.cpu_ns = sb->rec.final_cpu_ns;
+        ev.final = true;
+        sb->stop_published = true;
+        pthread_mutex_unlock(&v->lock);
+        if (publish(v, &ev, true) < 0) {
+                pthread_mutex_lock(&v->lock);
+                sb->stop_published = false;
+                pthread_mutex_unlock(&v->lock);
+        }
+}
+
+/* ---- the spend-limit check ---- */
+
+/* 0: the key may start sandboxes; -EACCES: blocked for today; -EAGAIN: unknown. */
+static int check_key(struct vmm *v, const char *account, const char *key, char *why, size_t whylen)
+{
+        if (!v->s.limits_database_url || !*v->s.limits_database_url)
+                return 0;
+        int r = 0;
+        pthread_mutex_lock(&v->db_lock);
+        for (int attempt = 0; attempt < 2; attempt++) {
+                if (!v->db || PQstatus(v->db) != CONNECTION_OK) {
+                        PQfinish(v->db);
+                        v->db = PQconnectdb(v->s.limits_database_url);
+                        if (PQstatus(v->db) != CONNECTION_OK)
+                                continue;
+                }
+                const char *params[2] = { account, key };
+                PGresult *res = PQexecParams(v->db, v->s.blocked_key_query, 2, NULL, params, NULL, NULL, 0);
+                ExecStatusType st = PQresultStatus(res);
+                if (st == PGRES_TUPLES_OK) {
+                        r = PQntuples(res) > 0 ? -EACCES : 0;
+                        PQclear(res);
+                        goto out;
+                }
+                log_warn("could not check the key's spend limit", "error=\"%s\"", PQresultErrorMessage(res));
+                PQclear(res);
+                if (PQstatus(v->db) == CONNECTION_OK) {
+                        r = -EAGAIN;
+                        snprintf(why, whylen, "could not check the key's spend limit (the query failed)");
+                        goto out;
+                }
+        }
+        r = -EAGAIN;
+        snprintf(why, whylen, "could not check the key's spend limit: the limits database is unreachable");
+out:
+        pthread_mutex_unlock(&v->db_lock);
+        if (r == -EACCES)
+                snprintf(why, whylen, "key %s has reached its daily spend limit: no new sandboxes today (UTC)", key);
+        return r;
+}
+
+/* ---- lifecycle ---- */
+
+static json_t *describe(struct vmm *v, struct sandbox *sb)
+{
+        pthread_mutex_lock(&v->lock);
+        const struct sandbox_record *r = &sb->rec;
+        json_t *labels = json_object();
+        for (size_t i = 0; i < r->nlabels; i++)
+                json_object_set_new(labels, r->labels[i].key, json_string(r->labels[i].value));
+        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:i, s:s, s:s, "
+                              "s:i, s:s, s:o}",
+                              "id", r->id, "account", r->account, "key", r->key, "host", r->host, "backend",
+                              r->backend, "state", sandbox_state_name(r->state), "vcpus", (json_int_t)r->vcpus,
+                              "memory_mib", (json_int_t)(r->mem_size_bytes >> 20), "disk_mib",
+                              (json_int_t)(r->disk_size_bytes >> 20), "created_ns", (json_int_t)r->created_ns,
+                              "deadline_ns", (json_int_t)r->timeout_ns, "network", sb->network, "cgroup_version",
+                              r->cgroup_version, "cgroup_cpu", r->cgroup_cpu, "cgroup_memory", r->cgroup_memory,
+                              "pid", (int)r->pid, "dir", sb->dir, "labels", labels);
+        if (*r->parent)
+                json_object_set_new(j, "parent", json_string(r->parent));
+        bool stopped = r->state == STATE_STOPPED;
+        uint64_t final = r->final_cpu_ns;
+        pthread_mutex_unlock(&v->lock);
+        uint64_t cpu = final;
+        if (stopped || cgroup_cpu_ns(&sb->cg, &cpu) == 0)
+                json_object_set_new(j, "cpu_ns", json_integer((json_int_t)cpu));
+        if (stopped)
+                json_object_set_new(j, "final_cpu_ns", json_integer((json_int_t)final));
+        return j;
+}
+
+/* Creates one sandbox: cgroup, record, backend start (or fork of src), and its created event.
+ * *ret_sb holds a reference. */
+static int start_sandbox(struct vmm *v, const struct create_request *req, const struct backend_ops *ops,
+                         struct sandbox *src, bool *ret_copied, struct sandbox **ret_sb, char *why, size_t whylen)
+{
+        struct sandbox *sb = sandbox_new();
+        struct sandbox_spec spec = { 0 };
+        bool cgroup_made = false, dir_made = false, record_made = false;
+        int r;
+        if (!sb)
+                return -ENOMEM;
+        struct sandbox_record *rec = &sb->rec;
+        if ((r = new_id(rec->id, sizeof(rec->id))) < 0)
+                goto fail;
+        snprintf(rec->account, sizeof(rec->account), "%s", req->account);
+        snprintf(rec->key, sizeof(rec->key), "%s", req->key);
+        snprintf(rec->host, sizeof(rec->host), "%s", v->s.host_id);
+        snprintf(rec->backend, sizeof(rec->backend), "%s", ops->name);
+        if (src)
+                snprintf(rec->parent, sizeof(rec->parent), "%s", src->rec.id);
+        rec->state = STATE_RUNNING;
+        rec->vcpus = req->vcpus;
+        rec->mem_size_bytes = req->mem_bytes;
+        rec->disk_size_bytes = req->disk_bytes;
+        rec->epoch = 1;
+        rec->created_ns = time_wall_ns();
+        rec->timeout_ns = rec->created_ns + req->timeout_s * NS_PER_SEC;
+        rec->cgroup_version = v->cgroups.version;
+        if (req->nlabels) {
+                if (!(rec->labels = malloc(req->nlabels * sizeof(*rec->labels)))) {
+                        r = -ENOMEM;
+                        goto fail;
+                }
+                memcpy(rec->labels, req->labels, req->nlabels * sizeof(*rec->labels));
+                rec->nlabels = req->nlabels;
+        }
+        sb->ops = ops;
+        sb->network = req->network;
+        sandbox_dir(v, rec->id, sb->dir, sizeof(sb->dir));
+        if (snprintf(rec->disk_path, sizeof(rec->disk_path), "%s/disk", sb->dir) >= (int)sizeof(rec->disk_path)) {
+                r = -ENAMETOOLONG;
+                snprintf(why, whylen, "the state folder's path is too long");
+                goto fail;
+        }
+
+        /* The cgroup first: nothing of the sandbox may run outside it. */
+        if ((r = cgroup_create(&v->cgroups, rec->id, rec->vcpus, rec->mem_size_bytes, &sb->cg)) < 0) {
+                snprintf(why, whylen, "could not create the sandbox's cgroup: %s", strerror(-r));
+                goto fail;
+        }
+        cgroup_made = true;
+        snprintf(rec->cgroup_cpu, sizeof(rec->cgroup_cpu), "%s", sb->cg.cpuacct);
+        snprintf(rec->cgroup_memory, sizeof(rec->cgroup_memory), "%s", sb->cg.memory);
+        char parent_dir[PATH_MAX];
+        snprintf(parent_dir, sizeof(parent_dir), "%s/" SANDBOX_DIR, v->s.state_dir);
+        if ((mkdir(parent_dir, 0755) < 0 && errno != EEXIST) || mkdir(sb->dir, 0755) < 0) {
+                r = -errno;
+                snprintf(why, whylen, "could not create the sandbox's folder: %s", strerror(-r));
+                goto fail;
+        }
+        dir_made = true;
+        if ((r = write_spec_file(sb->dir, req->network)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
+                snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
+                goto fail;
+        }
+        record_made = true;
+
+        snprintf(spec.id, sizeof(spec.id), "%s", rec->id);
+        snprintf(spec.account, sizeof(spec.account), "%s", rec->account);
+        snprintf(spec.key, sizeof(spec.key), "%s", rec->key);
+        spec.vcpus = rec->vcpus;
+        spec.mem_bytes = rec->mem_size_bytes;
+        spec.disk_bytes = rec->disk_size_bytes;
+        spec.network = req->network;
+        spec.command = req->command;
+        spec.image = req->image;
+        pid_t pid = 0;
+        int64_t start_mono = time_mono_ns();
+        if (src) {
+                if (!ops->fork) {
+                        r = -EOPNOTSUPP;
+                        snprintf(why, whylen, "the %s backend cannot fork a sandbox", ops->name);
+                } else {
+                        r = ops->fork(src->bs, &spec, &sb->cg, sb->dir, &sb->bs, &pid, ret_copied, why, whylen);
+                }
+        } else {
+                r = ops->start(&spec, &sb->cg, sb->dir, &sb->bs, &pid, why, whylen);
+        }
+        if (r < 0)
+                goto fail;
+        rec->pid = pid;
+        if ((r = registry_write(v->s.state_dir, rec)) < 0) {
+                snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
+                goto fail;
+        }
+        sb->refs++; /* the list's and the caller's */
+        sandbox_insert(v, sb);
+        publish_created(v, sb);
+        log_info("sandbox created", "sandbox=%s account=%s key=%s backend=%s vcpus=%u memory_mib=%" PRIu64
+                 " pid=%d parent=%s start_us=%lld", rec->id, rec->account, rec->key, rec->backend, rec->vcpus,
+                 rec->mem_size_bytes >> 20, (int)pid, *rec->parent ? rec->parent : "-",
+                 (long long)((time_mono_ns() - start_mono) / NS_PER_US));
+        *ret_sb = sb;
+        return 0;
+fail:
+        if (sb->bs) {
+                ops->stop(sb->bs);
+                ops->free(sb->bs);
+                sb->bs = NULL;
+        }
+        if (cgroup_made) {
+                cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
+                cgroup_remove(&v->cgroups, &sb->cg);
+        }
+        if (record_made)
+                registry_remove(v->s.state_dir, rec->id);
+        if (dir_made)
+                remove_tree(sb->dir);
+        sandbox_unref(v, sb);
+        return r;
+}
+
+int vmm_create(struct vmm *v, const struct create_request *req, json_t **ret, char *why, size_t whylen)
+{
+        const char *reason = NULL;
+        const struct backend_ops *ops =
+                strcmp(req->backend, "auto") == 0 ? v->default_backend : backend_resolve(req->backend, &reason, why,
+                                                                                         whylen);
+        if (!ops)
+                return -EINVAL;
+        int r = check_key(v, req->account, req->key, why, whylen);
+        if (r < 0)
+                return r;
+        struct sandbox *sb;
+        if ((r = start_sandbox(v, req, ops, NULL, NULL, &sb, why, whylen)) < 0)
+                return r;
+        *ret = describe(v, sb);
+        sandbox_unref(v, sb);
+        return 0;
+}
+
+static struct sandbox *find(struct vmm *v, const char *id, char *why, size_t whylen)
+{
+        struct sandbox *sb = event_id_valid(id) ? sandbox_get(v, id) : NULL;
+        if (!sb)
+                snprintf(why, whylen, "no sandbox %.64s on this host", id);
+        return sb;
+}
+
+int vmm_exec(struct vmm *v, const char *id, const struct exec_request *req, struct exec_result *ret, char *why,
+             size_t whylen)
+{
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        pthread_mutex_lock(&v->lock);
+        enum sandbox_state st = sb->rec.state;
+        pthread_mutex_unlock(&v->lock);
+        int r;
+        if (st != STATE_RUNNING) {
+                snprintf(why, whylen, "sandbox %s is %s: %s", id, sandbox_state_name(st),
+                         st == STATE_PAUSED ? "resume it first" : "it cannot run commands any more");
+                r = -EBUSY;
+                goto out;
+        }
+        if (!sb->ops->concurrent_exec)
+                pthread_mutex_lock(&sb->exec_lock);
+        r = sb->ops->exec(sb->bs, req, ret, why, whylen);
+        if (!sb->ops->concurrent_exec)
+                pthread_mutex_unlock(&sb->exec_lock);
+out:
+        sandbox_unref(v, sb);
+        return r;
+}
+
+static int pause_locked(struct vmm *v, struct sandbox *sb, const char *reason, char *why, size_t whylen)
+{
+        pthread_mutex_lock(&v->lock);
+        enum sandbox_state st = sb->rec.state;
+        pthread_mutex_unlock(&v->lock);
+        if (st == STATE_PAUSED)
+                return 0;
+        if (st == STATE_STOPPED) {
+                snprintf(why, whylen, "sandbox %s is stopped", sb->rec.id);
+                return -EBUSY;
+        }
+        int r = sb->ops->pause ? sb->ops->pause(sb->bs) : 0;
+        if (r == 0)
+                r = cgroup_freeze(&sb->cg, FREEZE_WAIT_MS);
+        if (r < 0) {
+                snprintf(why, whylen, "could not freeze sandbox %s: %s", sb->rec.id, strerror(-r));
+                cgroup_thaw(&sb->cg, FREEZE_WAIT_MS);
+                if (sb->ops->resume)
+                        sb->ops->resume(sb->bs);
+                return r;
+        }
+        pthread_mutex_lock(&v->lock);
+        sb->rec.state = STATE_PAUSED;
+        sb->remaining_ns = sb->rec.timeout_ns - time_wall_ns();
+        if (sb->remaining_ns < 0)
+                sb->remaining_ns = 0;
+        r = registry_write(v->s.state_dir, &sb->rec);
+        pthread_mutex_unlock(&v->lock);
+        if (r < 0)
+                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
+        publish_simple(v, sb, EVENT_PAUSED);
+        log_info("sandbox paused", "sandbox=%s reason=%s", sb->rec.id, reason ? reason : "request");
+        return 0;
+}
+
+int vmm_pause(struct vmm *v, const char *id, const char *reason, char *why, size_t whylen)
+{
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        pthread_mutex_lock(&sb->op);
+        int r = pause_locked(v, sb, reason, why, whylen);
+        pthread_mutex_unlock(&sb->op);
+        sandbox_unref(v, sb);
+        return r;
+}
+
+int vmm_resume(struct vmm *v, const char *id, char *why, size_t whylen)
+{
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        int r = 0;
+        pthread_mutex_lock(&sb->op);
+        pthread_mutex_lock(&v->lock);
+        enum sandbox_state st = sb->rec.state;
+        pthread_mutex_unlock(&v->lock);
+        if (st == STATE_RUNNING)
+                goto out;
+        if (st == STATE_STOPPED) {
+                snprintf(why, whylen, "sandbox %s is stopped", id);
+                r = -EBUSY;
+                goto out;
+        }
+        if ((r = cgroup_thaw(&sb->cg, FREEZE_WAIT_MS)) < 0 || (sb->ops->resume && (r = sb->ops->resume(sb->bs)) < 0)) {
+                snprintf(why, whylen, "could not resume sandbox %s: %s", id, strerror(-r));
+                goto out;
+        }
+        pthread_mutex_lock(&v->lock);
+        sb->rec.state = STATE_RUNNING;
+        /* The lease does not run down while paused. */
+        sb->rec.timeout_ns = time_wall_ns() + (sb->remaining_ns > 0 ? sb->remaining_ns : 60 * NS_PER_SEC);
+        r = registry_write(v->s.state_dir, &sb->rec);
+        pthread_mutex_unlock(&v->lock);
+        if (r < 0)
+                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", id, strerror(-r));
+        r = 0;
+        publish_simple(v, sb, EVENT_RESUMED);
+        log_info("sandbox resumed", "sandbox=%s", id);
+out:
+        pthread_mutex_unlock(&sb->op);
+        sandbox_unref(v, sb);
+        return r;
+}
+
+/* Ends the sandbox's processes, records the final counter and publishes it.
+ * The cgroup and record are removed later by the tick (docs/registry.md). */
+static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason)
+{
+        pthread_mutex_lock(&v->lock);
+        enum sandbox_state st = sb->rec.state;
+        pthread_mutex_unlock(&v->lock);
+        if (st == STATE_STOPPED)
+                return 0;
+        int r;
+        /* A frozen process cannot die, so a backend waiting for it would wait forever:
+         * a paused sandbox is killed through its cgroup (which thaws it) first. */
+        if (st == STATE_PAUSED && (r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS)) < 0)
+                log_error("could not empty a paused sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id,
+                          strerror(-r));
+        if (sb->bs)
+                sb->ops->stop(sb->bs);
+        r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
+        if (r < 0)
+                log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
+        uint64_t cpu = 0;
+        if ((r = cgroup_cpu_ns(&sb->cg, &cpu)) < 0)
+                log_error("could not read a stopped sandbox's CPU counter", "sandbox=%s error=\"%s\"", sb->rec.id,
+                          strerror(-r));
+        pthread_mutex_lock(&v->lock);
+        sb->rec.state = STATE_STOPPED;
+        if (cpu > sb->rec.final_cpu_ns)
+                sb->rec.final_cpu_ns = cpu;
+        sb->stopped_mono = time_mono_ns();
+        r = registry_write(v->s.state_dir, &sb->rec);
+        pthread_mutex_unlock(&v->lock);
+        if (r < 0)
+                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
+        publish_stopped(v, sb);
+        log_info("sandbox stopped", "sandbox=%s reason=%s final_cpu_ns=%" PRIu64, sb->rec.id, reason,
+                 sb->rec.final_cpu_ns);
+        return 0;
+}
+
+int vmm_stop(struct vmm *v, const char *id, const char *reason, char *why, size_t whylen)
+{
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        pthread_mutex_lock(&sb->op);
+        int r = stop_locked(v, sb, reason ? reason : "request");
+        pthread_mutex_unlock(&sb->op);
+        sandbox_unref(v, sb);
+        return r;
+}
+
+int vmm_fork(struct vmm *v, const char *id, int count, json_t **ret, char *why, size_t whylen)
+{
+        if (count < 1 || count > FORK_MAX) {
+                snprintf(why, whylen, "count must be from 1 to %d", FORK_MAX);
+                return -EINVAL;
+        }
+        struct sandbox *src = find(v, id, why, whylen);
+        if (!src)
+                return -ENOENT;
+        struct sandbox *copies[FORK_MAX] = { 0 };
+        int made = 0, r = 0;
+        bool copied = false;
+        pthread_mutex_lock(&src->op);
+        struct create_request req = { 0 };
+        pthread_mutex_lock(&v->lock);
+        enum sandbox_state st = src->rec.state;
+        snprintf(req.account, sizeof(req.account), "%s", src->rec.account);
+        snprintf(req.key, sizeof(req.key), "%s", src->rec.key);
+        req.vcpus = src->rec.vcpus;
+        req.mem_bytes = src->rec.mem_size_bytes;
+        req.disk_bytes = src->rec.disk_size_bytes;
+        req.network = src->network;
+        int64_t left = src->rec.timeout_ns - time_wall_ns();
+        req.timeout_s = left > NS_PER_SEC ? left / NS_PER_SEC : 1;
+        req.labels = src->rec.labels;
+        req.nlabels = src->rec.nlabels;
+        pthread_mutex_unlock(&v->lock);
+        if (st != STATE_RUNNING) {
+                snprintf(why, whylen, "sandbox %s is %s: only a running sandbox can be forked", id,
+                         sandbox_state_name(st));
+                r = -EBUSY;
+                goto out;
+        }
+        if ((r = check_key(v, req.account, req.key, why, whylen)) < 0)
+                goto out;
+        for (; made < count; made++) {
+                bool c = false;
+                if ((r = start_sandbox(v, &req, src->ops, src, &c, &copies[made], why, whylen)) < 0)
+                        break;
+                copied = c;
+        }
+        if (r < 0) {
+                /* All or nothing: a fork that could not make every copy makes none. */
+                for (int i = 0; i < made; i++) {
+                        pthread_mutex_lock(&copies[i]->op);
+                        stop_locked(v, copies[i], "fork_failed");
+                        pthread_mutex_unlock(&copies[i]->op);
+                        sandbox_unref(v, copies[i]);
+                }
+                goto out;
+        }
+        struct usage_event ev;
+        pthread_mutex_lock(&v->lock);
+        event_from_record(&ev, EVENT_FORKED, &src->rec);
+        pthread_mutex_unlock(&v->lock);
+        ev.fork_count = (uint32_t)count;
+        publish(v, &ev, false);
+        json_t *list = json_array();
+        for (int i = 0; i < made; i++) {
+                json_array_append_new(list, describe(v, copies[i]));
+                sandbox_unref(v, copies[i]);
+        }
+        *ret = json_pack("{s:o, s:b, s:s}", "sandboxes", list, "processes_copied", copied, "note",
+                         copied ? "each copy continues the source's processes"
+                                : "each copy has the source's files and spec and started its main program afresh; "
+                                  "the source's running processes were not copied (the process backend cannot)");
+        log_info("sandbox forked", "sandbox=%s copies=%d processes_copied=%s", id, count, copied ? "yes" : "no");
+out:
+        pthread_mutex_unlock(&src->op);
+        sandbox_unref(v, src);
+        return r;
+}
+
+int vmm_set_timeout(struct vmm *v, const char *id, int64_t timeout_s, char *why, size_t whylen)
+{
+        if (timeout_s < 1 || timeout_s > v->s.timeout_max_s) {
+                snprintf(why, whylen, "timeout_s must be from 1 to %lld", (long long)v->s.timeout_max_s);
+                return -EINVAL;
+        }
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        int r = 0;
+        pthread_mutex_lock(&v->lock);
+        if (sb->rec.state == STATE_STOPPED) {
+                snprintf(why, whylen, "sandbox %s is stopped", id);
+                r = -EBUSY;
+        } else {
+                sb->rec.timeout_ns = time_wall_ns() + timeout_s * NS_PER_SEC;
+                sb->remaining_ns = timeout_s * NS_PER_SEC;
+                r = registry_write(v->s.state_dir, &sb->rec);
+                if (r < 0)
+                        snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
+        }
+        pthread_mutex_unlock(&v->lock);
+        sandbox_unref(v, sb);
+        return r;
+}
+
+int vmm_show(struct vmm *v, const char *id, json_t **ret, char *why, size_t whylen)
+{
+        struct sandbox *sb = find(v, id, why, whylen);
+        if (!sb)
+                return -ENOENT;
+        *ret = describe(v, sb);
+        sandbox_unref(v, sb);
+        return 0;
+}
+
+/* References to every sandbox (malloc'd array), for work outside the lock. */
+static int snapshot(struct vmm *v, struct sandbox ***ret)
+{
+        pthread_mutex_lock(&v->lock);
+        int n = 0;
+        for (struct sandbox *sb = v->list; sb; sb = sb->next)
+                n++;
+        struct sandbox **all = calloc((size_t)n + 1, sizeof(*all));
+        if (!all) {
+                pthread_mutex_unlock(&v->lock);
+                return -ENOMEM;
+        }
+        n = 0;
+        for (struct sandbox *sb = v->list; sb; sb = sb->next) {
+                sb->refs++;
+                all[n++] = sb;
+        }
+        pthread_mutex_unlock(&v->lock);
+        *ret = all;
+        return n;
+}
+
+static void snapshot_free(struct vmm *v, struct sandbox **all, int n)
+{
+        for (int i = 0; i < n; i++)
+                sandbox_unref(v, all[i]);
+        free(all);
+}
+
+json_t *vmm_list(struct vmm *v, const char *account)
+{
+        json_t *list = json_array();
+        struct sandbox **all;
+        int n = snapshot(v, &all);
+        if (n < 0)
+                return list;
+        for (int i = 0; i < n; i++)
+                if (!account || strcmp(all[i]->rec.account, account) == 0)
+                        json_array_append_new(list, describe(v, all[i]));
+        snapshot_free(v, all, n);
+        return list;
+}
+
+json_t *vmm_status(struct vmm *v)
+{
+        pthread_mutex_lock(&v->lock);
+        int n = 0;
+        for (struct sandbox *sb = v->list; sb; sb = sb->next)
+                n++;
+        bool ready = v->control_ready;
+        pthread_mutex_unlock(&v->lock);
+        return json_pack("{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:b}", "host", v->s.host_id, "cgroup_version",
+                         v->cgroups.version, "cgroup_parent", v->cgroups.parent, "backend_default",
+                         v->default_backend->name, "backend_reason", v->default_reason, "control_ready", ready,
+                         "sandboxes", n, "spend_limit_check",
+                         v->s.limits_database_url && *v->s.limits_database_url);
+}
+
+int vmm_apply_control(struct vmm *v, const struct control_command *c)
+{
+        struct sandbox **all;
+        int n = snapshot(v, &all), changed = 0;
+        if (n < 0)
+                return n;
+        for (int i = 0; i < n; i++) {
+                struct sandbox *sb = all[i];
+                pthread_mutex_lock(&v->lock);
+                bool match = strcmp(sb->rec.account, c->account) == 0 &&
+                             (*c->sandbox ? strcmp(sb->rec.id, c->sandbox) == 0 : strcmp(sb->rec.key, c->key) == 0) &&
+                             sb->rec.state != STATE_STOPPED &&
+                             /* A command decided before the sandbox existed is not about it. */
+                             (c->issued_ns == 0 || *c->sandbox || c->issued_ns >= sb->rec.created_ns);
+                enum sandbox_state st = sb->rec.state;
+                pthread_mutex_unlock(&v->lock);
+                if (!match || (c->action == CONTROL_PAUSE && st == STATE_PAUSED))
+                        continue;
+                char why[256] = "";
+                const char *reason = *c->reason ? c->reason : "control";
+                pthread_mutex_lock(&sb->op);
+                int r = c->action == CONTROL_PAUSE ? pause_locked(v, sb, reason, why, sizeof(why))
+                                                   : stop_locked(v, sb, reason);
+                pthread_mutex_unlock(&sb->op);
+                if (r == 0)
+                        changed++;
+                else
+                        log_warn("could not carry out a control command", "sandbox=%s action=%s error=\"%s\"",
+                                 sb->rec.id, control_action_name(c->action), why);
+        }
+        snapshot_free(v, all, n);
+        if (changed)
+                log_info("control command carried out", "action=%s account=%s key=%s sandbox=%s reason=%s changed=%d "
+                         "latency_ms=%lld", control_action_name(c->action), c->account, *c->key ? c->key : "-",
+                         *c->sandbox ? c->sandbox : "-", *c->reason ? c->reason : "-", changed,
+                         c->issued_ns ? (long long)((time_wall_ns() - c->issued_ns) / NS_PER_MS) : -1LL);
+        return changed;
+}
+
+/* ---- background work ---- */
+
+/* False once pid has exited (gone, or a zombie not yet reaped). */
+static bool process_alive(pid_t pid)
+{
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return false;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')');
+        return !paren || (paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X');
+}
+
+/* Stops sandboxes whose lease ran out or whose main process ended on its own;
+ * removes stopped ones whose final counter is safe. */
+static void tick(struct vmm *v)
+{
+        struct sandbox **all;
+        int n = snapshot(v, &all);
+        if (n < 0)
+                return;
+        int64_t now = time_wall_ns(), mono = time_mono_ns();
+        /* Liveness once a second is plenty: a dead sandbox burns nothing. */
+        static int64_t last_alive_check;
+        bool check_alive = mono - last_alive_check >= NS_PER_SEC;
+        if (check_alive)
+                last_alive_check = mono;
+        for (int i = 0; i < n; i++) {
+                struct sandbox *sb = all[i];
+                pthread_mutex_lock(&v->lock);
+                enum sandbox_state st = sb->rec.state;
+                bool expired = st == STATE_RUNNING && sb->rec.timeout_ns > 0 && sb->rec.timeout_ns <= now;
+                pid_t pid = sb->rec.pid;
+                bool republish = st == STATE_STOPPED && !sb->stop_published;
+                bool acked = sb->stop_acked;
+                int64_t since = mono - sb->stopped_mono;
+                pthread_mutex_unlock(&v->lock);
+                if (expired) {
+                        pthread_mutex_lock(&sb->op);
+                        pthread_mutex_lock(&v->lock);
+                        expired = sb->rec.state == STATE_RUNNING && sb->rec.timeout_ns <= now;
+                        pthread_mutex_unlock(&v->lock);
+                        if (expired)
+                                stop_locked(v, sb, "timeout");
+                        pthread_mutex_unlock(&sb->op);
+                        continue;
+                }
+                if (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid)) {
+                        pthread_mutex_lock(&sb->op);
+                        pthread_mutex_lock(&v->lock);
+                        bool still = sb->rec.state != STATE_STOPPED;
+                        pthread_mutex_unlock(&v->lock);
+                        if (still)
+                                stop_locked(v, sb, "main_process_ended");
+                        pthread_mutex_unlock(&sb->op);
+                        continue;
+                }
+                if (republish) {
+                        publish_stopped(v, sb);
+                        continue;
+                }
+                if (st != STATE_STOPPED || !acked)
+                        continue;
+                char final[PATH_MAX];
+                snprintf(final, sizeof(final), "%s/" REGISTRY_DIR "/%s.final", v->s.state_dir, sb->rec.id);
+                bool collected = access(final, F_OK) == 0;
+                if (!collected && since < v->s.final_wait_ms * NS_PER_MS)
+                        continue;
+                int r = cgroup_remove(&v->cgroups, &sb->cg);
+                if (r < 0) {
+                        log_warn("could not remove a stopped sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id,
+                                 strerror(-r));
+                        continue;
+                }
+                registry_remove(v->s.state_dir, sb->rec.id);
+                unlink(final);
+                remove_tree(sb->dir);
+                log_info("sandbox removed", "sandbox=%s collector=%s", sb->rec.id, collected ? "yes" : "timed_out");
+                sandbox_unlink(v, sb);
+        }
+        snapshot_free(v, all, n);
+}
+
+static void *background(void *arg)
+{
+        struct vmm *v = arg;
+        while (!v->quit) {
+                rd_kafka_poll(v->producer, 50);
+                tick(v);
+        }
+        return NULL;
+}
+
+static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+        struct vmm *v = opaque;
+        if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+                rd_kafka_assign(rk, parts);
+                pthread_mutex_lock(&v->lock);
+                v->control_ready = true;
+                pthread_mutex_unlock(&v->lock);
+                log_info("control topic assigned", "partitions=%d", parts->cnt);
+        } else {
+                rd_kafka_assign(rk, NULL);
+                pthread_mutex_lock(&v->lock);
+                v->control_ready = false;
+                pthread_mutex_unlock(&v->lock);
+        }
+}
+
+static void *control_loop(void *arg)
+{
+        struct vmm *v = arg;
+        while (!v->quit) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(v->consumer, 100);
+                if (!m)
+                        continue;
+                if (m->err) {
+                        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                                log_warn("control topic error", "error=\"%s\"", rd_kafka_message_errstr(m));
+                        rd_kafka_message_destroy(m);
+                        continue;
+                }
+                struct control_command c;
+                char why[256];
+                if (control_decode(m->payload, m->len, &c, why, sizeof(why)) < 0)
+                        log_warn("refusing a control message", "partition=%d offset=%lld reason=\"%s\"",
+                                 (int)m->partition, (long long)m->offset, why);
+                else
+                        vmm_apply_control(v, &c);
+                rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_new(1);
+                rd_kafka_topic_partition_list_add(pos, rd_kafka_topic_name(m->rkt), m->partition)->offset =
+                        m->offset + 1;
+                rd_kafka_commit(v->consumer, pos, 1);
+                rd_kafka_topic_partition_list_destroy(pos);
+                rd_kafka_message_destroy(m);
+        }
+        return NULL;
+}
+
+/* ---- start-up and recovery ---- */
+
+static int unknown_recover(const struct sandbox_record *rec, const struct sandbox_cgroup *cg, const char *dir,
+                           struct backend_sandbox **ret)
+{
+        return -ESRCH;
+}
+static int unknown_stop(struct backend_sandbox *sb) { return 0; }
+static void unknown_free(struct backend_sandbox *sb) {}
+
+/* For records of a backend this build lacks: the cgroup alone ends the sandbox. */
+static const struct backend_ops unknown_backend = {
+        .name = "unknown",
+        .recover = unknown_recover,
+        .stop = unknown_stop,
+        .free = unknown_free,
+};
+
+/* Takes over what a previous run left: live sandboxes, stopped ones whose
+ * clean-up was pending, sandboxes that died meanwhile, and cgroups without a record. */
+static void recover(struct vmm *v)
+{
+        struct sandbox_record *recs = NULL;
+        int n = registry_list(v->s.state_dir, &recs);
+        if (n < 0) {
+                log_error("could not read the registry", "error=\"%s\"", strerror(-n));
+                n = 0;
+        }
+        int found = 0, died = 0;
+        for (int i = 0; i < n; i++) {
+                struct sandbox_record *rec = &recs[i];
+                if (*rec->host && strcmp(rec->host, v->s.host_id) != 0) {
+                        log_warn("registry record of another host left alone", "sandbox=%s host=%s", rec->id, rec->host);
+                        continue;
+                }
+                struct sandbox *sb = sandbox_new();
+                if (!sb)
+                        break;
+                sb->rec = *rec;
+                memset(rec, 0, sizeof(*rec)); /* the labels move to sb */
+                sandbox_dir(v, sb->rec.id, sb->dir, sizeof(sb->dir));
+                sb->network = read_network(sb->dir);
+                sb->ops = backend_find(sb->rec.backend);
+                if (!sb->ops) {
+                        log_warn("sandbox of a backend this build lacks: ending it", "sandbox=%s backend=%s",
+                                 sb->rec.id, sb->rec.backend);
+                        sb->ops = &unknown_backend;
+                }
+                cgroup_paths(&v->cgroups, sb->rec.id, &sb->cg);
+                if (sb->rec.state != STATE_STOPPED) {
+                        int r = sb->ops->recover(&sb->rec, &sb->cg, sb->dir, &sb->bs);
+                        if (r == 0) {
+                                if (sb->rec.state == STATE_PAUSED)
+                                        sb->remaining_ns = 60 * NS_PER_SEC;
+                                sandbox_insert(v, sb);
+                                found++;
+                                log_info("sandbox found again", "sandbox=%s state=%s pid=%d", sb->rec.id,
+                                         sandbox_state_name(sb->rec.state), (int)sb->rec.pid);
+                                continue;
+                        }
+                        /* It ended while no tally-vmm watched: its counter is still in the cgroup. */
+                        died++;
+                        sandbox_insert(v, sb);
+                        pthread_mutex_lock(&sb->op);
+                        stop_locked(v, sb, "ended_while_vmm_was_down");
+                        pthread_mutex_unlock(&sb->op);
+                        continue;
+                }
+                sb->stopped_mono = time_mono_ns();
+                sandbox_insert(v, sb); /* the tick publishes its stopped event again, then cleans up */
+        }
+        registry_list_free(recs, n);
+
+        char **ids = NULL;
+        int m = cgroup_list_ids(&v->cgroups, &ids);
+        for (int i = 0; i < m; i++) {
+                struct sandbox *sb = sandbox_get(v, ids[i]);
+                if (sb) {
+                        sandbox_unref(v, sb);
+                        continue;
+                }
+                struct sandbox_cgroup cg;
+                if (cgroup_paths(&v->cgroups, ids[i], &cg) < 0)
+                        continue;
+                cgroup_kill_all(&cg, KILL_WAIT_MS);
+                int r = cgroup_remove(&v->cgroups, &cg);
+                log_info("orphaned cgroup removed", "cgroup=%s result=%s", ids[i], r == 0 ? "ok" : strerror(-r));
+        }
+        cgroup_ids_free(ids, m);
+        log_info("registry recovered", "sandboxes=%d ended_meanwhile=%d records=%d", found, died, n);
+}
+
+static uint64_t host_memory(void)
+{
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+const struct vmm_settings *vmm_get_settings(const struct vmm *v)
+{
+        return &v->s;
+}
+
+const struct vmm_limits *vmm_get_limits(const struct vmm *v)
+{
+        return &v->limits;
+}
+
+int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t errlen)
+{
+        struct vmm *v = calloc(1, sizeof(*v));
+        int r;
+        if (!v)
+                return -ENOMEM;
+        v->s = *s;
+        pthread_mutex_init(&v->lock, NULL);
+        pthread_mutex_init(&v->db_lock, NULL);
+        v->limits.host_mem_bytes = host_memory();
+        v->limits.timeout_max_s = s->timeout_max_s;
+        if (!event_id_valid(s->host_id)) {
+                snprintf(err, errlen, "host_id \"%s\" is not an id (1 to 64 of A-Z a-z 0-9 _ . : -)", s->host_id);
+                r = -EINVAL;
+                goto fail;
+        }
+        if (!(v->default_backend = backend_resolve(s->backend, &v->default_reason, err, errlen))) {
+                r = -EINVAL;
+                goto fail;
+        }
+        if ((r = cgroup_host_detect(s->cgroup_mount, s->cgroup_parent, &v->cgroups)) < 0) {
+                snprintf(err, errlen, "could not set up the cgroup parent \"%s\" under %s: %s", s->cgroup_parent,
+                         *s->cgroup_mount ? s->cgroup_mount : "/sys/fs/cgroup", strerror(-r));
+                goto fail;
+        }
+        if (mkdir(s->state_dir, 0755) < 0 && errno != EEXIST) {
+                r = -errno;
+                snprintf(err, errlen, "could not create the state folder %s: %s", s->state_dir, strerror(errno));
+                goto fail;
+        }
+        char kerr[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        rd_kafka_conf_set_opaque(conf, v);
+        /* Lifecycle events are never given up on: delivery retries until the broker takes them. */
+        static const char *const producer_pairs[] = { "message.timeout.ms=0", "linger.ms=1", NULL };
+        if (!(v->producer = kafka_producer_new(s->kafka_brokers, conf, producer_pairs, kerr, sizeof(kerr)))) {
+                snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
+        char group[128];
+        snprintf(group, sizeof(group), "tally-vmm-%s", s->host_id);
+        conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
+        rd_kafka_conf_set_opaque(conf, v);
+        static const char *const consumer_pairs[] = { "session.timeout.ms=6000", "heartbeat.interval.ms=500",
+                                                      "fetch.wait.max.ms=50", NULL };
+        if (!(v->consumer = kafka_consumer_new(s->kafka_brokers, group, conf, consumer_pairs, kerr, sizeof(kerr)))) {
+                snprintf(err, errlen, "could not create the Kafka consumer: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
+        rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(topics, TOPIC_CONTROL, RD_KAFKA_PARTITION_UA);
+        rd_kafka_resp_err_t ke = rd_kafka_subscribe(v->consumer, topics);
+        rd_kafka_topic_partition_list_destroy(topics);
+        if (ke) {
+                snprintf(err, errlen, "could not subscribe to the control topic: %s", rd_kafka_err2str(ke));
+                r = -EIO;
+                goto fail;
+        }
+        log_info("tally-vmm starting", "host=%s cgroup_version=%d cgroup_parent=%s backend=%s backend_reason=\"%s\" "
+                 "spend_limit_check=%s", s->host_id, v->cgroups.version, v->cgroups.parent, v->default_backend->name,
+                 v->default_reason, s->limits_database_url && *s->limits_database_url ? "on" : "off");
+        recover(v);
+        if (pthread_create(&v->thread, NULL, background, v) != 0) {
+                r = -EAGAIN;
+                goto fail;
+        }
+        if (pthread_create(&v->control_thread, NULL, control_loop, v) != 0) {
+                v->quit = true;
+                pthread_join(v->thread, NULL);
+                r = -EAGAIN;
+                goto fail;
+        }
+        *ret = v;
+        return 0;
+fail:
+        if (v->consumer) {
+                rd_kafka_consumer_close(v->consumer);
+                rd_kafka_destroy(v->consumer);
+        }
+        if (v->producer)
+                rd_kafka_destroy(v->producer);
+        /* Sandboxes recover() took over keep running; only the memory goes. */
+        while (v->list)
+                sandbox_unlink(v, v->list);
+        free(v);
+        return r;
+}
+
+void vmm_close(struct vmm *v)
+{
+        if (!v)
+                return;
+        v->quit = true;
+        pthread_join(v->control_thread, NULL);
+        pthread_join(v->thread, NULL);
+        rd_kafka_consumer_close(v->consumer);
+        rd_kafka_destroy(v->consumer);
+        if (rd_kafka_flush(v->producer, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+                /* A stopped event lost here is published again by the next run (its record says stopped). */
+                log_warn("lifecycle events still queued at exit", "count=%d", rd_kafka_outq_len(v->producer));
+                rd_kafka_purge(v->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+                rd_kafka_poll(v->producer, 0);
+        }
+        while (v->list)
+                sandbox_unlink(v, v->list);
+        rd_kafka_destroy(v->producer);
+        PQfinish(v->db);
+        pthread_mutex_destroy(&v->lock);
+        pthread_mutex_destroy(&v->db_lock);
+        free(v);
+}
