@@ -90,6 +90,22 @@ bool qemu_kvm_usable(void)
         return true;
 }
 
+bool qemu_kvm_boots(const char *workdir, int64_t timeout_ms, char *why, size_t whylen)
+{
+        if (!qemu_kvm_usable()) {
+                set_why(why, whylen, "/dev/kvm cannot be opened");
+                return false;
+        }
+        struct qemu_vm_spec spec = { .vcpus = 1, .mem_mib = 128, .workdir = workdir, .kvm = true };
+        struct qemu_vm *vm = NULL;
+        if (qemu_vm_start(&spec, NULL, &vm, why, whylen) < 0)
+                return false;
+        int r = qemu_vm_wait_ready(vm, timeout_ms, why, whylen);
+        qemu_vm_stop(vm, 1000);
+        qemu_vm_free(vm);
+        return r == 0;
+}
+
 const char *qemu_default_kernel(void)
 {
         const char *e = getenv("TALLY_GUEST_KERNEL");

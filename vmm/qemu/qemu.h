@@ -60,6 +60,12 @@ struct qemu_vm;
 /* Whether KVM can be used here (/dev/kvm opens read-write). */
 bool qemu_kvm_usable(void);
 
+/* Whether a KVM guest really boots here: starts one small VM with KVM in
+ * workdir and waits up to timeout_ms for its agent. /dev/kvm may open and yet
+ * be unusable (nested hosts whose KVM lacks what the guest needs); callers
+ * choosing between KVM and TCG ask this once, at start. */
+bool qemu_kvm_boots(const char *workdir, int64_t timeout_ms, char *why, size_t whylen);
+
 /* Whether the qemu backend can run on this host at all (QEMU, kernel and
  * initramfs present); if not, why. */
 bool qemu_available(char *why, size_t whylen);
