@@ -15,6 +15,7 @@ TALLY_DEB_PACKAGES=(
   libpq-dev librdkafka-dev libjansson-dev libmicrohttpd-dev libcmocka-dev libinih-dev
   libssl-dev libcurl4-openssl-dev
   postgresql-15 postgresql-client-15 valgrind iproute2
+  qemu-system-x86 busybox-static cpio
 )
 
 say() { printf '%s\n' "$*" >&2; }

@@ -1,0 +1,340 @@
+/* test_qemu.c — boots one real microVM under TCG inside a real cgroup this
+ * test creates, and checks what the qemu backend promises: QEMU and all its
+ * threads are in the cgroup from the start (boot CPU is counted there, and the
+ * count agrees with the kernel's own per-process accounting), commands run in
+ * the guest with their exit code, output, stdin, caps and timeouts, a QMP
+ * pause stops CPU from accruing, stop ends QEMU and the counter survives it.
+ * Bad input is refused without leaving a process behind. */
+#include "qemu.h"
+#include "support.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CGROOT "/sys/fs/cgroup"
+
+/* The test's cgroup: v1 folders in cpuacct and memory, or one v2 folder. */
+static bool v2;
+static char cg_cpu[512], cg_mem[512], cg_name[128];
+
+static int write_file(const char *path, const char *value)
+{
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return -errno;
+        int r = fputs(value, f) < 0 ? -EIO : 0;
+        if (fclose(f) != 0 && r == 0)
+                r = -errno;
+        return r;
+}
+
+static void cgroup_setup(void)
+{
+        snprintf(cg_name, sizeof(cg_name), "tally-test-vmm-qemu-%d", (int)getpid());
+        v2 = access(CGROOT "/cgroup.controllers", F_OK) == 0;
+        if (v2) {
+                snprintf(cg_cpu, sizeof(cg_cpu), CGROOT "/%s", cg_name);
+                snprintf(cg_mem, sizeof(cg_mem), "%s", cg_cpu);
+                if (mkdir(cg_cpu, 0755) < 0) {
+                        fprintf(stderr, "FAIL: cannot create cgroup %s: %s (the test needs root and cgroups)\n", cg_cpu,
+                                strerror(errno));
+                        exit(1);
+                }
+        } else {
+                snprintf(cg_cpu, sizeof(cg_cpu), CGROOT "/cpuacct/%s", cg_name);
+                snprintf(cg_mem, sizeof(cg_mem), CGROOT "/memory/%s", cg_name);
+                if (mkdir(cg_cpu, 0755) < 0 || mkdir(cg_mem, 0755) < 0) {
+                        fprintf(stderr, "FAIL: cannot create cgroups %s, %s: %s (the test needs root and cgroup v1 "
+                                        "cpuacct and memory)\n", cg_cpu, cg_mem, strerror(errno));
+                        rmdir(cg_cpu);
+                        exit(1);
+                }
+        }
+        char p[600];
+        snprintf(p, sizeof(p), "%s/%s", cg_mem, v2 ? "memory.max" : "memory.limit_in_bytes");
+        CHECK(write_file(p, "805306368") == 0, "could not set %s", p);
+}
+
+static void cgroup_teardown(void)
+{
+        CHECK(rmdir(cg_cpu) == 0 || errno == ENOENT, "could not remove %s: %s", cg_cpu, strerror(errno));
+        if (!v2)
+                CHECK(rmdir(cg_mem) == 0 || errno == ENOENT, "could not remove %s: %s", cg_mem, strerror(errno));
+}
+
+/* The cgroup's CPU counter in ns, read from the kernel's files. */
+static uint64_t cgroup_cpu_ns(void)
+{
+        char p[600];
+        if (!v2) {
+                snprintf(p, sizeof(p), "%s/cpuacct.usage", cg_cpu);
+                char *s = test_read_file(p);
+                uint64_t v = s ? strtoull(s, NULL, 10) : 0;
+                free(s);
+                return v;
+        }
+        snprintf(p, sizeof(p), "%s/cpu.stat", cg_cpu);
+        char *s = test_read_file(p);
+        uint64_t v = 0;
+        char *u = s ? strstr(s, "usage_usec ") : NULL;
+        if (u)
+                v = strtoull(u + 11, NULL, 10) * 1000;
+        free(s);
+        return v;
+}
+
+/* CPU the kernel charged to process pid itself (all threads, utime + stime), in ns. */
+static uint64_t process_cpu_ns(pid_t pid)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+        char *s = test_read_file(p);
+        if (!s)
+                return 0;
+        char *c = strrchr(s, ')');
+        unsigned long long ut = 0, st = 0;
+        /* fields after the command: state(3) ... utime(14) stime(15) */
+        if (c)
+                sscanf(c + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st);
+        free(s);
+        return (uint64_t)(ut + st) * (1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK));
+}
+
+/* Whether /proc/<pid>/task/<tid>/cgroup names the test's cgroup for the cpu
+ * accounting and memory controllers (v1) or the unified tree (v2). */
+static bool thread_in_cgroup(pid_t pid, const char *tid)
+{
+        char p[512];
+        snprintf(p, sizeof(p), "/proc/%d/task/%s/cgroup", (int)pid, tid);
+        char *s = test_read_file(p);
+        if (!s)
+                return false;
+        char want[256];
+        bool cpu = false, mem = false;
+        for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
+                char *path = strrchr(line, ':');
+                if (!path)
+                        continue;
+                snprintf(want, sizeof(want), ":/%s", cg_name);
+                bool ours = strcmp(path, want) == 0;
+                if (v2 && strncmp(line, "0::", 3) == 0)
+                        cpu = mem = ours;
+                if (!v2 && strstr(line, ":cpuacct:"))
+                        cpu = ours;
+                if (!v2 && strstr(line, ":memory:"))
+                        mem = ours;
+        }
+        free(s);
+        return cpu && mem;
+}
+
+static int check_threads(pid_t pid, int *ret_count)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/task", (int)pid);
+        DIR *d = opendir(p);
+        if (!d)
+                return -errno;
+        int n = 0, outside = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+                if (e->d_name[0] == '.')
+                        continue;
+                n++;
+                if (!thread_in_cgroup(pid, e->d_name)) {
+                        outside++;
+                        fprintf(stderr, "thread %s of QEMU %d is outside the sandbox cgroup\n", e->d_name, (int)pid);
+                }
+        }
+        closedir(d);
+        *ret_count = n;
+        return outside;
+}
+
+static void sleep_ms(long ms)
+{
+        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000 };
+        nanosleep(&ts, NULL);
+}
+
+static int64_t mono_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int run(struct qemu_vm *vm, const char *script, const char *in, int64_t timeout_ms, size_t cap,
+               struct qemu_exec_result *res)
+{
+        char *argv[] = { "sh", "-c", (char *)script, NULL };
+        struct qemu_exec_request req = {
+                .argv = argv, .stdin_data = in, .stdin_len = in ? strlen(in) : 0,
+                .timeout_ns = timeout_ms * 1000000, .output_cap = cap,
+        };
+        char why[256] = "";
+        int r = qemu_vm_exec(vm, &req, res, why, sizeof(why));
+        if (r < 0)
+                fprintf(stderr, "exec %s: %s (%s)\n", script, strerror(-r), why);
+        return r;
+}
+
+static void test_bad_input(const char *work)
+{
+        char why[256];
+        struct qemu_vm *vm = NULL;
+        struct qemu_vm_spec spec = { .vcpus = 0, .mem_mib = 128, .workdir = work };
+        CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) == -EINVAL && !vm, "0 vCPUs accepted");
+        spec.vcpus = 17;
+        CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) == -EINVAL && !vm, "17 vCPUs accepted");
+        spec.vcpus = 1;
+        spec.mem_mib = 16;
+        CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) == -EINVAL && !vm, "16 MiB accepted");
+        spec.mem_mib = 128;
+        spec.kernel = "/nonexistent/vmlinuz";
+        CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) < 0 && !vm, "a missing kernel accepted");
+        spec.kernel = NULL;
+
+        /* A cgroup file that cannot be written: QEMU must never run. */
+        const char *files[] = { "/sys/fs/cgroup/no-such-tally-cgroup/cgroup.procs", NULL };
+        why[0] = 0;
+        int r = qemu_vm_start(&spec, files, &vm, why, sizeof(why));
+        CHECK(r < 0 && !vm, "start succeeded with an unwritable cgroup file");
+        CHECK(strstr(why, "cgroup") != NULL, "the refusal does not name the cgroup: %s", why);
+        char log[600];
+        snprintf(log, sizeof(log), "%s/qemu.log", work);
+        char *s = test_read_file(log);
+        CHECK(!s || s[0] == 0, "QEMU ran although its cgroup could not be entered: %s", s ? s : "");
+        free(s);
+}
+
+int main(void)
+{
+        char *work = test_tmpdir("vmm-qemu");
+        test_bad_input(work);
+
+        cgroup_setup();
+        char procs_cpu[600], procs_mem[600];
+        snprintf(procs_cpu, sizeof(procs_cpu), "%s/cgroup.procs", cg_cpu);
+        snprintf(procs_mem, sizeof(procs_mem), "%s/cgroup.procs", cg_mem);
+        const char *files[] = { procs_cpu, v2 ? NULL : procs_mem, NULL };
+
+        struct qemu_vm_spec spec = { .vcpus = 1, .mem_mib = 160, .workdir = work, .kvm = false,
+                                     .boot_timeout_ms = 150000 };
+        struct qemu_vm *vm = NULL;
+        char why[512] = "";
+        uint64_t before = cgroup_cpu_ns();
+        CHECK(before == 0, "a fresh cgroup already counts %" PRIu64 " ns", before);
+        int64_t t0 = mono_ms();
+        int r = qemu_vm_start(&spec, files, &vm, why, sizeof(why));
+        CHECK(r == 0, "qemu_vm_start: %s: %s", strerror(-r), why);
+        if (r < 0)
+                goto out;
+        pid_t pid = qemu_vm_pid(vm);
+        CHECK(strcmp(qemu_vm_accel(vm), "tcg") == 0, "accelerator is %s", qemu_vm_accel(vm));
+
+        /* Boot, then the first command: exit code, stdout and stderr apart. */
+        struct qemu_exec_result res;
+        r = run(vm, "echo hello; echo oops >&2; exit 3", NULL, 30000, 4096, &res);
+        CHECK(r == 0, "the first command did not run");
+        if (r < 0)
+                goto stop;
+        fprintf(stderr, "booted and ran the first command in %lld ms (TCG)\n", (long long)(mono_ms() - t0));
+        CHECK(res.exit_code == 3, "exit code %d, want 3", res.exit_code);
+        CHECK(strcmp(res.out, "hello\n") == 0, "stdout '%s', want 'hello\\n'", res.out);
+        CHECK(strcmp(res.err, "oops\n") == 0, "stderr '%s', want 'oops\\n'", res.err);
+        CHECK(!res.timed_out && !res.out_truncated && !res.err_truncated, "flags set on a plain command");
+        qemu_exec_result_clear(&res);
+
+        /* Every QEMU thread is in the cgroup, and the cgroup counted the boot:
+         * at least what the kernel charged to the QEMU process itself (its
+         * utime+stime, read from /proc independently, in clock ticks). */
+        int nthreads = 0;
+        int outside = check_threads(pid, &nthreads);
+        CHECK(outside == 0, "%d of %d QEMU threads are outside the cgroup", outside, nthreads);
+        CHECK(nthreads >= 2, "QEMU has %d threads; expected its vCPU thread and main loop at least", nthreads);
+        uint64_t cg = cgroup_cpu_ns(), proc = process_cpu_ns(pid);
+        uint64_t tick = 1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK);
+        fprintf(stderr, "cgroup cpu %" PRIu64 " ns, QEMU process cpu %" PRIu64 " ns, %d threads\n", cg, proc, nthreads);
+        CHECK(cg >= 500000000ull, "the cgroup counted only %" PRIu64 " ns for a TCG boot", cg);
+        CHECK(cg + (uint64_t)nthreads * 2 * tick >= proc,
+              "the cgroup counted %" PRIu64 " ns but QEMU alone used %" PRIu64 " ns: boot CPU was lost", cg, proc);
+
+        /* stdin, a command that is not there, an output cap and a timeout. */
+        CHECK(run(vm, "cat", "abc\n", 30000, 4096, &res) == 0 && strcmp(res.out, "abc\n") == 0,
+              "stdin did not come back: '%s'", res.out ? res.out : "");
+        qemu_exec_result_clear(&res);
+        if (run(vm, "exec /no/such/program", NULL, 30000, 4096, &res) == 0)
+                CHECK(res.exit_code == 127, "a missing program exited %d, want 127", res.exit_code);
+        qemu_exec_result_clear(&res);
+        if (run(vm, "yes tally | head -c 100000; echo done >&2", NULL, 60000, 1000, &res) == 0) {
+                CHECK(res.out_len == 1000 && res.out_truncated, "cap 1000: got %zu bytes, truncated %d", res.out_len,
+                      res.out_truncated);
+                CHECK(strncmp(res.out, "tally\ntally\n", 12) == 0, "capped output is not the command's");
+                CHECK(strcmp(res.err, "done\n") == 0 && !res.err_truncated, "stderr '%s'", res.err);
+                CHECK(res.exit_code == 0, "exit code %d", res.exit_code);
+        }
+        qemu_exec_result_clear(&res);
+        int64_t t1 = mono_ms();
+        if (run(vm, "sleep 30", NULL, 1000, 4096, &res) == 0) {
+                CHECK(res.timed_out, "sleep 30 with a 1 s timeout did not time out");
+                CHECK(res.exit_code == 128 + SIGKILL, "timed-out command's exit code %d", res.exit_code);
+                CHECK(mono_ms() - t1 < 15000, "the timeout took %lld ms", (long long)(mono_ms() - t1));
+        }
+        qemu_exec_result_clear(&res);
+
+        /* A busy guest burns CPU; paused through QMP it burns (almost) none. */
+        CHECK(run(vm, "yes >/dev/null 2>&1 &", NULL, 30000, 4096, &res) == 0, "could not start a busy loop");
+        qemu_exec_result_clear(&res);
+        uint64_t a = cgroup_cpu_ns();
+        sleep_ms(1000);
+        uint64_t running = cgroup_cpu_ns() - a;
+        r = qemu_vm_pause(vm);
+        CHECK(r == 0, "QMP stop: %s", strerror(-r));
+        sleep_ms(300); /* let the vCPU thread leave the guest */
+        a = cgroup_cpu_ns();
+        sleep_ms(1000);
+        uint64_t paused = cgroup_cpu_ns() - a;
+        fprintf(stderr, "cpu over 1 s: running %" PRIu64 " ns, paused %" PRIu64 " ns\n", running, paused);
+        CHECK(running >= 500000000ull, "a busy guest used only %" PRIu64 " ns in 1 s", running);
+        CHECK(paused <= 50000000ull, "a paused VM used %" PRIu64 " ns in 1 s", paused);
+        r = qemu_vm_resume(vm);
+        CHECK(r == 0, "QMP cont: %s", strerror(-r));
+        CHECK(run(vm, "echo back", NULL, 30000, 4096, &res) == 0 && strcmp(res.out, "back\n") == 0,
+              "no answer after resume");
+        qemu_exec_result_clear(&res);
+
+        char fwhy[256] = "";
+        CHECK(qemu_vm_fork(vm, fwhy, sizeof(fwhy)) == -EOPNOTSUPP && fwhy[0], "fork did not refuse clearly");
+
+stop:;
+        uint64_t last = cgroup_cpu_ns();
+        CHECK(qemu_vm_stop(vm, 5000) == 0, "stop failed");
+        CHECK(kill(pid, 0) < 0 && errno == ESRCH, "QEMU %d still exists after stop", (int)pid);
+        CHECK(qemu_vm_pid(vm) == 0, "pid not cleared after stop");
+        CHECK(qemu_vm_stop(vm, 5000) == 0, "stopping twice failed");
+        uint64_t final = cgroup_cpu_ns();
+        CHECK(final >= last, "the counter went back after stop: %" PRIu64 " < %" PRIu64, final, last);
+        char *procs = test_read_file(procs_cpu);
+        CHECK(procs && procs[0] == 0, "the cgroup still holds processes: %s", procs ? procs : "(unreadable)");
+        free(procs);
+        char *argv[] = { "true", NULL };
+        struct qemu_exec_request req = { .argv = argv, .output_cap = 10 };
+        CHECK(qemu_vm_exec(vm, &req, &res, why, sizeof(why)) < 0, "exec in a stopped VM succeeded");
+out:
+        qemu_vm_free(vm);
+        cgroup_teardown();
+        free(work);
+        return test_result();
+}

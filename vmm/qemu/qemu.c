@@ -1,0 +1,831 @@
+/* qemu.c — starts, drives and ends one QEMU microVM (see qemu.h).
+ *
+ * Order matters at start: the listening sockets for QMP and the agent exist
+ * before QEMU does (QEMU connects to them as a client, so there is no race
+ * with a socket file appearing), and the forked child writes its own pid into
+ * the sandbox's cgroup files before it execs QEMU, so not one instruction of
+ * QEMU or its guest runs outside the cgroup. The child only makes
+ * async-signal-safe calls: the daemon that calls us has threads. */
+#include "qemu.h"
+#include "protocol.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define QEMU_DEFAULT_BINARY "qemu-system-x86_64"
+#define START_TIMEOUT_MS 10000
+#define QMP_TIMEOUT_MS 5000
+/* How long past the command's own timeout the host waits for the agent's answer. */
+#define EXEC_SLACK_MS 10000
+
+struct qemu_vm {
+        pid_t pid;
+        bool child;                  /* pid is our child (reaped with waitpid) */
+        bool ready;                  /* the agent said it is ready */
+        bool broken;                 /* the agent channel lost sync: no more execs */
+        int qmp;
+        int agent;
+        char qmp_buf[8192];
+        size_t qmp_len;
+        int64_t boot_timeout_ms;
+        const char *accel;
+        char log_path[4096];
+};
+
+static void set_why(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_why(char *why, size_t whylen, const char *fmt, ...)
+{
+        if (!why || whylen == 0)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, whylen, fmt, ap);
+        va_end(ap);
+}
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds left until deadline (-1: no deadline), for poll. */
+static int left_ms(int64_t deadline)
+{
+        if (deadline < 0)
+                return -1;
+        int64_t l = deadline - now_ms();
+        return l < 0 ? 0 : l > 60000 ? 60000 : (int)l;
+}
+
+void qemu_exec_result_clear(struct qemu_exec_result *r)
+{
+        if (!r)
+                return;
+        free(r->out);
+        free(r->err);
+        memset(r, 0, sizeof(*r));
+}
+
+bool qemu_kvm_usable(void)
+{
+        int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        close(fd);
+        return true;
+}
+
+bool qemu_kvm_boots(const char *workdir, int64_t timeout_ms, char *why, size_t whylen)
+{
+        if (!qemu_kvm_usable()) {
+                set_why(why, whylen, "/dev/kvm cannot be opened");
+                return false;
+        }
+        struct qemu_vm_spec spec = { .vcpus = 1, .mem_mib = 128, .workdir = workdir, .kvm = true };
+        struct qemu_vm *vm = NULL;
+        if (qemu_vm_start(&spec, NULL, &vm, why, whylen) < 0)
+                return false;
+        int r = qemu_vm_wait_ready(vm, timeout_ms, why, whylen);
+        qemu_vm_stop(vm, 1000);
+        qemu_vm_free(vm);
+        return r == 0;
+}
+
+const char *qemu_default_kernel(void)
+{
+        const char *e = getenv("TALLY_GUEST_KERNEL");
+        return e && *e ? e : TALLY_GUEST_KERNEL_PATH;
+}
+
+const char *qemu_default_initrd(void)
+{
+        const char *e = getenv("TALLY_GUEST_INITRD");
+        return e && *e ? e : TALLY_GUEST_INITRD_PATH;
+}
+
+static bool in_path(const char *name)
+{
+        if (strchr(name, '/'))
+                return access(name, X_OK) == 0;
+        const char *path = getenv("PATH");
+        if (!path)
+                path = "/usr/bin:/bin";
+        char buf[4096];
+        while (*path) {
+                size_t n = strcspn(path, ":");
+                if (snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, path, name) < (int)sizeof(buf) &&
+                    access(buf, X_OK) == 0)
+                        return true;
+                path += n;
+                if (*path == ':')
+                        path++;
+        }
+        return false;
+}
+
+bool qemu_available(char *why, size_t whylen)
+{
+        if (!in_path(QEMU_DEFAULT_BINARY)) {
+                set_why(why, whylen, "%s is not installed (Debian package qemu-system-x86)", QEMU_DEFAULT_BINARY);
+                return false;
+        }
+        if (access(qemu_default_kernel(), R_OK) < 0) {
+                set_why(why, whylen, "no guest kernel at %s (scripts/guest-kernel fetches it)", qemu_default_kernel());
+                return false;
+        }
+        if (access(qemu_default_initrd(), R_OK) < 0) {
+                set_why(why, whylen, "no guest initramfs at %s (built with vmm/guest)", qemu_default_initrd());
+                return false;
+        }
+        return true;
+}
+
+/* A listening unix socket at path (replacing a stale file). */
+static int listen_unix(const char *path)
+{
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof(a.sun_path))
+                return -ENAMETOOLONG;
+        strcpy(a.sun_path, path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        unlink(path);
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 1) < 0) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        return fd;
+}
+
+/* Accepts QEMU's connection on lfd, watching that QEMU is still alive. */
+static int accept_qemu(int lfd, pid_t pid, int64_t deadline)
+{
+        for (;;) {
+                struct pollfd p = { lfd, POLLIN, 0 };
+                int n = poll(&p, 1, 100);
+                if (n < 0 && errno != EINTR)
+                        return -errno;
+                if (n > 0) {
+                        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+                        if (fd >= 0)
+                                return fd;
+                        if (errno != EINTR && errno != EAGAIN)
+                                return -errno;
+                }
+                if (waitpid(pid, NULL, WNOHANG) == pid)
+                        return -ECHILD;
+                if (now_ms() >= deadline)
+                        return -ETIMEDOUT;
+        }
+}
+
+static int write_all(int fd, const void *buf, size_t len, int64_t deadline)
+{
+        const char *p = buf;
+        while (len > 0) {
+                struct pollfd pf = { fd, POLLOUT, 0 };
+                int n = poll(&pf, 1, left_ms(deadline));
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return -ETIMEDOUT;
+                ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
+                if (w < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        return -errno;
+                }
+                p += w;
+                len -= (size_t)w;
+        }
+        return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len, int64_t deadline)
+{
+        char *p = buf;
+        while (len > 0) {
+                struct pollfd pf = { fd, POLLIN, 0 };
+                int n = poll(&pf, 1, left_ms(deadline));
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0) {
+                        if (deadline >= 0 && now_ms() >= deadline)
+                                return -ETIMEDOUT;
+                        continue;
+                }
+                ssize_t r = read(fd, p, len);
+                if (r == 0)
+                        return -EPIPE;
+                if (r < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        return -errno;
+                }
+                p += r;
+                len -= (size_t)r;
+        }
+        return 0;
+}
+
+/* --- QMP: one JSON object a line; events are skipped. --- */
+
+/* Reads the next line (NUL-terminated in vm->qmp_buf's front; consumed by the next call). */
+static int qmp_read_line(struct qemu_vm *vm, char **ret, int64_t deadline)
+{
+        for (;;) {
+                char *nl = memchr(vm->qmp_buf, '\n', vm->qmp_len);
+                if (nl) {
+                        *nl = 0;
+                        *ret = vm->qmp_buf;
+                        return (int)(nl - vm->qmp_buf) + 1;
+                }
+                if (vm->qmp_len == sizeof(vm->qmp_buf) - 1)
+                        return -EMSGSIZE;
+                struct pollfd pf = { vm->qmp, POLLIN, 0 };
+                int n = poll(&pf, 1, left_ms(deadline));
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return -ETIMEDOUT;
+                ssize_t r = read(vm->qmp, vm->qmp_buf + vm->qmp_len, sizeof(vm->qmp_buf) - 1 - vm->qmp_len);
+                if (r == 0)
+                        return -EPIPE;
+                if (r < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        return -errno;
+                }
+                vm->qmp_len += (size_t)r;
+        }
+}
+
+static void qmp_consume(struct qemu_vm *vm, int n)
+{
+        memmove(vm->qmp_buf, vm->qmp_buf + n, vm->qmp_len - (size_t)n);
+        vm->qmp_len -= (size_t)n;
+}
+
+/* Waits for a line holding one of the keys (e.g. "return"); 0 if it came,
+ * -EIO if QEMU answered with "error". */
+static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
+{
+        for (;;) {
+                char *line = NULL;
+                int n = qmp_read_line(vm, &line, deadline);
+                if (n < 0)
+                        return n;
+                json_t *j = json_loads(line, 0, NULL);
+                qmp_consume(vm, n);
+                if (!j)
+                        continue;
+                int r = 1;
+                if (json_object_get(j, key))
+                        r = 0;
+                else if (json_object_get(j, "error"))
+                        r = -EIO;
+                json_decref(j);
+                if (r <= 0)
+                        return r;
+        }
+}
+
+static int qmp_command(struct qemu_vm *vm, const char *command)
+{
+        if (vm->qmp < 0)
+                return -ESRCH;
+        char buf[128];
+        int len = snprintf(buf, sizeof(buf), "{\"execute\":\"%s\"}\n", command);
+        int64_t deadline = now_ms() + QMP_TIMEOUT_MS;
+        int r = write_all(vm->qmp, buf, (size_t)len, deadline);
+        if (r < 0)
+                return r;
+        return qmp_wait(vm, "return", deadline);
+}
+
+/* --- start --- */
+
+/* In the forked child: decimal pid without stdio. */
+static size_t format_pid(char *buf, pid_t pid)
+{
+        char tmp[16];
+        size_t n = 0, i = 0;
+        unsigned long v = (unsigned long)pid;
+        do {
+                tmp[n++] = (char)('0' + v % 10);
+                v /= 10;
+        } while (v);
+        while (n)
+                buf[i++] = tmp[--n];
+        return i;
+}
+
+struct child_failure {
+        int stage;                   /* index of the cgroup file, or -1: exec */
+        int err;
+};
+
+static void child_fail(int fd, int stage, int err)
+{
+        struct child_failure f = { stage, err };
+        ssize_t ignored = write(fd, &f, sizeof(f));
+        (void)ignored;
+        _exit(127);
+}
+
+/* The last line of QEMU's log, for an error message. */
+static void log_tail(const char *path, char *buf, size_t len)
+{
+        buf[0] = 0;
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return;
+        char line[512];
+        while (fgets(line, sizeof(line), f))
+                if (line[0] != '\n') {
+                        size_t n = strnlen(line, len - 1);
+                        memcpy(buf, line, n);
+                        buf[n] = 0;
+                }
+        fclose(f);
+        buf[strcspn(buf, "\n")] = 0;
+}
+
+#define ARGV_MAX 48
+
+int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
+                  char *why, size_t whylen)
+{
+        if (spec->vcpus < 1 || spec->vcpus > 16) {
+                set_why(why, whylen, "vcpus must be 1 to 16, not %u", spec->vcpus);
+                return -EINVAL;
+        }
+        if (spec->mem_mib < 64) {
+                set_why(why, whylen, "a qemu sandbox needs at least 64 MiB of memory");
+                return -EINVAL;
+        }
+        if (!spec->workdir) {
+                set_why(why, whylen, "no working folder given");
+                return -EINVAL;
+        }
+        if (spec->kvm && !qemu_kvm_usable()) {
+                set_why(why, whylen, "KVM was asked for but /dev/kvm cannot be opened: %m");
+                return -ENODEV;
+        }
+        const char *kernel = spec->kernel ? spec->kernel : qemu_default_kernel();
+        const char *initrd = spec->initrd ? spec->initrd : qemu_default_initrd();
+        if (access(kernel, R_OK) < 0 || access(initrd, R_OK) < 0) {
+                int r = -errno;
+                set_why(why, whylen, "guest kernel %s or initramfs %s is missing", kernel, initrd);
+                return r;
+        }
+
+        struct qemu_vm *vm = calloc(1, sizeof(*vm));
+        if (!vm)
+                return -ENOMEM;
+        vm->qmp = vm->agent = -1;
+        vm->accel = spec->kvm ? "kvm" : "tcg";
+        vm->boot_timeout_ms = spec->boot_timeout_ms > 0 ? spec->boot_timeout_ms : 120000;
+
+        char qmp_path[4096], agent_path[4096], console_path[4096], smp[32], mem[32];
+        char qmp_dev[4200], agent_dev[4200], console_dev[4200];
+        int r, qmp_l = -1, agent_l = -1, logfd = -1, errpipe[2] = { -1, -1 };
+        snprintf(qmp_path, sizeof(qmp_path), "%s/qmp.sock", spec->workdir);
+        snprintf(agent_path, sizeof(agent_path), "%s/agent.sock", spec->workdir);
+        snprintf(console_path, sizeof(console_path), "%s/console.log", spec->workdir);
+        snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", spec->workdir);
+        snprintf(smp, sizeof(smp), "%u", spec->vcpus);
+        snprintf(mem, sizeof(mem), "%llu", (unsigned long long)spec->mem_mib);
+        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s", qmp_path);
+        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s", agent_path);
+        snprintf(console_dev, sizeof(console_dev), "file:%s", console_path);
+
+        /* microvm with the legacy PIT and PIC, and without ACPI: with ACPI on,
+         * the kernel routes the PIT's interrupt to the wrong IOAPIC pin, never
+         * gets a tick, and under TCG hangs calibrating its timers. The MP
+         * table QEMU writes without ACPI routes it right. The console (ttyS0)
+         * goes to a file; the agent has ttyS1 to itself. */
+        const char *qemu = spec->qemu_binary ? spec->qemu_binary : QEMU_DEFAULT_BINARY;
+        const char *argv[ARGV_MAX] = {
+                qemu, "-M", "microvm,isa-serial=on,rtc=on,pit=on,pic=on,acpi=off",
+                "-accel", spec->kvm ? "kvm" : "tcg", "-cpu", spec->kvm ? "host" : "max",
+                "-smp", smp, "-m", mem,
+                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-kernel", kernel, "-initrd", initrd,
+                "-append", "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init tsc=reliable",
+                "-serial", console_dev,
+                "-chardev", agent_dev, "-device", "isa-serial,chardev=agent,iobase=0x2f8,irq=3",
+                "-chardev", qmp_dev, "-mon", "chardev=qmp,mode=control",
+                NULL,
+        };
+
+        qmp_l = listen_unix(qmp_path);
+        if (qmp_l < 0) {
+                r = qmp_l;
+                set_why(why, whylen, "could not listen on %s: %s", qmp_path, strerror(-r));
+                goto fail;
+        }
+        agent_l = listen_unix(agent_path);
+        if (agent_l < 0) {
+                r = agent_l;
+                set_why(why, whylen, "could not listen on %s: %s", agent_path, strerror(-r));
+                goto fail;
+        }
+        logfd = open(vm->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (logfd < 0 || pipe2(errpipe, O_CLOEXEC) < 0) {
+                r = -errno;
+                set_why(why, whylen, "could not create %s: %m", vm->log_path);
+                goto fail;
+        }
+
+        pid_t pid = fork();
+        if (pid < 0) {
+                r = -errno;
+                set_why(why, whylen, "could not fork: %m");
+                goto fail;
+        }
+        if (pid == 0) {
+                char num[16];
+                size_t n = format_pid(num, getpid());
+                for (int i = 0; cgroup_procs_files && cgroup_procs_files[i]; i++) {
+                        int fd = open(cgroup_procs_files[i], O_WRONLY | O_CLOEXEC);
+                        if (fd < 0 || write(fd, num, n) != (ssize_t)n)
+                                child_fail(errpipe[1], i, errno);
+                        close(fd);
+                }
+                int null = open("/dev/null", O_RDONLY);
+                if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+                        child_fail(errpipe[1], -1, errno);
+                sigset_t none;
+                sigemptyset(&none);
+                sigprocmask(SIG_SETMASK, &none, NULL);
+                execvp(qemu, (char *const *)argv);
+                child_fail(errpipe[1], -1, errno);
+        }
+        vm->pid = pid;
+        vm->child = true;
+        close(errpipe[1]);
+        errpipe[1] = -1;
+        struct child_failure f;
+        ssize_t got;
+        do
+                got = read(errpipe[0], &f, sizeof(f));
+        while (got < 0 && errno == EINTR);
+        if (got == (ssize_t)sizeof(f)) {
+                waitpid(pid, NULL, 0);
+                vm->pid = 0;
+                r = -f.err;
+                if (f.stage >= 0)
+                        set_why(why, whylen, "could not put QEMU into cgroup file %s: %s", cgroup_procs_files[f.stage],
+                                strerror(f.err));
+                else
+                        set_why(why, whylen, "could not run %s: %s", qemu, strerror(f.err));
+                goto fail;
+        }
+
+        int64_t deadline = now_ms() + START_TIMEOUT_MS;
+        vm->qmp = accept_qemu(qmp_l, pid, deadline);
+        if (vm->qmp >= 0)
+                vm->agent = accept_qemu(agent_l, pid, deadline);
+        if (vm->qmp < 0 || vm->agent < 0) {
+                r = vm->qmp < 0 ? vm->qmp : vm->agent;
+                char tail[256];
+                log_tail(vm->log_path, tail, sizeof(tail));
+                set_why(why, whylen, "QEMU did not start: %s", *tail ? tail : strerror(-r));
+                goto fail;
+        }
+        r = qmp_wait(vm, "QMP", deadline);
+        if (r >= 0)
+                r = qmp_command(vm, "qmp_capabilities");
+        if (r < 0) {
+                set_why(why, whylen, "QEMU's QMP did not answer: %s", strerror(-r));
+                goto fail;
+        }
+        close(qmp_l);
+        close(agent_l);
+        unlink(qmp_path);
+        unlink(agent_path);
+        close(logfd);
+        close(errpipe[0]);
+        *ret = vm;
+        return 0;
+
+fail:
+        if (vm->pid > 0) {
+                kill(vm->pid, SIGKILL);
+                waitpid(vm->pid, NULL, 0);
+        }
+        if (qmp_l >= 0) {
+                close(qmp_l);
+                unlink(qmp_path);
+        }
+        if (agent_l >= 0) {
+                close(agent_l);
+                unlink(agent_path);
+        }
+        if (logfd >= 0)
+                close(logfd);
+        if (errpipe[0] >= 0)
+                close(errpipe[0]);
+        if (errpipe[1] >= 0)
+                close(errpipe[1]);
+        vm->pid = 0;
+        qemu_vm_free(vm);
+        return r;
+}
+
+/* --- the agent channel --- */
+
+/* Reads the next frame, skipping bytes before the magic. *ret_payload is malloc'd. */
+static int agent_read_frame(struct qemu_vm *vm, int *ret_type, unsigned char **ret_payload, uint32_t *ret_len,
+                            int64_t deadline)
+{
+        unsigned char c, h[5];
+        int r, state = 0;
+        while (state < 2) {
+                r = read_all(vm->agent, &c, 1, deadline);
+                if (r < 0)
+                        return r;
+                if (state == 0)
+                        state = c == AGENT_MAGIC0;
+                else
+                        state = c == AGENT_MAGIC1 ? 2 : c == AGENT_MAGIC0;
+        }
+        r = read_all(vm->agent, h, sizeof(h), deadline);
+        if (r < 0)
+                return r;
+        uint32_t len = agent_get_u32(h + 1);
+        if (len > AGENT_PAYLOAD_MAX)
+                return -EPROTO;
+        unsigned char *p = malloc(len + 1);
+        if (!p)
+                return -ENOMEM;
+        r = read_all(vm->agent, p, len, deadline);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        p[len] = 0;
+        *ret_type = h[0];
+        *ret_payload = p;
+        *ret_len = len;
+        return 0;
+}
+
+int qemu_vm_wait_ready(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_t whylen)
+{
+        if (vm->ready)
+                return 0;
+        if (vm->agent < 0 || vm->broken) {
+                set_why(why, whylen, "the VM is not running");
+                return -ESRCH;
+        }
+        int64_t deadline = now_ms() + timeout_ms;
+        for (;;) {
+                int type;
+                unsigned char *p;
+                uint32_t len;
+                int r = agent_read_frame(vm, &type, &p, &len, deadline);
+                if (r < 0) {
+                        if (r == -ETIMEDOUT)
+                                set_why(why, whylen, "the guest did not boot within %lld ms", (long long)timeout_ms);
+                        else
+                                set_why(why, whylen, "the guest's agent channel failed while booting: %s", strerror(-r));
+                        return r;
+                }
+                free(p);
+                if (type == AGENT_READY) {
+                        vm->ready = true;
+                        return 0;
+                }
+        }
+}
+
+/* Appends len bytes to a capped buffer. */
+static int append(char **buf, size_t *blen, bool *truncated, size_t cap, const unsigned char *p, size_t len)
+{
+        size_t keep = len;
+        if (keep > cap - *blen)
+                keep = cap - *blen;
+        if (keep < len)
+                *truncated = true;
+        if (keep == 0)
+                return 0;
+        char *n = realloc(*buf, *blen + keep + 1);
+        if (!n)
+                return -ENOMEM;
+        memcpy(n + *blen, p, keep);
+        *blen += keep;
+        n[*blen] = 0;
+        *buf = n;
+        return 0;
+}
+
+int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct qemu_exec_result *ret,
+                 char *why, size_t whylen)
+{
+        if (!req->argv || !req->argv[0]) {
+                set_why(why, whylen, "no command given");
+                return -EINVAL;
+        }
+        if (vm->broken || vm->agent < 0) {
+                set_why(why, whylen, "the VM is not running or its agent stopped answering");
+                return -ESRCH;
+        }
+        int r = qemu_vm_wait_ready(vm, vm->boot_timeout_ms, why, whylen);
+        if (r < 0)
+                return r;
+
+        uint64_t timeout_ms = req->timeout_ns > 0 ? ((uint64_t)req->timeout_ns + 999999) / 1000000 : 0;
+        if (timeout_ms > UINT32_MAX)
+                timeout_ms = UINT32_MAX;
+        size_t cap = req->output_cap > AGENT_PAYLOAD_MAX ? AGENT_PAYLOAD_MAX : req->output_cap;
+        size_t len = 16, argc = 0;
+        for (; req->argv[argc]; argc++)
+                len += strlen(req->argv[argc]) + 1;
+        len += req->stdin_len;
+        if (len > AGENT_PAYLOAD_MAX) {
+                set_why(why, whylen, "the command and its stdin exceed %u bytes", AGENT_PAYLOAD_MAX);
+                return -E2BIG;
+        }
+        unsigned char *msg = malloc(AGENT_HEADER_LEN + len);
+        if (!msg)
+                return -ENOMEM;
+        unsigned char *p = msg;
+        *p++ = AGENT_MAGIC0;
+        *p++ = AGENT_MAGIC1;
+        *p++ = AGENT_EXEC;
+        agent_put_u32(p, (uint32_t)len), p += 4;
+        agent_put_u32(p, (uint32_t)timeout_ms), p += 4;
+        agent_put_u32(p, (uint32_t)cap), p += 4;
+        agent_put_u32(p, (uint32_t)argc), p += 4;
+        agent_put_u32(p, (uint32_t)req->stdin_len), p += 4;
+        for (size_t i = 0; i < argc; i++) {
+                size_t l = strlen(req->argv[i]) + 1;
+                memcpy(p, req->argv[i], l);
+                p += l;
+        }
+        if (req->stdin_len)
+                memcpy(p, req->stdin_data, req->stdin_len);
+
+        /* The agent enforces the timeout; the host only guards against a guest that stopped answering. */
+        int64_t deadline = timeout_ms ? now_ms() + (int64_t)timeout_ms + EXEC_SLACK_MS : -1;
+        r = write_all(vm->agent, msg, AGENT_HEADER_LEN + len, deadline);
+        free(msg);
+        if (r < 0) {
+                vm->broken = true;
+                set_why(why, whylen, "could not send the command to the guest: %s", strerror(-r));
+                return r;
+        }
+
+        struct qemu_exec_result res = { 0 };
+        for (;;) {
+                int type;
+                unsigned char *f;
+                uint32_t flen;
+                r = agent_read_frame(vm, &type, &f, &flen, deadline);
+                if (r < 0) {
+                        vm->broken = true;
+                        set_why(why, whylen, "the guest agent did not answer: %s", strerror(-r));
+                        goto fail;
+                }
+                if (type == AGENT_STDOUT)
+                        r = append(&res.out, &res.out_len, &res.out_truncated, cap, f, flen);
+                else if (type == AGENT_STDERR)
+                        r = append(&res.err, &res.err_len, &res.err_truncated, cap, f, flen);
+                else if (type == AGENT_DONE && flen >= 7) {
+                        res.exit_code = (int)agent_get_u32(f);
+                        res.timed_out = f[4];
+                        res.out_truncated |= f[5];
+                        res.err_truncated |= f[6];
+                        free(f);
+                        break;
+                } else if (type == AGENT_ERROR) {
+                        set_why(why, whylen, "the guest agent could not run the command: %s", (char *)f);
+                        free(f);
+                        r = -EIO;
+                        goto fail;
+                }
+                free(f);
+                if (r < 0)
+                        goto fail;
+        }
+        if (!res.out && !(res.out = calloc(1, 1)))
+                goto nomem;
+        if (!res.err && !(res.err = calloc(1, 1)))
+                goto nomem;
+        *ret = res;
+        return 0;
+nomem:
+        r = -ENOMEM;
+fail:
+        qemu_exec_result_clear(&res);
+        return r;
+}
+
+/* --- pause, resume, fork, stop --- */
+
+int qemu_vm_pause(struct qemu_vm *vm)
+{
+        return qmp_command(vm, "stop");
+}
+
+int qemu_vm_resume(struct qemu_vm *vm)
+{
+        return qmp_command(vm, "cont");
+}
+
+int qemu_vm_fork(struct qemu_vm *vm, char *why, size_t whylen)
+{
+        set_why(why, whylen, "the qemu backend cannot copy a running VM yet; create a new sandbox instead");
+        return -EOPNOTSUPP;
+}
+
+/* Whether pid is gone (reaping it when it is our child). */
+static bool gone(struct qemu_vm *vm)
+{
+        if (vm->child) {
+                pid_t w = waitpid(vm->pid, NULL, WNOHANG);
+                if (w == vm->pid)
+                        return true;
+                if (w < 0 && errno == ECHILD)
+                        vm->child = false; /* reaped elsewhere, or not ours after all */
+                else
+                        return false;
+        }
+        return kill(vm->pid, 0) < 0 && errno == ESRCH;
+}
+
+int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
+{
+        if (vm->pid <= 0)
+                return 0;
+        /* quit's answer may never come (QEMU exits); its absence is fine. */
+        if (vm->qmp >= 0) {
+                char q[] = "{\"execute\":\"quit\"}\n";
+                write_all(vm->qmp, q, sizeof(q) - 1, now_ms() + 1000);
+        }
+        int64_t deadline = now_ms() + grace_ms;
+        bool dead = false;
+        while (!(dead = gone(vm)) && now_ms() < deadline)
+                usleep(20000);
+        if (!dead) {
+                kill(vm->pid, SIGKILL);
+                if (vm->child)
+                        waitpid(vm->pid, NULL, 0);
+                else
+                        while (!gone(vm))
+                                usleep(10000);
+        }
+        vm->pid = 0;
+        if (vm->qmp >= 0)
+                close(vm->qmp);
+        if (vm->agent >= 0)
+                close(vm->agent);
+        vm->qmp = vm->agent = -1;
+        return 0;
+}
+
+pid_t qemu_vm_pid(const struct qemu_vm *vm)
+{
+        return vm->pid;
+}
+
+const char *qemu_vm_accel(const struct qemu_vm *vm)
+{
+        return vm->accel;
+}
+
+void qemu_vm_free(struct qemu_vm *vm)
+{
+        if (!vm)
+                return;
+        if (vm->qmp >= 0)
+                close(vm->qmp);
+        if (vm->agent >= 0)
+                close(vm->agent);
+        free(vm);
+}
