@@ -1,0 +1,26 @@
+/* aggregator.h — the usage topic's consumer: fold, rate, ledger, spend limits.
+ *
+ * One aggregator is one member of a Kafka consumer group on `usage`. Kafka
+ * offsets live in Postgres (consumer_offsets) and commit in the same
+ * transaction as the usage, fold state, dead letters and alerts they produced;
+ * a partition's owner is fenced by a generation bumped at every assignment, so
+ * a revoked or lost partition never commits stale work. Several instances
+ * share the partitions. It must never exit on bad input: an unusable message
+ * becomes a dead letter and the offset moves on. */
+#pragma once
+
+#include <signal.h>
+#include <stdint.h>
+
+struct aggregator_config {
+        char *database_url;
+        char *kafka_brokers;
+        char *group;
+        int64_t batch_messages;  /* commit after this many messages... */
+        int64_t batch_ms;        /* ...or this long after the batch's first */
+        char *log_level;
+};
+
+/* Runs until *stop becomes non-zero, then commits what it holds and leaves
+ * the group. Returns 0, or a negative errno when it could not start. */
+int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop);

@@ -1,0 +1,48 @@
+/* tally-aggregator — folds usage samples into hourly usage, rates it, writes
+ * the ledger exactly once and enforces daily spend limits. */
+#include "aggregator.h"
+#include "config.h"
+#include "log.h"
+
+#include <signal.h>
+#include <stddef.h>
+#include <string.h>
+
+static const struct setting settings[] = {
+        SETTING_DATABASE_URL(struct aggregator_config, database_url),
+        SETTING_KAFKA_BROKERS(struct aggregator_config, kafka_brokers),
+        { "group", SETTING_STRING, "tally-aggregator", false, offsetof(struct aggregator_config, group), 0, 0,
+          "Kafka consumer group; every aggregator of one ledger uses the same" },
+        { "batch_messages", SETTING_INT, "20000", false, offsetof(struct aggregator_config, batch_messages), 1,
+          1000000, "Commit a batch after this many messages..." },
+        { "batch_ms", SETTING_INT, "200", false, offsetof(struct aggregator_config, batch_ms), 1, 60000,
+          "...or this many milliseconds after its first message" },
+        SETTING_LOG_LEVEL(struct aggregator_config, log_level),
+        SETTINGS_END,
+};
+
+static const struct program_info program = {
+        .name = "tally-aggregator",
+        .summary = "Consume the usage topic, bill it exactly once into the ledger, enforce daily spend limits.",
+        .usage = "[options]",
+        .details = "Runs until SIGINT or SIGTERM. Several aggregators in one group share the partitions;\n"
+                   "Kafka offsets are kept in PostgreSQL with the ledger rows they produced.",
+};
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { (void)sig; stop_requested = 1; }
+
+int main(int argc, char **argv)
+{
+        struct aggregator_config cfg = { 0 };
+        int r = config_main(&program, settings, &cfg, argc, argv, NULL);
+        if (r >= 0)
+                return r;
+        struct sigaction sa = { .sa_handler = on_signal };
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        r = aggregator_run(&cfg, &stop_requested);
+        config_free(settings, &cfg);
+        return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,215 @@
+/* aggtest.c — see aggtest.h. */
+#include "aggtest.h"
+
+#include "kafka.h"
+#include "support.h"
+#include "timeutil.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int delivery_errors;
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+        if (m->err)
+                delivery_errors++;
+}
+
+void aggtest_start(struct aggtest *t, const char *name, int partitions)
+{
+        memset(t, 0, sizeof(*t));
+        t->dir = test_tmpdir(name);
+        char file[1024], log[1024], parts[16];
+        snprintf(file, sizeof(file), "%s/broker.bootstrap", t->dir);
+        snprintf(log, sizeof(log), "%s/broker.log", t->dir);
+        snprintf(parts, sizeof(parts), "%d", partitions);
+        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--port", "0", "--partitions", parts,
+                         "--bootstrap-file", file, NULL };
+        t->broker_pid = test_spawn(argv, NULL, log);
+        if (test_wait_file(file, 10000) < 0) {
+                fprintf(stderr, "FAIL: the development broker did not start (log %s)\n", log);
+                exit(1);
+        }
+        t->bootstrap = test_read_file(file);
+
+        t->db_url = test_db_create(name);
+        char *out = NULL, *err = NULL;
+        char *margv[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", t->db_url, "apply", NULL };
+        if (test_run(margv, &out, &err) != 0) {
+                fprintf(stderr, "FAIL: tally-migrate: %s\n", err ? err : "");
+                exit(1);
+        }
+        free(out);
+        free(err);
+        t->db = PQconnectdb(t->db_url);
+        if (PQstatus(t->db) != CONNECTION_OK) {
+                fprintf(stderr, "FAIL: connect: %s\n", PQerrorMessage(t->db));
+                exit(1);
+        }
+        char errbuf[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        /* Producer batches stay well below the aggregator's fetch sizes. */
+        const char *const extra[] = { "message.timeout.ms=120000", "batch.size=262144", NULL };
+        t->producer = kafka_producer_new(t->bootstrap, conf, extra, errbuf, sizeof(errbuf));
+        if (!t->producer) {
+                fprintf(stderr, "FAIL: producer: %s\n", errbuf);
+                exit(1);
+        }
+}
+
+void aggtest_stop(struct aggtest *t)
+{
+        if (t->producer) {
+                rd_kafka_flush(t->producer, 10000);
+                rd_kafka_destroy(t->producer);
+        }
+        PQfinish(t->db);
+        if (t->broker_pid > 0) {
+                kill(t->broker_pid, SIGTERM);
+                waitpid(t->broker_pid, NULL, 0);
+        }
+        test_db_drop(t->db_url);
+        free(t->bootstrap);
+        free(t->dir);
+}
+
+void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf, size_t len)
+{
+        rd_kafka_resp_err_t e;
+        while ((e = rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE),
+                                      RD_KAFKA_V_KEY(account, strlen(account)), RD_KAFKA_V_VALUE((void *)buf, len),
+                                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END)) ==
+               RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                rd_kafka_poll(t->producer, 10);
+        CHECK(e == 0, "produce: %s", rd_kafka_err2str(e));
+        rd_kafka_poll(t->producer, 0);
+}
+
+void aggtest_produce(struct aggtest *t, const struct usage_event *ev)
+{
+        char buf[8192];
+        int n = event_encode(ev, buf, sizeof(buf));
+        if (n < 0) {
+                fprintf(stderr, "FAIL: event_encode refused a test event\n");
+                exit(1);
+        }
+        aggtest_produce_raw(t, ev->account, buf, (size_t)n);
+}
+
+void aggtest_flush(struct aggtest *t)
+{
+        CHECK(rd_kafka_flush(t->producer, 60000) == 0, "producer flush timed out");
+        CHECK(delivery_errors == 0, "%d messages were not delivered", delivery_errors);
+}
+
+int64_t aggtest_topic_end(struct aggtest *t)
+{
+        const struct rd_kafka_metadata *md;
+        rd_kafka_topic_t *topic = rd_kafka_topic_new(t->producer, TOPIC_USAGE, NULL);
+        int64_t total = 0;
+        if (rd_kafka_metadata(t->producer, 0, topic, &md, 10000) != 0) {
+                fprintf(stderr, "FAIL: no metadata from the broker\n");
+                exit(1);
+        }
+        for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+                int64_t lo, hi;
+                if (rd_kafka_query_watermark_offsets(t->producer, TOPIC_USAGE, md->topics[0].partitions[i].id, &lo, &hi,
+                                                     10000) == 0)
+                        total += hi;
+        }
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(topic);
+        return total;
+}
+
+pid_t aggtest_spawn(struct aggtest *t, const char *const *extra)
+{
+        char log[1024];
+        snprintf(log, sizeof(log), "%s/aggregator.%d.log", t->dir, t->spawned++);
+        const char *argv[32];
+        int n = 0;
+        argv[n++] = test_env("TALLY_AGGREGATOR_BIN");
+        argv[n++] = "--database-url";
+        argv[n++] = t->db_url;
+        argv[n++] = "--kafka-brokers";
+        argv[n++] = t->bootstrap;
+        for (; extra && *extra && n < 30; extra++)
+                argv[n++] = *extra;
+        argv[n] = NULL;
+        return test_spawn((char *const *)argv, NULL, log);
+}
+
+int aggtest_wait_caught_up(struct aggtest *t, int timeout_s)
+{
+        int64_t end = aggtest_topic_end(t);
+        for (int i = 0; i < timeout_s * 10; i++) {
+                char *v = aggtest_query(t, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
+                                           " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
+                int64_t done = v ? strtoll(v, NULL, 10) : -1;
+                free(v);
+                if (done == end)
+                        return 0;
+                time_sleep_ns(100 * NS_PER_MS);
+        }
+        fprintf(stderr, "FAIL: the aggregator did not reach the end of the topic (%lld messages) in %d s\n",
+                (long long)end, timeout_s);
+        return -1;
+}
+
+int aggtest_terminate(pid_t pid)
+{
+        int st = 0;
+        kill(pid, SIGTERM);
+        waitpid(pid, &st, 0);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+char *aggtest_query(struct aggtest *t, const char *sql)
+{
+        PGresult *r = PQexec(t->db, sql);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) >= 1)
+                v = strdup(PQgetisnull(r, 0, 0) ? "" : PQgetvalue(r, 0, 0));
+        else
+                CHECK(0, "query %s: %s (rows %d)", sql, PQresultErrorMessage(r), PQntuples(r));
+        PQclear(r);
+        return v;
+}
+
+void aggtest_exec(struct aggtest *t, const char *sql)
+{
+        PGresult *r = PQexec(t->db, sql);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
+                fprintf(stderr, "FAIL: %s: %s\n", sql, PQresultErrorMessage(r));
+                exit(1);
+        }
+        PQclear(r);
+}
+
+struct usage_event aggtest_sample(const char *account, const char *key, const char *sandbox, uint64_t epoch,
+                                  uint64_t seq, int64_t wall_ns, enum sandbox_state state, uint64_t cpu_ns,
+                                  uint64_t mem_size_bytes, uint64_t disk_bytes, uint32_t vcpus)
+{
+        struct usage_event ev = { .type = EVENT_SAMPLE, .epoch = epoch, .seq = seq, .wall_ns = wall_ns,
+                                  .state = state, .cpu_ns = cpu_ns, .mem_size_bytes = mem_size_bytes,
+                                  .disk_bytes = disk_bytes, .vcpus = vcpus };
+        snprintf(ev.host, sizeof(ev.host), "host-1");
+        snprintf(ev.account, sizeof(ev.account), "%s", account);
+        snprintf(ev.key, sizeof(ev.key), "%s", key);
+        snprintf(ev.sandbox, sizeof(ev.sandbox), "%s", sandbox);
+        return ev;
+}
+
+int64_t aggtest_utc(int year, int mon, int day, int hour, int min, int sec)
+{
+        struct tm tm = { .tm_year = year - 1900, .tm_mon = mon - 1, .tm_mday = day, .tm_hour = hour,
+                         .tm_min = min, .tm_sec = sec };
+        return (int64_t)timegm(&tm) * NS_PER_SEC;
+}

@@ -1,0 +1,54 @@
+/* aggtest.h — what the aggregator's integration tests share: a private
+ * development broker (faults and streams of one test never reach another), a
+ * migrated ledger database, a producer of real usage messages, and running
+ * tally-aggregator as a real process. */
+#pragma once
+
+#include "event.h"
+
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct aggtest {
+        char *dir;          /* scratch folder */
+        char *db_url;
+        PGconn *db;
+        pid_t broker_pid;
+        char *bootstrap;
+        rd_kafka_t *producer;
+        int spawned;        /* aggregators started, for log names */
+};
+
+/* Starts a private broker with `partitions`, creates and migrates a database. */
+void aggtest_start(struct aggtest *t, const char *name, int partitions);
+/* Stops everything it started, drops the database. */
+void aggtest_stop(struct aggtest *t);
+
+/* Produces one message with key = account (raw bytes as given). */
+void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf, size_t len);
+void aggtest_produce(struct aggtest *t, const struct usage_event *ev);
+/* Waits until every produced message is acknowledged. */
+void aggtest_flush(struct aggtest *t);
+/* Messages in the usage topic (sum of high watermarks). */
+int64_t aggtest_topic_end(struct aggtest *t);
+
+/* Starts tally-aggregator with extra "--name=value" arguments (NULL-terminated). */
+pid_t aggtest_spawn(struct aggtest *t, const char *const *extra);
+/* Waits until the ledger's offsets (group "tally-aggregator") reach the end of the topic. */
+int aggtest_wait_caught_up(struct aggtest *t, int timeout_s);
+/* SIGTERM and wait; returns the exit status. */
+int aggtest_terminate(pid_t pid);
+
+/* Runs a query expecting one row, one column; returns the text (malloc'd) or NULL. */
+char *aggtest_query(struct aggtest *t, const char *sql);
+void aggtest_exec(struct aggtest *t, const char *sql);
+
+/* A sample with the fields billing needs. */
+struct usage_event aggtest_sample(const char *account, const char *key, const char *sandbox, uint64_t epoch,
+                                  uint64_t seq, int64_t wall_ns, enum sandbox_state state, uint64_t cpu_ns,
+                                  uint64_t mem_size_bytes, uint64_t disk_bytes, uint32_t vcpus);
+
+/* Unix ns of a UTC date and time. */
+int64_t aggtest_utc(int year, int mon, int day, int hour, int min, int sec);
