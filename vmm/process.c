@@ -745,12 +745,16 @@ started:
         int words[2];
         size_t got = 0, stdin_at = 0;
         pid_t cmd = -1;
-        bool killed = false;
+        bool killed = false, cancelled = false;
         while (out[0] >= 0 || err[0] >= 0 || st[0] >= 0) {
                 struct pollfd p[4] = { { out[0], POLLIN, 0 }, { err[0], POLLIN, 0 }, { st[0], POLLIN, 0 },
                                        { in[1], POLLOUT, 0 } };
                 clock_gettime(CLOCK_MONOTONIC, &now);
                 int64_t left = deadline - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
+                if (!killed && req->cancel && *req->cancel) {
+                        cancelled = true;
+                        left = 0;
+                }
                 if (left <= 0 && !killed) {
                         res.timed_out = true;
                         killed = true;
@@ -767,7 +771,10 @@ started:
                 }
                 if (left <= 0)
                         break;
-                int n = poll(p, 4, (int)(left / 1000000) + 1);
+                int wait_ms = (int)(left / 1000000) + 1;
+                if (req->cancel && wait_ms > 100)
+                        wait_ms = 100; /* look at the cancel flag ten times a second */
+                int n = poll(p, 4, wait_ms);
                 if (n < 0 && errno != EINTR) {
                         r = -errno;
                         goto out;
@@ -833,6 +840,11 @@ started:
         if (got < sizeof(words)) {
                 r = -EIO;
                 snprintf(why, whylen, "the command's status was lost");
+                goto out;
+        }
+        if (cancelled) {
+                r = -ECANCELED;
+                snprintf(why, whylen, "tally-vmm is stopping: the command was ended");
                 goto out;
         }
         int status = words[1];
