@@ -3,9 +3,11 @@
  * Start: the daemon clone()s the sandbox's init straight into new namespaces;
  * the init waits on a pipe until the daemon has written its pid into every
  * folder of the cgroup, so not one instruction of the sandbox runs outside it.
- * Exec: a forked helper joins the init's namespaces (setns needs a
- * single-threaded process, which the daemon is not) and forks the command,
- * which enters the cgroup itself before it execs.
+ * Exec: the init forks the command on request (its exec socket), so the
+ * command starts inside the namespaces and the cgroup. Without that socket, a
+ * forked helper joins the init's namespaces (setns needs a single-threaded
+ * process, which the daemon is not) and forks the command, which enters the
+ * cgroup itself before it execs.
  *
  * Code between fork/clone and exec runs in a copy of a threaded process, so it
  * makes system calls only: no malloc, no stdio, no locks. Everything it needs
@@ -134,10 +136,10 @@ static void on_sigchld(int sig) { (void)sig; }
 
 static void fail_init(int fd, const char *what)
 {
-        char buf[160];
-        int e = errno;
-        snprintf(buf, sizeof(buf), "%s: %s", what, strerrordesc_np(e) ? strerrordesc_np(e) : "error");
-        write_str(fd, buf);
+        const char *e = strerrordesc_np(errno);
+        write_str(fd, what);
+        write_str(fd, ": ");
+        write_str(fd, e ? e : "error");
         _exit(1);
 }
 
@@ -555,9 +557,18 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         }
         close(sync[1]);
         sync[1] = -1;
+        /* The init closes its end after "ok" or its reason: read to the end of file. */
         char reply[200];
-        struct pollfd p = { ready[0], POLLIN, 0 };
-        ssize_t n = poll(&p, 1, 10000) == 1 ? read(ready[0], reply, sizeof(reply) - 1) : -1;
+        ssize_t n = 0;
+        for (;;) {
+                struct pollfd p = { ready[0], POLLIN, 0 };
+                ssize_t m = poll(&p, 1, 10000) == 1 ? read(ready[0], reply + n, sizeof(reply) - 1 - (size_t)n) : -1;
+                if (m <= 0)
+                        break;
+                n += m;
+                if ((size_t)n == sizeof(reply) - 1)
+                        break;
+        }
         if (n != 2 || memcmp(reply, "ok", 2) != 0) {
                 if (n > 0) {
                         reply[n] = '\0';
@@ -677,9 +688,7 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 close_other_fds(keep, 9);
                 for (int i = 0; i < NS_COUNT; i++)
                         if (setns(ns[i], 0) < 0) {
-                                int e = errno;
                                 write_str(err[1], "tally: could not enter the sandbox's namespaces\n");
-                                (void)e;
                                 _exit(126);
                         }
                 pid_t cmd = fork();
