@@ -62,6 +62,7 @@ static unsigned int status_for(int r)
         case EBUSY: return 409;
         case EOPNOTSUPP: return 422;
         case EAGAIN: return 503;
+        case ECANCELED: return 503;
         default: return 500;
         }
 }
@@ -135,7 +136,7 @@ static enum MHD_Result do_exec(struct vmm_api *a, struct MHD_Connection *c, cons
                 goto out;
         }
         struct exec_request req = { argv, in ? json_string_value(in) : NULL, in ? json_string_length(in) : 0,
-                                    timeout_ms * 1000000, (size_t)cap };
+                                    timeout_ms * 1000000, (size_t)cap, NULL };
         struct exec_result res = { 0 };
         if ((r = vmm_exec(a->vmm, id, &req, &res, why, sizeof(why))) < 0)
                 goto out;

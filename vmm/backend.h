@@ -48,6 +48,8 @@ struct exec_request {
         size_t stdin_len;
         int64_t timeout_ns;          /* > 0: the command is killed after this long */
         size_t output_cap;           /* bytes kept of stdout and of stderr each; the rest is read and dropped */
+        const volatile int *cancel;  /* may be NULL; once it reads non-zero (the daemon is stopping) the
+                                        command is ended as at a timeout and exec returns -ECANCELED */
 };
 
 /* What the command did. out and err are malloc'd (NUL-terminated for

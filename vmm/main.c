@@ -142,6 +142,7 @@ int main(int argc, char **argv)
         while (!stop_requested)
                 pause();
         log_info("tally-vmm stopping; sandboxes keep running", NULL);
+        vmm_begin_shutdown(v);
         vmm_api_stop(api);
         vmm_close(v);
         status = 0;

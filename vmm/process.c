@@ -3,9 +3,11 @@
  * Start: the daemon clone()s the sandbox's init straight into new namespaces;
  * the init waits on a pipe until the daemon has written its pid into every
  * folder of the cgroup, so not one instruction of the sandbox runs outside it.
- * Exec: a forked helper joins the init's namespaces (setns needs a
- * single-threaded process, which the daemon is not) and forks the command,
- * which enters the cgroup itself before it execs.
+ * Exec: the init forks the command on request (its exec socket), so the
+ * command starts inside the namespaces and the cgroup. Without that socket, a
+ * forked helper joins the init's namespaces (setns needs a single-threaded
+ * process, which the daemon is not) and forks the command, which enters the
+ * cgroup itself before it execs.
  *
  * Code between fork/clone and exec runs in a copy of a threaded process, so it
  * makes system calls only: no malloc, no stdio, no locks. Everything it needs
@@ -134,10 +136,10 @@ static void on_sigchld(int sig) { (void)sig; }
 
 static void fail_init(int fd, const char *what)
 {
-        char buf[160];
-        int e = errno;
-        snprintf(buf, sizeof(buf), "%s: %s", what, strerrordesc_np(e) ? strerrordesc_np(e) : "error");
-        write_str(fd, buf);
+        const char *e = strerrordesc_np(errno);
+        write_str(fd, what);
+        write_str(fd, ": ");
+        write_str(fd, e ? e : "error");
         _exit(1);
 }
 
@@ -555,9 +557,18 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         }
         close(sync[1]);
         sync[1] = -1;
+        /* The init closes its end after "ok" or its reason: read to the end of file. */
         char reply[200];
-        struct pollfd p = { ready[0], POLLIN, 0 };
-        ssize_t n = poll(&p, 1, 10000) == 1 ? read(ready[0], reply, sizeof(reply) - 1) : -1;
+        ssize_t n = 0;
+        for (;;) {
+                struct pollfd p = { ready[0], POLLIN, 0 };
+                ssize_t m = poll(&p, 1, 10000) == 1 ? read(ready[0], reply + n, sizeof(reply) - 1 - (size_t)n) : -1;
+                if (m <= 0)
+                        break;
+                n += m;
+                if ((size_t)n == sizeof(reply) - 1)
+                        break;
+        }
         if (n != 2 || memcmp(reply, "ok", 2) != 0) {
                 if (n > 0) {
                         reply[n] = '\0';
@@ -677,9 +688,7 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 close_other_fds(keep, 9);
                 for (int i = 0; i < NS_COUNT; i++)
                         if (setns(ns[i], 0) < 0) {
-                                int e = errno;
                                 write_str(err[1], "tally: could not enter the sandbox's namespaces\n");
-                                (void)e;
                                 _exit(126);
                         }
                 pid_t cmd = fork();
@@ -745,12 +754,16 @@ started:
         int words[2];
         size_t got = 0, stdin_at = 0;
         pid_t cmd = -1;
-        bool killed = false;
+        bool killed = false, cancelled = false;
         while (out[0] >= 0 || err[0] >= 0 || st[0] >= 0) {
                 struct pollfd p[4] = { { out[0], POLLIN, 0 }, { err[0], POLLIN, 0 }, { st[0], POLLIN, 0 },
                                        { in[1], POLLOUT, 0 } };
                 clock_gettime(CLOCK_MONOTONIC, &now);
                 int64_t left = deadline - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
+                if (!killed && req->cancel && *req->cancel) {
+                        cancelled = true;
+                        left = 0;
+                }
                 if (left <= 0 && !killed) {
                         res.timed_out = true;
                         killed = true;
@@ -767,7 +780,10 @@ started:
                 }
                 if (left <= 0)
                         break;
-                int n = poll(p, 4, (int)(left / 1000000) + 1);
+                int wait_ms = (int)(left / 1000000) + 1;
+                if (req->cancel && wait_ms > 100)
+                        wait_ms = 100; /* look at the cancel flag ten times a second */
+                int n = poll(p, 4, wait_ms);
                 if (n < 0 && errno != EINTR) {
                         r = -errno;
                         goto out;
@@ -833,6 +849,11 @@ started:
         if (got < sizeof(words)) {
                 r = -EIO;
                 snprintf(why, whylen, "the command's status was lost");
+                goto out;
+        }
+        if (cancelled) {
+                r = -ECANCELED;
+                snprintf(why, whylen, "tally-vmm is stopping: the command was ended");
                 goto out;
         }
         int status = words[1];

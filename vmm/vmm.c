@@ -60,6 +60,7 @@ struct vmm {
         rd_kafka_t *consumer;
         pthread_t thread, control_thread;
         volatile bool quit;
+        volatile int stopping;           /* set by vmm_begin_shutdown: running execs end */
         bool control_ready;
         pthread_mutex_t db_lock;
         PGconn *db;
@@ -545,9 +546,11 @@ int vmm_exec(struct vmm *v, const char *id, const struct exec_request *req, stru
                 r = -EBUSY;
                 goto out;
         }
+        struct exec_request mine = *req;
+        mine.cancel = &v->stopping;
         if (!sb->ops->concurrent_exec)
                 pthread_mutex_lock(&sb->exec_lock);
-        r = sb->ops->exec(sb->bs, req, ret, why, whylen);
+        r = sb->ops->exec(sb->bs, &mine, ret, why, whylen);
         if (!sb->ops->concurrent_exec)
                 pthread_mutex_unlock(&sb->exec_lock);
 out:
@@ -1239,6 +1242,11 @@ fail:
                 sandbox_unlink(v, v->list);
         free(v);
         return r;
+}
+
+void vmm_begin_shutdown(struct vmm *v)
+{
+        v->stopping = 1;
 }
 
 void vmm_close(struct vmm *v)

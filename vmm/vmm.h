@@ -41,6 +41,10 @@ struct vmm;
  * Returns 0 or -errno with the reason in err. */
 int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t errlen);
 
+/* Ends the commands exec is running (they would otherwise hold the API's
+ * connections, and so the daemon's exit, until they finish). */
+void vmm_begin_shutdown(struct vmm *v);
+
 /* Stops the background work and frees everything. Running sandboxes keep
  * running: a later tally-vmm finds them again. Accepts NULL. */
 void vmm_close(struct vmm *v);

@@ -730,7 +730,10 @@ static void test_control(void)
         bool pa = wait_state(jstr(a, "id"), "paused", 3000), pb = wait_state(jstr(b, "id"), "paused", 3000);
         int64_t took = now_ms() - t0;
         CHECK(pa && pb, "the key's sandboxes were not paused by the control command");
-        CHECK(took <= 1000, "pausing took %lld ms from the command's publication (more than a second)",
+        /* tally-vmm aims at a second; the check allows the design's two (invariant 5) so a
+         * loaded 2-CPU test machine does not make it flaky, and prints what it saw. */
+        fprintf(stderr, "control: paused %lld ms after the command was published\n", (long long)took);
+        CHECK(took <= 2000, "pausing took %lld ms from the command's publication (more than two seconds)",
               (long long)took);
         json_t *o = show(jstr(other, "id"));
         CHECK(strcmp(jstr(o, "state"), "running") == 0, "another key's sandbox was paused");
@@ -762,7 +765,18 @@ static void test_restart(void)
         snprintf(orphan, sizeof(orphan), cgroup_version == 2 ? "/sys/fs/cgroup/%s/sbx-orphan" :
                  "/sys/fs/cgroup/memory/%s/sbx-orphan", parent);
         CHECK(mkdir(orphan, 0755) == 0, "could not make an orphan cgroup %s: %s", orphan, strerror(errno));
+        /* A command running through exec does not hold up the daemon's exit. */
+        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)jstr(run, "id"),
+                              "--timeout-ms", "60000", "--", "sleep", "50", NULL };
+        pid_t client = test_spawn(long_exec, NULL, NULL);
+        sleep_ms(500);
+        int64_t t0 = now_ms();
         stop_daemon();
+        int64_t took = now_ms() - t0;
+        CHECK(took < 5000, "tally-vmm took %lld ms to exit with an exec running", (long long)took);
+        int cstatus = 0;
+        waitpid(client, &cstatus, 0);
+        CHECK(WIFEXITED(cstatus) && WEXITSTATUS(cstatus) == 1, "the ended exec's client exited with %d", cstatus);
         CHECK(pid_alive((pid_t)jint(run, "pid")), "the sandbox died with the daemon");
         start_daemon();
         json_t *r = show(jstr(run, "id")), *p = show(jstr(paused, "id"));
