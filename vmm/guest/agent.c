@@ -326,6 +326,8 @@ int main(int argc, char **argv)
                 }
                 if (type == AGENT_EXEC)
                         run_command(payload, len);
+                else if (type == AGENT_PING)
+                        send_frame(AGENT_READY, AGENT_VERSION, strlen(AGENT_VERSION));
                 else
                         send_error("unknown frame type");
                 free(payload);

@@ -174,8 +174,10 @@ static int listen_unix(const char *path)
         return fd;
 }
 
+static bool gone(struct qemu_vm *vm);
+
 /* Accepts QEMU's connection on lfd, watching that QEMU is still alive. */
-static int accept_qemu(int lfd, pid_t pid, int64_t deadline)
+static int accept_qemu(struct qemu_vm *vm, int lfd, int64_t deadline)
 {
         for (;;) {
                 struct pollfd p = { lfd, POLLIN, 0 };
@@ -189,8 +191,10 @@ static int accept_qemu(int lfd, pid_t pid, int64_t deadline)
                         if (errno != EINTR && errno != EAGAIN)
                                 return -errno;
                 }
-                if (waitpid(pid, NULL, WNOHANG) == pid)
+                if (gone(vm)) {
+                        vm->pid = 0;
                         return -ECHILD;
+                }
                 if (now_ms() >= deadline)
                         return -ETIMEDOUT;
         }
@@ -419,8 +423,8 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", spec->workdir);
         snprintf(smp, sizeof(smp), "%u", spec->vcpus);
         snprintf(mem, sizeof(mem), "%llu", (unsigned long long)spec->mem_mib);
-        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s", qmp_path);
-        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s", agent_path);
+        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s,reconnect=1", qmp_path);
+        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s,reconnect=1", agent_path);
         snprintf(console_dev, sizeof(console_dev), "file:%s", console_path);
 
         /* microvm with the legacy PIT and PIC, and without ACPI: with ACPI on,
@@ -507,9 +511,9 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         }
 
         int64_t deadline = now_ms() + START_TIMEOUT_MS;
-        vm->qmp = accept_qemu(qmp_l, pid, deadline);
+        vm->qmp = accept_qemu(vm, qmp_l, deadline);
         if (vm->qmp >= 0)
-                vm->agent = accept_qemu(agent_l, pid, deadline);
+                vm->agent = accept_qemu(vm, agent_l, deadline);
         if (vm->qmp < 0 || vm->agent < 0) {
                 r = vm->qmp < 0 ? vm->qmp : vm->agent;
                 char tail[256];
@@ -555,6 +559,94 @@ fail:
         vm->pid = 0;
         qemu_vm_free(vm);
         return r;
+}
+
+/* Whether /proc/<pid>/cmdline is a QEMU started with qmp_path (guards
+ * against a recycled pid); *ret_kvm says whether it runs on KVM. */
+static bool is_our_qemu(pid_t pid, const char *qmp_path, bool *ret_kvm)
+{
+        char p[64], buf[8192];
+        snprintf(p, sizeof(p), "/proc/%d/cmdline", (int)pid);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return false;
+        buf[n] = 0;
+        bool ours = false, kvm = false;
+        for (char *a = buf; a < buf + n; a += strlen(a) + 1) {
+                if (strstr(a, "id=qmp,path=") && strstr(a, qmp_path))
+                        ours = true;
+                if (strcmp(a, "kvm") == 0)
+                        kvm = true;
+        }
+        *ret_kvm = kvm;
+        return ours;
+}
+
+static int agent_ping(struct qemu_vm *vm)
+{
+        unsigned char h[AGENT_HEADER_LEN] = { AGENT_MAGIC0, AGENT_MAGIC1, AGENT_PING, 0, 0, 0, 0 };
+        return write_all(vm->agent, h, sizeof(h), now_ms() + QMP_TIMEOUT_MS);
+}
+
+int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *why, size_t whylen)
+{
+        char qmp_path[4096], agent_path[4096];
+        snprintf(qmp_path, sizeof(qmp_path), "%s/qmp.sock", workdir);
+        snprintf(agent_path, sizeof(agent_path), "%s/agent.sock", workdir);
+        bool kvm = false;
+        if (pid <= 0 || !is_our_qemu(pid, qmp_path, &kvm)) {
+                set_why(why, whylen, "no QEMU of this sandbox runs as pid %d", (int)pid);
+                return -ESRCH;
+        }
+        struct qemu_vm *vm = calloc(1, sizeof(*vm));
+        if (!vm)
+                return -ENOMEM;
+        vm->pid = pid;
+        vm->child = false;
+        vm->qmp = vm->agent = -1;
+        vm->accel = kvm ? "kvm" : "tcg";
+        vm->boot_timeout_ms = 120000;
+        snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", workdir);
+        int r, qmp_l = listen_unix(qmp_path), agent_l = listen_unix(agent_path);
+        if (qmp_l < 0 || agent_l < 0) {
+                r = qmp_l < 0 ? qmp_l : agent_l;
+                set_why(why, whylen, "could not listen in %s: %s", workdir, strerror(-r));
+                goto out;
+        }
+        /* QEMU retries its connections every second (reconnect=1). */
+        int64_t deadline = now_ms() + START_TIMEOUT_MS;
+        vm->qmp = accept_qemu(vm, qmp_l, deadline);
+        if (vm->qmp >= 0)
+                vm->agent = accept_qemu(vm, agent_l, deadline);
+        r = vm->qmp < 0 ? vm->qmp : vm->agent < 0 ? vm->agent : 0;
+        if (r < 0) {
+                set_why(why, whylen, "QEMU %d did not reconnect: %s", (int)pid, strerror(-r));
+                goto out;
+        }
+        r = qmp_wait(vm, "QMP", deadline);
+        if (r >= 0)
+                r = qmp_command(vm, "qmp_capabilities");
+        if (r >= 0)
+                r = agent_ping(vm); /* the next wait for ready takes the answer */
+        if (r < 0)
+                set_why(why, whylen, "QEMU %d did not answer after reconnecting: %s", (int)pid, strerror(-r));
+out:
+        if (qmp_l >= 0)
+                close(qmp_l);
+        if (agent_l >= 0)
+                close(agent_l);
+        unlink(qmp_path);
+        unlink(agent_path);
+        if (r < 0) {
+                qemu_vm_free(vm);
+                return r;
+        }
+        *ret = vm;
+        return 0;
 }
 
 /* --- the agent channel --- */
@@ -764,7 +856,8 @@ int qemu_vm_fork(struct qemu_vm *vm, char *why, size_t whylen)
         return -EOPNOTSUPP;
 }
 
-/* Whether pid is gone (reaping it when it is our child). */
+/* Whether pid is gone (reaping it when it is our child; a zombie someone
+ * else must reap counts as gone). */
 static bool gone(struct qemu_vm *vm)
 {
         if (vm->child) {
@@ -776,7 +869,20 @@ static bool gone(struct qemu_vm *vm)
                 else
                         return false;
         }
-        return kill(vm->pid, 0) < 0 && errno == ESRCH;
+        if (kill(vm->pid, 0) < 0 && errno == ESRCH)
+                return true;
+        char p[64], buf[512];
+        snprintf(p, sizeof(p), "/proc/%d/stat", (int)vm->pid);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return true;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return true;
+        buf[n] = 0;
+        char *c = strrchr(buf, ')');
+        return c && (c[2] == 'Z' || c[2] == 'X');
 }
 
 int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
@@ -797,7 +903,7 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
                 if (vm->child)
                         waitpid(vm->pid, NULL, 0);
                 else
-                        while (!gone(vm))
+                        for (int i = 0; i < 500 && !gone(vm); i++)
                                 usleep(10000);
         }
         vm->pid = 0;

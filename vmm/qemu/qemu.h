@@ -82,6 +82,12 @@ const char *qemu_default_initrd(void);
 int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
                   char *why, size_t whylen);
 
+/* Takes over a VM started earlier (by a process that has since exited) from
+ * its workdir and QEMU's pid: QEMU reconnects its QMP and agent channels to
+ * new sockets within a second or two. -ESRCH if pid is not that VM's QEMU.
+ * A command that was running when the old process went is not reported. */
+int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *why, size_t whylen);
+
 /* Waits until the guest agent has said it is ready, at most timeout_ms. */
 int qemu_vm_wait_ready(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_t whylen);
 
