@@ -101,8 +101,14 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
 int qemu_vm_pause(struct qemu_vm *vm);
 int qemu_vm_resume(struct qemu_vm *vm);
 
-/* Copying a running VM is not built: always -EOPNOTSUPP with a reason. */
-int qemu_vm_fork(struct qemu_vm *vm, char *why, size_t whylen);
+/* Starts a copy of the running VM src: src is paused, its whole state (RAM,
+ * vCPUs, devices) saved to a file in spec->workdir through QMP migrate, src
+ * resumed (unless it was paused), and a new QEMU started in the copy's
+ * cgroup that loads the state and runs on from there, processes and all.
+ * Of spec only workdir and boot_timeout_ms count: the copy is src's machine.
+ * Returns once the copy's agent answers. */
+int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files,
+                 struct qemu_vm **ret, char *why, size_t whylen);
 
 /* Asks QEMU to quit (QMP quit), SIGKILLs it after grace_ms, and reaps it.
  * Stopping a stopped VM returns 0. */

@@ -3,7 +3,8 @@
  * threads are in the cgroup from the start (boot CPU is counted there, and the
  * count agrees with the kernel's own per-process accounting), commands run in
  * the guest with their exit code, output, stdin, caps and timeouts, a QMP
- * pause stops CPU from accruing, stop ends QEMU and the counter survives it.
+ * pause stops CPU from accruing, a copy (fork) carries on the VM's processes
+ * in its own cgroup, stop ends QEMU and the counter survives it.
  * The VM is started by a process that exits at once and is taken over by
  * this one (qemu_vm_attach), as a restarted daemon would.
  * Bad input is refused without leaving a process behind. */
@@ -28,9 +29,16 @@
 
 #define CGROOT "/sys/fs/cgroup"
 
-/* The test's cgroup: v1 folders in cpuacct and memory, or one v2 folder. */
+/* A cgroup of the test's: v1 folders in cpuacct and memory, or one v2 folder. */
 static bool v2;
-static char cg_cpu[512], cg_mem[512], cg_name[128];
+struct test_cgroup {
+        char name[128];
+        char cpu[512];
+        char mem[512];
+        char procs_cpu[600];
+        char procs_mem[600];
+        const char *files[3];        /* what QEMU's pid is written into */
+};
 
 static int write_file(const char *path, const char *value)
 {
@@ -43,52 +51,57 @@ static int write_file(const char *path, const char *value)
         return r;
 }
 
-static void cgroup_setup(void)
+static void cgroup_setup(struct test_cgroup *cg, const char *what)
 {
-        snprintf(cg_name, sizeof(cg_name), "tally-test-vmm-qemu-%d", (int)getpid());
+        snprintf(cg->name, sizeof(cg->name), "tally-test-vmm-qemu-%d-%s", (int)getpid(), what);
         v2 = access(CGROOT "/cgroup.controllers", F_OK) == 0;
         if (v2) {
-                snprintf(cg_cpu, sizeof(cg_cpu), CGROOT "/%s", cg_name);
-                snprintf(cg_mem, sizeof(cg_mem), "%s", cg_cpu);
-                if (mkdir(cg_cpu, 0755) < 0) {
-                        fprintf(stderr, "FAIL: cannot create cgroup %s: %s (the test needs root and cgroups)\n", cg_cpu,
+                snprintf(cg->cpu, sizeof(cg->cpu), CGROOT "/%s", cg->name);
+                snprintf(cg->mem, sizeof(cg->mem), "%s", cg->cpu);
+                if (mkdir(cg->cpu, 0755) < 0) {
+                        fprintf(stderr, "FAIL: cannot create cgroup %s: %s (the test needs root and cgroups)\n", cg->cpu,
                                 strerror(errno));
                         exit(1);
                 }
         } else {
-                snprintf(cg_cpu, sizeof(cg_cpu), CGROOT "/cpuacct/%s", cg_name);
-                snprintf(cg_mem, sizeof(cg_mem), CGROOT "/memory/%s", cg_name);
-                if (mkdir(cg_cpu, 0755) < 0 || mkdir(cg_mem, 0755) < 0) {
+                snprintf(cg->cpu, sizeof(cg->cpu), CGROOT "/cpuacct/%s", cg->name);
+                snprintf(cg->mem, sizeof(cg->mem), CGROOT "/memory/%s", cg->name);
+                if (mkdir(cg->cpu, 0755) < 0 || mkdir(cg->mem, 0755) < 0) {
                         fprintf(stderr, "FAIL: cannot create cgroups %s, %s: %s (the test needs root and cgroup v1 "
-                                        "cpuacct and memory)\n", cg_cpu, cg_mem, strerror(errno));
-                        rmdir(cg_cpu);
+                                        "cpuacct and memory)\n", cg->cpu, cg->mem, strerror(errno));
+                        rmdir(cg->cpu);
                         exit(1);
                 }
         }
         char p[600];
-        snprintf(p, sizeof(p), "%s/%s", cg_mem, v2 ? "memory.max" : "memory.limit_in_bytes");
+        snprintf(p, sizeof(p), "%s/%s", cg->mem, v2 ? "memory.max" : "memory.limit_in_bytes");
         CHECK(write_file(p, "805306368") == 0, "could not set %s", p);
+        snprintf(cg->procs_cpu, sizeof(cg->procs_cpu), "%s/cgroup.procs", cg->cpu);
+        snprintf(cg->procs_mem, sizeof(cg->procs_mem), "%s/cgroup.procs", cg->mem);
+        cg->files[0] = cg->procs_cpu;
+        cg->files[1] = v2 ? NULL : cg->procs_mem;
+        cg->files[2] = NULL;
 }
 
-static void cgroup_teardown(void)
+static void cgroup_teardown(const struct test_cgroup *cg)
 {
-        CHECK(rmdir(cg_cpu) == 0 || errno == ENOENT, "could not remove %s: %s", cg_cpu, strerror(errno));
+        CHECK(rmdir(cg->cpu) == 0 || errno == ENOENT, "could not remove %s: %s", cg->cpu, strerror(errno));
         if (!v2)
-                CHECK(rmdir(cg_mem) == 0 || errno == ENOENT, "could not remove %s: %s", cg_mem, strerror(errno));
+                CHECK(rmdir(cg->mem) == 0 || errno == ENOENT, "could not remove %s: %s", cg->mem, strerror(errno));
 }
 
 /* The cgroup's CPU counter in ns, read from the kernel's files. */
-static uint64_t cgroup_cpu_ns(void)
+static uint64_t cgroup_cpu_ns(const struct test_cgroup *cg)
 {
         char p[600];
         if (!v2) {
-                snprintf(p, sizeof(p), "%s/cpuacct.usage", cg_cpu);
+                snprintf(p, sizeof(p), "%s/cpuacct.usage", cg->cpu);
                 char *s = test_read_file(p);
                 uint64_t v = s ? strtoull(s, NULL, 10) : 0;
                 free(s);
                 return v;
         }
-        snprintf(p, sizeof(p), "%s/cpu.stat", cg_cpu);
+        snprintf(p, sizeof(p), "%s/cpu.stat", cg->cpu);
         char *s = test_read_file(p);
         uint64_t v = 0;
         char *u = s ? strstr(s, "usage_usec ") : NULL;
@@ -117,7 +130,7 @@ static uint64_t process_cpu_ns(pid_t pid)
 
 /* Whether /proc/<pid>/task/<tid>/cgroup names the test's cgroup for the cpu
  * accounting and memory controllers (v1) or the unified tree (v2). */
-static bool thread_in_cgroup(pid_t pid, const char *tid)
+static bool thread_in_cgroup(pid_t pid, const char *tid, const struct test_cgroup *cg)
 {
         char p[512];
         snprintf(p, sizeof(p), "/proc/%d/task/%s/cgroup", (int)pid, tid);
@@ -130,7 +143,7 @@ static bool thread_in_cgroup(pid_t pid, const char *tid)
                 char *path = strrchr(line, ':');
                 if (!path)
                         continue;
-                snprintf(want, sizeof(want), ":/%s", cg_name);
+                snprintf(want, sizeof(want), ":/%s", cg->name);
                 bool ours = strcmp(path, want) == 0;
                 if (v2 && strncmp(line, "0::", 3) == 0)
                         cpu = mem = ours;
@@ -143,7 +156,7 @@ static bool thread_in_cgroup(pid_t pid, const char *tid)
         return cpu && mem;
 }
 
-static int check_threads(pid_t pid, int *ret_count)
+static int check_threads(pid_t pid, const struct test_cgroup *cg, int *ret_count)
 {
         char p[64];
         snprintf(p, sizeof(p), "/proc/%d/task", (int)pid);
@@ -156,7 +169,7 @@ static int check_threads(pid_t pid, int *ret_count)
                 if (e->d_name[0] == '.')
                         continue;
                 n++;
-                if (!thread_in_cgroup(pid, e->d_name)) {
+                if (!thread_in_cgroup(pid, e->d_name, cg)) {
                         outside++;
                         fprintf(stderr, "thread %s of QEMU %d is outside the sandbox cgroup\n", e->d_name, (int)pid);
                 }
@@ -223,22 +236,64 @@ static void test_bad_input(const char *work)
         free(s);
 }
 
+/* A copy of the running VM carries on its processes and files, in a cgroup
+ * of its own, and from then on the two go their separate ways. */
+static void test_fork(struct qemu_vm *vm, const struct test_cgroup *cg_copy)
+{
+        struct qemu_exec_result res;
+        if (run(vm, "echo before-fork > /tmp/marker; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bgpid", NULL,
+                30000, 4096, &res) < 0) {
+                CHECK(false, "could not prepare the VM to copy");
+                return;
+        }
+        qemu_exec_result_clear(&res);
+        char *copy_dir = test_tmpdir("vmm-qemu-copy");
+        struct qemu_vm_spec spec = { .workdir = copy_dir };
+        struct qemu_vm *copy = NULL;
+        char why[512] = "";
+        int64_t t0 = mono_ms();
+        int r = qemu_vm_fork(vm, &spec, cg_copy->files, &copy, why, sizeof(why));
+        CHECK(r == 0, "qemu_vm_fork: %s: %s", strerror(-r), why);
+        if (r < 0) {
+                free(copy_dir);
+                return;
+        }
+        fprintf(stderr, "copied the running VM in %lld ms\n", (long long)(mono_ms() - t0));
+        pid_t cpid = qemu_vm_pid(copy);
+        CHECK(cpid > 0 && cpid != qemu_vm_pid(vm), "the copy has pid %d", (int)cpid);
+        int n = 0;
+        CHECK(check_threads(cpid, cg_copy, &n) == 0 && n >= 2, "the copy's threads are not all in its cgroup");
+        CHECK(run(copy, "cat /tmp/marker; kill -0 $(cat /tmp/bgpid) && echo alive", NULL, 30000, 4096, &res) == 0 &&
+                      strcmp(res.out, "before-fork\nalive\n") == 0,
+              "the copy lost the source's files or processes: '%s'", res.out ? res.out : "");
+        qemu_exec_result_clear(&res);
+        CHECK(run(copy, "echo copy > /tmp/marker", NULL, 30000, 4096, &res) == 0, "could not write in the copy");
+        qemu_exec_result_clear(&res);
+        CHECK(run(vm, "cat /tmp/marker", NULL, 30000, 4096, &res) == 0 && strcmp(res.out, "before-fork\n") == 0,
+              "the source saw the copy's write or stopped answering: '%s'", res.out ? res.out : "");
+        qemu_exec_result_clear(&res);
+        CHECK(cgroup_cpu_ns(cg_copy) > 0, "the copy's cgroup counted no CPU");
+        CHECK(qemu_vm_stop(copy, 5000) == 0, "could not stop the copy");
+        CHECK(waitpid(cpid, NULL, WNOHANG) == cpid || kill(cpid, 0) < 0, "the copy's QEMU is still there");
+        qemu_vm_free(copy);
+        free(copy_dir);
+}
+
 int main(void)
 {
         char *work = test_tmpdir("vmm-qemu");
         test_bad_input(work);
 
-        cgroup_setup();
-        char procs_cpu[600], procs_mem[600];
-        snprintf(procs_cpu, sizeof(procs_cpu), "%s/cgroup.procs", cg_cpu);
-        snprintf(procs_mem, sizeof(procs_mem), "%s/cgroup.procs", cg_mem);
-        const char *files[] = { procs_cpu, v2 ? NULL : procs_mem, NULL };
+        struct test_cgroup cgs[2], *cg = &cgs[0], *cg_copy = &cgs[1];
+        cgroup_setup(cg, "vm");
+        cgroup_setup(cg_copy, "copy");
+        const char *const *files = cg->files;
 
         struct qemu_vm_spec spec = { .vcpus = 1, .mem_mib = 160, .workdir = work, .kvm = false,
                                      .boot_timeout_ms = 150000 };
         struct qemu_vm *vm = NULL;
         char why[512] = "";
-        uint64_t before = cgroup_cpu_ns();
+        uint64_t before = cgroup_cpu_ns(cg);
         CHECK(before == 0, "a fresh cgroup already counts %" PRIu64 " ns", before);
         int64_t t0 = mono_ms();
 
@@ -297,15 +352,16 @@ int main(void)
          * at least what the kernel charged to the QEMU process itself (its
          * utime+stime, read from /proc independently, in clock ticks). */
         int nthreads = 0;
-        int outside = check_threads(pid, &nthreads);
+        int outside = check_threads(pid, cg, &nthreads);
         CHECK(outside == 0, "%d of %d QEMU threads are outside the cgroup", outside, nthreads);
         CHECK(nthreads >= 2, "QEMU has %d threads; expected its vCPU thread and main loop at least", nthreads);
-        uint64_t cg = cgroup_cpu_ns(), proc = process_cpu_ns(pid);
+        uint64_t counted = cgroup_cpu_ns(cg), proc = process_cpu_ns(pid);
         uint64_t tick = 1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK);
-        fprintf(stderr, "cgroup cpu %" PRIu64 " ns, QEMU process cpu %" PRIu64 " ns, %d threads\n", cg, proc, nthreads);
-        CHECK(cg >= 500000000ull, "the cgroup counted only %" PRIu64 " ns for a TCG boot", cg);
-        CHECK(cg + (uint64_t)nthreads * 2 * tick >= proc,
-              "the cgroup counted %" PRIu64 " ns but QEMU alone used %" PRIu64 " ns: boot CPU was lost", cg, proc);
+        fprintf(stderr, "cgroup cpu %" PRIu64 " ns, QEMU process cpu %" PRIu64 " ns, %d threads\n", counted, proc,
+                nthreads);
+        CHECK(counted >= 500000000ull, "the cgroup counted only %" PRIu64 " ns for a TCG boot", counted);
+        CHECK(counted + (uint64_t)nthreads * 2 * tick >= proc,
+              "the cgroup counted %" PRIu64 " ns but QEMU alone used %" PRIu64 " ns: boot CPU was lost", counted, proc);
 
         /* stdin, a command that is not there, an output cap and a timeout. */
         CHECK(run(vm, "cat", "abc\n", 30000, 4096, &res) == 0 && strcmp(res.out, "abc\n") == 0,
@@ -333,15 +389,15 @@ int main(void)
         /* A busy guest burns CPU; paused through QMP it burns (almost) none. */
         CHECK(run(vm, "yes >/dev/null 2>&1 &", NULL, 30000, 4096, &res) == 0, "could not start a busy loop");
         qemu_exec_result_clear(&res);
-        uint64_t a = cgroup_cpu_ns();
+        uint64_t a = cgroup_cpu_ns(cg);
         sleep_ms(1000);
-        uint64_t running = cgroup_cpu_ns() - a;
+        uint64_t running = cgroup_cpu_ns(cg) - a;
         r = qemu_vm_pause(vm);
         CHECK(r == 0, "QMP stop: %s", strerror(-r));
         sleep_ms(300); /* let the vCPU thread leave the guest */
-        a = cgroup_cpu_ns();
+        a = cgroup_cpu_ns(cg);
         sleep_ms(1000);
-        uint64_t paused = cgroup_cpu_ns() - a;
+        uint64_t paused = cgroup_cpu_ns(cg) - a;
         fprintf(stderr, "cpu over 1 s: running %" PRIu64 " ns, paused %" PRIu64 " ns\n", running, paused);
         /* The machine may be shared, so the busy guest gets what the scheduler
          * gives it; paused, QEMU must use a small fraction of that. */
@@ -353,20 +409,19 @@ int main(void)
               "no answer after resume");
         qemu_exec_result_clear(&res);
 
-        char fwhy[256] = "";
-        CHECK(qemu_vm_fork(vm, fwhy, sizeof(fwhy)) == -EOPNOTSUPP && fwhy[0], "fork did not refuse clearly");
+        test_fork(vm, cg_copy);
 
 stop:;
-        uint64_t last = cgroup_cpu_ns();
+        uint64_t last = cgroup_cpu_ns(cg);
         CHECK(qemu_vm_stop(vm, 5000) == 0, "stop failed");
         int wst = 0;
         CHECK(waitpid(pid, &wst, 0) == pid, "QEMU %d was not our (subreaped) child", (int)pid);
         CHECK(kill(pid, 0) < 0 && errno == ESRCH, "QEMU %d still exists after stop", (int)pid);
         CHECK(qemu_vm_pid(vm) == 0, "pid not cleared after stop");
         CHECK(qemu_vm_stop(vm, 5000) == 0, "stopping twice failed");
-        uint64_t final = cgroup_cpu_ns();
+        uint64_t final = cgroup_cpu_ns(cg);
         CHECK(final >= last, "the counter went back after stop: %" PRIu64 " < %" PRIu64, final, last);
-        char *procs = test_read_file(procs_cpu);
+        char *procs = test_read_file(cg->procs_cpu);
         CHECK(procs && procs[0] == 0, "the cgroup still holds processes: %s", procs ? procs : "(unreadable)");
         free(procs);
         char *argv[] = { "true", NULL };
@@ -374,7 +429,8 @@ stop:;
         CHECK(qemu_vm_exec(vm, &req, &res, why, sizeof(why)) < 0, "exec in a stopped VM succeeded");
 out:
         qemu_vm_free(vm);
-        cgroup_teardown();
+        cgroup_teardown(cg);
+        cgroup_teardown(cg_copy);
         free(work);
         return test_result();
 }
