@@ -470,11 +470,13 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
          * the kernel routes the PIT's interrupt to the wrong IOAPIC pin, never
          * gets a tick, and under TCG hangs calibrating its timers. The MP
          * table QEMU writes without ACPI routes it right. The console (ttyS0)
-         * goes to a file; the agent has ttyS1 to itself. */
+         * goes to a file; the agent has ttyS1 to itself. TCG's translation
+         * cache is held to 64 MiB (QEMU's default is 1 GiB), so QEMU's own
+         * memory stays small beside the guest's in the sandbox's cgroup. */
         const char *qemu = spec->qemu_binary ? spec->qemu_binary : QEMU_DEFAULT_BINARY;
         const char *argv[ARGV_MAX] = {
                 qemu, "-M", "microvm,isa-serial=on,rtc=on,pit=on,pic=on,acpi=off",
-                "-accel", spec->kvm ? "kvm" : "tcg", "-cpu", spec->kvm ? "host" : "max",
+                "-accel", spec->kvm ? "kvm" : "tcg,tb-size=64", "-cpu", spec->kvm ? "host" : "max",
                 "-smp", smp, "-m", mem,
                 "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
                 "-kernel", kernel, "-initrd", initrd,

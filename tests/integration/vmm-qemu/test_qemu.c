@@ -412,6 +412,14 @@ int main(void)
         test_fork(vm, cg_copy);
 
 stop:;
+        if (!v2) {
+                char p[600];
+                snprintf(p, sizeof(p), "%s/memory.max_usage_in_bytes", cg->mem);
+                char *m = test_read_file(p);
+                fprintf(stderr, "cgroup memory peak %s bytes (guest RAM %llu MiB)\n", m ? m : "?",
+                        (unsigned long long)spec.mem_mib);
+                free(m);
+        }
         uint64_t last = cgroup_cpu_ns(cg);
         CHECK(qemu_vm_stop(vm, 5000) == 0, "stop failed");
         int wst = 0;
