@@ -386,6 +386,17 @@ int main(void)
         }
         qemu_exec_result_clear(&res);
 
+        /* Something left behind that keeps writing to the command's stdout
+         * does not hold the answer back. */
+        t1 = mono_ms();
+        if (run(vm, "yes tally & echo started", NULL, 30000, 100, &res) == 0) {
+                CHECK(res.exit_code == 0 && res.out_len == 100 && res.out_truncated,
+                      "background writer: exit %d, %zu bytes, truncated %d", res.exit_code, res.out_len,
+                      res.out_truncated);
+                CHECK(mono_ms() - t1 < 15000, "the answer took %lld ms", (long long)(mono_ms() - t1));
+        }
+        qemu_exec_result_clear(&res);
+
         /* A busy guest burns CPU; paused through QMP it burns (almost) none. */
         CHECK(run(vm, "yes >/dev/null 2>&1 &", NULL, 30000, 4096, &res) == 0, "could not start a busy loop");
         qemu_exec_result_clear(&res);
