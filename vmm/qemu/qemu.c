@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,7 +43,9 @@ struct qemu_vm {
         size_t qmp_len;
         int64_t boot_timeout_ms;
         const char *accel;
-        bool paused;                 /* QMP stop was the last word */
+        bool paused;                 /* QMP stop was the last word (atomic: exec reads it) */
+        bool stopped;                /* stop was called (atomic) */
+        pthread_mutex_t qmp_lock;    /* one QMP exchange at a time */
         char log_path[4096];
         /* What a copy must be started with (fork): the same machine. */
         uint32_t vcpus;
@@ -345,15 +348,17 @@ static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
  * answer; *ret_value, if asked for, is the "return" member (a new reference). */
 static int qmp_call(struct qemu_vm *vm, const char *json, json_t **ret_value)
 {
-        if (vm->qmp < 0)
+        if (vm->qmp < 0 || __atomic_load_n(&vm->stopped, __ATOMIC_ACQUIRE))
                 return -ESRCH;
+        pthread_mutex_lock(&vm->qmp_lock);
         int64_t deadline = now_ms() + QMP_TIMEOUT_MS;
         int r = write_all(vm->qmp, json, strlen(json), deadline);
         if (r >= 0)
                 r = write_all(vm->qmp, "\n", 1, deadline);
-        if (r < 0)
-                return r;
-        return qmp_wait_value(vm, "return", deadline, ret_value);
+        if (r >= 0)
+                r = qmp_wait_value(vm, "return", deadline, ret_value);
+        pthread_mutex_unlock(&vm->qmp_lock);
+        return r;
 }
 
 static int qmp_command(struct qemu_vm *vm, const char *command)
@@ -446,6 +451,7 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
         if (!vm)
                 return -ENOMEM;
         vm->qmp = vm->agent = -1;
+        pthread_mutex_init(&vm->qmp_lock, NULL);
         vm->accel = spec->kvm ? "kvm" : "tcg";
         vm->boot_timeout_ms = spec->boot_timeout_ms > 0 ? spec->boot_timeout_ms : 120000;
         vm->vcpus = spec->vcpus;
@@ -677,6 +683,8 @@ int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *w
         vm->pid = pid;
         vm->child = false;
         vm->qmp = vm->agent = -1;
+        pthread_mutex_init(&vm->qmp_lock, NULL);
+        pthread_mutex_init(&vm->qmp_lock, NULL);
         vm->accel = kvm ? "kvm" : "tcg";
         vm->boot_timeout_ms = 120000;
         snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", workdir);
@@ -812,7 +820,7 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
                 set_why(why, whylen, "no command given");
                 return -EINVAL;
         }
-        if (vm->broken || vm->agent < 0) {
+        if (vm->broken || vm->agent < 0 || __atomic_load_n(&vm->stopped, __ATOMIC_ACQUIRE)) {
                 set_why(why, whylen, "the VM is not running or its agent stopped answering");
                 return -ESRCH;
         }
@@ -868,6 +876,11 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
                 unsigned char *f;
                 uint32_t flen;
                 r = agent_read_frame(vm, &type, &f, &flen, deadline);
+                if (r == -ETIMEDOUT && __atomic_load_n(&vm->paused, __ATOMIC_ACQUIRE)) {
+                        /* Paused meanwhile: the guest's clock stands still too. */
+                        deadline = now_ms() + EXEC_SLACK_MS;
+                        continue;
+                }
                 if (r < 0) {
                         vm->broken = true;
                         set_why(why, whylen, "the guest agent did not answer: %s", strerror(-r));
@@ -913,7 +926,7 @@ int qemu_vm_pause(struct qemu_vm *vm)
 {
         int r = qmp_command(vm, "stop");
         if (r >= 0)
-                vm->paused = true;
+                __atomic_store_n(&vm->paused, true, __ATOMIC_RELEASE);
         return r;
 }
 
@@ -921,7 +934,7 @@ int qemu_vm_resume(struct qemu_vm *vm)
 {
         int r = qmp_command(vm, "cont");
         if (r >= 0)
-                vm->paused = false;
+                __atomic_store_n(&vm->paused, false, __ATOMIC_RELEASE);
         return r;
 }
 
@@ -1045,7 +1058,7 @@ int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const cha
                 return -EINVAL;
         }
         snprintf(incoming, sizeof(incoming), "exec:cat '%s'", state);
-        bool was_paused = src->paused;
+        bool was_paused = __atomic_load_n(&src->paused, __ATOMIC_ACQUIRE);
         int r = save_state(src, state, why, whylen);
         /* The source goes on whatever happened to the copy. */
         if (!was_paused) {
@@ -1126,10 +1139,13 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
 {
         if (vm->pid <= 0)
                 return 0;
+        __atomic_store_n(&vm->stopped, true, __ATOMIC_RELEASE);
         /* quit's answer may never come (QEMU exits); its absence is fine. */
         if (vm->qmp >= 0) {
                 char q[] = "{\"execute\":\"quit\"}\n";
+                pthread_mutex_lock(&vm->qmp_lock);
                 write_all(vm->qmp, q, sizeof(q) - 1, now_ms() + 1000);
+                pthread_mutex_unlock(&vm->qmp_lock);
         }
         int64_t deadline = now_ms() + grace_ms;
         bool dead = false;
@@ -1144,11 +1160,12 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
                                 usleep(10000);
         }
         vm->pid = 0;
+        /* Shut down, not closed: an exec in another thread may still be reading;
+         * it sees the end of the stream. qemu_vm_free closes them. */
         if (vm->qmp >= 0)
-                close(vm->qmp);
+                shutdown(vm->qmp, SHUT_RDWR);
         if (vm->agent >= 0)
-                close(vm->agent);
-        vm->qmp = vm->agent = -1;
+                shutdown(vm->agent, SHUT_RDWR);
         return 0;
 }
 
@@ -1170,5 +1187,6 @@ void qemu_vm_free(struct qemu_vm *vm)
                 close(vm->qmp);
         if (vm->agent >= 0)
                 close(vm->agent);
+        pthread_mutex_destroy(&vm->qmp_lock);
         free(vm);
 }

@@ -12,7 +12,12 @@
  * files to write QEMU's pid into (v1 cgroup.procs or tasks of every hierarchy,
  * or the v2 folder's cgroup.procs). Errors are negative errno; where a
  * function takes a why buffer it explains a failure there in a sentence a
- * user can act on. A VM is driven by one thread at a time. */
+ * user can act on.
+ *
+ * Threads: exec runs one command at a time. While it runs, another thread may
+ * call pause, resume or stop (an exec caught by stop returns an error; one
+ * caught by pause waits, its host-side guard held back while paused). Start,
+ * fork, attach and free are not to overlap anything else on the same VM. */
 #pragma once
 
 #include <stdbool.h>

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -279,6 +280,23 @@ static void test_fork(struct qemu_vm *vm, const struct test_cgroup *cg_copy)
         free(copy_dir);
 }
 
+struct background_exec {
+        struct qemu_vm *vm;
+        int r;
+        int64_t returned_ms;
+};
+
+static void *exec_long(void *arg)
+{
+        struct background_exec *b = arg;
+        struct qemu_exec_result res;
+        b->r = run(b->vm, "sleep 100", NULL, 200000, 4096, &res);
+        b->returned_ms = mono_ms();
+        if (b->r == 0)
+                qemu_exec_result_clear(&res);
+        return NULL;
+}
+
 int main(void)
 {
         char *work = test_tmpdir("vmm-qemu");
@@ -432,7 +450,20 @@ stop:;
                 free(m);
         }
         uint64_t last = cgroup_cpu_ns(cg);
+        /* Stop while another thread waits for a long command: that call ends too. */
+        struct background_exec bg = { .vm = vm, .r = 1 };
+        pthread_t th;
+        bool threaded = pthread_create(&th, NULL, exec_long, &bg) == 0;
+        CHECK(threaded, "could not start a thread");
+        sleep_ms(500);
+        int64_t stop_ms = mono_ms();
         CHECK(qemu_vm_stop(vm, 5000) == 0, "stop failed");
+        if (threaded) {
+                pthread_join(th, NULL);
+                CHECK(bg.r < 0, "a command outlived its VM");
+                CHECK(bg.returned_ms - stop_ms < 10000, "the command's call returned %lld ms after stop",
+                      (long long)(bg.returned_ms - stop_ms));
+        }
         int wst = 0;
         CHECK(waitpid(pid, &wst, 0) == pid, "QEMU %d was not our (subreaped) child", (int)pid);
         CHECK(kill(pid, 0) < 0 && errno == ESRCH, "QEMU %d still exists after stop", (int)pid);
