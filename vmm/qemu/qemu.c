@@ -435,6 +435,11 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 set_why(why, whylen, "no working folder given");
                 return -EINVAL;
         }
+        if (strchr(spec->workdir, ',')) {
+                /* QEMU's option syntax would split the socket paths at it. */
+                set_why(why, whylen, "the working folder's path holds a comma: %s", spec->workdir);
+                return -EINVAL;
+        }
         if (spec->kvm && !qemu_kvm_usable()) {
                 set_why(why, whylen, "KVM was asked for but /dev/kvm cannot be opened: %m");
                 return -ENODEV;

@@ -220,6 +220,9 @@ static void test_bad_input(const char *work)
         spec.mem_mib = 16;
         CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) == -EINVAL && !vm, "16 MiB accepted");
         spec.mem_mib = 128;
+        spec.workdir = "/tmp/a,b";
+        CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) == -EINVAL && !vm, "a comma in the folder accepted");
+        spec.workdir = work;
         spec.kernel = "/nonexistent/vmlinuz";
         CHECK(qemu_vm_start(&spec, NULL, &vm, why, sizeof(why)) < 0 && !vm, "a missing kernel accepted");
         spec.kernel = NULL;
