@@ -219,7 +219,7 @@ static void run_command(const unsigned char *p, uint32_t len)
                 close(in_fd);
                 in_fd = -1;
         }
-        int64_t deadline = timeout_ms ? now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms ? now_ms() + timeout_ms : 0, drain_until = 0;
         bool timed_out = false, exited = false;
         int status = 0;
         while (out.fd >= 0 || err.fd >= 0) {
@@ -254,9 +254,14 @@ static void run_command(const unsigned char *p, uint32_t len)
                                 in_fd = -1;
                         }
                 }
-                if (!exited && waitpid(pid, &status, WNOHANG) == pid)
+                if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
                         exited = true;
-                if (exited && !got)
+                        drain_until = now_ms() + 200;
+                }
+                /* After the command ended, its pipes are read until they are
+                 * empty — or, if something it left behind keeps writing, for
+                 * a moment. */
+                if (exited && (!got || now_ms() >= drain_until))
                         break;
                 if (!exited && deadline && now_ms() >= deadline) {
                         timed_out = true;
@@ -264,6 +269,7 @@ static void run_command(const unsigned char *p, uint32_t len)
                         kill(pid, SIGKILL);
                         waitpid(pid, &status, 0);
                         exited = true;
+                        drain_until = now_ms() + 200;
                 }
         }
         if (!exited)
@@ -326,6 +332,8 @@ int main(int argc, char **argv)
                 }
                 if (type == AGENT_EXEC)
                         run_command(payload, len);
+                else if (type == AGENT_PING)
+                        send_frame(AGENT_READY, AGENT_VERSION, strlen(AGENT_VERSION));
                 else
                         send_error("unknown frame type");
                 free(payload);

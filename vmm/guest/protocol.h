@@ -7,8 +7,11 @@
  * reader resynchronises on them). Host to guest:
  *   AGENT_EXEC   u32 timeout_ms (0: none), u32 output_cap, u32 argc,
  *                u32 stdin_len, argc NUL-terminated strings, stdin bytes
+ *   AGENT_PING   empty; the agent answers AGENT_READY (a host that reattached
+ *                after a restart learns the agent is there and idle)
  * Guest to host:
- *   AGENT_READY  text: the agent's name and protocol version; sent once at start
+ *   AGENT_READY  text: the agent's name and protocol version; sent at start
+ *                and in answer to AGENT_PING
  *   AGENT_STDOUT / AGENT_STDERR  a chunk of the command's output (at most
  *                output_cap bytes of each stream are sent in all)
  *   AGENT_DONE   i32 exit code (128 + signal if one ended it), u8 timed_out,
@@ -28,6 +31,7 @@
 
 enum agent_frame_type {
         AGENT_EXEC = 'x',
+        AGENT_PING = 'p',
         AGENT_READY = 'r',
         AGENT_STDOUT = 'o',
         AGENT_STDERR = 'e',

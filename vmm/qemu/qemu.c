@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,7 +43,16 @@ struct qemu_vm {
         size_t qmp_len;
         int64_t boot_timeout_ms;
         const char *accel;
+        bool paused;                 /* QMP stop was the last word (atomic: exec reads it) */
+        bool stopped;                /* stop was called (atomic) */
+        pthread_mutex_t qmp_lock;    /* one QMP exchange at a time */
         char log_path[4096];
+        /* What a copy must be started with (fork): the same machine. */
+        uint32_t vcpus;
+        uint64_t mem_mib;
+        char kernel[4096];
+        char initrd[4096];
+        char qemu[4096];
 };
 
 static void set_why(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -54,6 +64,14 @@ static void set_why(char *why, size_t whylen, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(why, whylen, fmt, ap);
         va_end(ap);
+}
+
+/* Copies src into dst, truncating to size - 1 bytes. */
+static void copy_str(char *dst, size_t size, const char *src)
+{
+        size_t n = strnlen(src, size - 1);
+        memcpy(dst, src, n);
+        dst[n] = 0;
 }
 
 static int64_t now_ms(void)
@@ -174,8 +192,11 @@ static int listen_unix(const char *path)
         return fd;
 }
 
+static bool gone(struct qemu_vm *vm);
+static int agent_ping(struct qemu_vm *vm);
+
 /* Accepts QEMU's connection on lfd, watching that QEMU is still alive. */
-static int accept_qemu(int lfd, pid_t pid, int64_t deadline)
+static int accept_qemu(struct qemu_vm *vm, int lfd, int64_t deadline)
 {
         for (;;) {
                 struct pollfd p = { lfd, POLLIN, 0 };
@@ -189,8 +210,10 @@ static int accept_qemu(int lfd, pid_t pid, int64_t deadline)
                         if (errno != EINTR && errno != EAGAIN)
                                 return -errno;
                 }
-                if (waitpid(pid, NULL, WNOHANG) == pid)
+                if (gone(vm)) {
+                        vm->pid = 0;
                         return -ECHILD;
+                }
                 if (now_ms() >= deadline)
                         return -ETIMEDOUT;
         }
@@ -291,7 +314,7 @@ static void qmp_consume(struct qemu_vm *vm, int n)
 
 /* Waits for a line holding one of the keys (e.g. "return"); 0 if it came,
  * -EIO if QEMU answered with "error". */
-static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
+static int qmp_wait_value(struct qemu_vm *vm, const char *key, int64_t deadline, json_t **ret_value)
 {
         for (;;) {
                 char *line = NULL;
@@ -303,9 +326,12 @@ static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
                 if (!j)
                         continue;
                 int r = 1;
-                if (json_object_get(j, key))
+                json_t *v = json_object_get(j, key);
+                if (v) {
                         r = 0;
-                else if (json_object_get(j, "error"))
+                        if (ret_value)
+                                *ret_value = json_incref(v);
+                } else if (json_object_get(j, "error"))
                         r = -EIO;
                 json_decref(j);
                 if (r <= 0)
@@ -313,17 +339,33 @@ static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
         }
 }
 
+static int qmp_wait(struct qemu_vm *vm, const char *key, int64_t deadline)
+{
+        return qmp_wait_value(vm, key, deadline, NULL);
+}
+
+/* Sends one command (a JSON object without the newline) and waits for its
+ * answer; *ret_value, if asked for, is the "return" member (a new reference). */
+static int qmp_call(struct qemu_vm *vm, const char *json, json_t **ret_value)
+{
+        if (vm->qmp < 0 || __atomic_load_n(&vm->stopped, __ATOMIC_ACQUIRE))
+                return -ESRCH;
+        pthread_mutex_lock(&vm->qmp_lock);
+        int64_t deadline = now_ms() + QMP_TIMEOUT_MS;
+        int r = write_all(vm->qmp, json, strlen(json), deadline);
+        if (r >= 0)
+                r = write_all(vm->qmp, "\n", 1, deadline);
+        if (r >= 0)
+                r = qmp_wait_value(vm, "return", deadline, ret_value);
+        pthread_mutex_unlock(&vm->qmp_lock);
+        return r;
+}
+
 static int qmp_command(struct qemu_vm *vm, const char *command)
 {
-        if (vm->qmp < 0)
-                return -ESRCH;
         char buf[128];
-        int len = snprintf(buf, sizeof(buf), "{\"execute\":\"%s\"}\n", command);
-        int64_t deadline = now_ms() + QMP_TIMEOUT_MS;
-        int r = write_all(vm->qmp, buf, (size_t)len, deadline);
-        if (r < 0)
-                return r;
-        return qmp_wait(vm, "return", deadline);
+        snprintf(buf, sizeof(buf), "{\"execute\":\"%s\"}", command);
+        return qmp_call(vm, buf, NULL);
 }
 
 /* --- start --- */
@@ -376,8 +418,10 @@ static void log_tail(const char *path, char *buf, size_t len)
 
 #define ARGV_MAX 48
 
-int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
-                  char *why, size_t whylen)
+/* Starts QEMU for spec; with incoming set, QEMU loads a running VM's state
+ * from that migration URI instead of booting (fork). */
+static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, const char *incoming,
+                    struct qemu_vm **ret, char *why, size_t whylen)
 {
         if (spec->vcpus < 1 || spec->vcpus > 16) {
                 set_why(why, whylen, "vcpus must be 1 to 16, not %u", spec->vcpus);
@@ -389,6 +433,11 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         }
         if (!spec->workdir) {
                 set_why(why, whylen, "no working folder given");
+                return -EINVAL;
+        }
+        if (strchr(spec->workdir, ',')) {
+                /* QEMU's option syntax would split the socket paths at it. */
+                set_why(why, whylen, "the working folder's path holds a comma: %s", spec->workdir);
                 return -EINVAL;
         }
         if (spec->kvm && !qemu_kvm_usable()) {
@@ -407,8 +456,13 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         if (!vm)
                 return -ENOMEM;
         vm->qmp = vm->agent = -1;
+        pthread_mutex_init(&vm->qmp_lock, NULL);
         vm->accel = spec->kvm ? "kvm" : "tcg";
         vm->boot_timeout_ms = spec->boot_timeout_ms > 0 ? spec->boot_timeout_ms : 120000;
+        vm->vcpus = spec->vcpus;
+        vm->mem_mib = spec->mem_mib;
+        snprintf(vm->kernel, sizeof(vm->kernel), "%s", kernel);
+        snprintf(vm->initrd, sizeof(vm->initrd), "%s", initrd);
 
         char qmp_path[4096], agent_path[4096], console_path[4096], smp[32], mem[32];
         char qmp_dev[4200], agent_dev[4200], console_dev[4200];
@@ -419,19 +473,21 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", spec->workdir);
         snprintf(smp, sizeof(smp), "%u", spec->vcpus);
         snprintf(mem, sizeof(mem), "%llu", (unsigned long long)spec->mem_mib);
-        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s", qmp_path);
-        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s", agent_path);
+        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s,reconnect=1", qmp_path);
+        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s,reconnect=1", agent_path);
         snprintf(console_dev, sizeof(console_dev), "file:%s", console_path);
 
         /* microvm with the legacy PIT and PIC, and without ACPI: with ACPI on,
          * the kernel routes the PIT's interrupt to the wrong IOAPIC pin, never
          * gets a tick, and under TCG hangs calibrating its timers. The MP
          * table QEMU writes without ACPI routes it right. The console (ttyS0)
-         * goes to a file; the agent has ttyS1 to itself. */
+         * goes to a file; the agent has ttyS1 to itself. TCG's translation
+         * cache is held to 64 MiB (QEMU's default is 1 GiB), so QEMU's own
+         * memory stays small beside the guest's in the sandbox's cgroup. */
         const char *qemu = spec->qemu_binary ? spec->qemu_binary : QEMU_DEFAULT_BINARY;
         const char *argv[ARGV_MAX] = {
                 qemu, "-M", "microvm,isa-serial=on,rtc=on,pit=on,pic=on,acpi=off",
-                "-accel", spec->kvm ? "kvm" : "tcg", "-cpu", spec->kvm ? "host" : "max",
+                "-accel", spec->kvm ? "kvm" : "tcg,tb-size=64", "-cpu", spec->kvm ? "host" : "max",
                 "-smp", smp, "-m", mem,
                 "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
                 "-kernel", kernel, "-initrd", initrd,
@@ -439,8 +495,16 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
                 "-serial", console_dev,
                 "-chardev", agent_dev, "-device", "isa-serial,chardev=agent,iobase=0x2f8,irq=3",
                 "-chardev", qmp_dev, "-mon", "chardev=qmp,mode=control",
-                NULL,
+                NULL, NULL, NULL,
         };
+        snprintf(vm->qemu, sizeof(vm->qemu), "%s", qemu);
+        if (incoming) {
+                size_t n = 0;
+                while (argv[n])
+                        n++;
+                argv[n] = "-incoming";
+                argv[n + 1] = incoming;
+        }
 
         qmp_l = listen_unix(qmp_path);
         if (qmp_l < 0) {
@@ -507,9 +571,9 @@ int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_pro
         }
 
         int64_t deadline = now_ms() + START_TIMEOUT_MS;
-        vm->qmp = accept_qemu(qmp_l, pid, deadline);
+        vm->qmp = accept_qemu(vm, qmp_l, deadline);
         if (vm->qmp >= 0)
-                vm->agent = accept_qemu(agent_l, pid, deadline);
+                vm->agent = accept_qemu(vm, agent_l, deadline);
         if (vm->qmp < 0 || vm->agent < 0) {
                 r = vm->qmp < 0 ? vm->qmp : vm->agent;
                 char tail[256];
@@ -555,6 +619,116 @@ fail:
         vm->pid = 0;
         qemu_vm_free(vm);
         return r;
+}
+
+int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
+                  char *why, size_t whylen)
+{
+        return vm_spawn(spec, cgroup_procs_files, NULL, ret, why, whylen);
+}
+
+/* Whether /proc/<pid>/cmdline is a QEMU started with qmp_path (guards
+ * against a recycled pid); *ret_kvm says whether it runs on KVM. */
+static bool is_our_qemu(pid_t pid, const char *qmp_path, bool *ret_kvm, struct qemu_vm *vm)
+{
+        char p[64], buf[8192];
+        snprintf(p, sizeof(p), "/proc/%d/cmdline", (int)pid);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return false;
+        buf[n] = 0;
+        bool ours = false, kvm = false;
+        for (char *a = buf; a < buf + n; a += strlen(a) + 1) {
+                if (strstr(a, "id=qmp,path=") && strstr(a, qmp_path))
+                        ours = true;
+                if (strcmp(a, "kvm") == 0)
+                        kvm = true;
+                const char *next = a + strlen(a) + 1;
+                if (next >= buf + n)
+                        continue;
+                if (a == buf)
+                        copy_str(vm->qemu, sizeof(vm->qemu), a);
+                if (strcmp(a, "-smp") == 0)
+                        vm->vcpus = (uint32_t)strtoul(next, NULL, 10);
+                else if (strcmp(a, "-m") == 0)
+                        vm->mem_mib = strtoull(next, NULL, 10);
+                else if (strcmp(a, "-kernel") == 0)
+                        copy_str(vm->kernel, sizeof(vm->kernel), next);
+                else if (strcmp(a, "-initrd") == 0)
+                        copy_str(vm->initrd, sizeof(vm->initrd), next);
+        }
+        *ret_kvm = kvm;
+        return ours;
+}
+
+static int agent_ping(struct qemu_vm *vm)
+{
+        unsigned char h[AGENT_HEADER_LEN] = { AGENT_MAGIC0, AGENT_MAGIC1, AGENT_PING, 0, 0, 0, 0 };
+        return write_all(vm->agent, h, sizeof(h), now_ms() + QMP_TIMEOUT_MS);
+}
+
+int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *why, size_t whylen)
+{
+        char qmp_path[4096], agent_path[4096];
+        snprintf(qmp_path, sizeof(qmp_path), "%s/qmp.sock", workdir);
+        snprintf(agent_path, sizeof(agent_path), "%s/agent.sock", workdir);
+        bool kvm = false;
+        struct qemu_vm *vm = calloc(1, sizeof(*vm));
+        if (!vm)
+                return -ENOMEM;
+        if (pid <= 0 || !is_our_qemu(pid, qmp_path, &kvm, vm)) {
+                set_why(why, whylen, "no QEMU of this sandbox runs as pid %d", (int)pid);
+                free(vm);
+                return -ESRCH;
+        }
+        vm->pid = pid;
+        vm->child = false;
+        vm->qmp = vm->agent = -1;
+        pthread_mutex_init(&vm->qmp_lock, NULL);
+        pthread_mutex_init(&vm->qmp_lock, NULL);
+        vm->accel = kvm ? "kvm" : "tcg";
+        vm->boot_timeout_ms = 120000;
+        snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", workdir);
+        int r, qmp_l = listen_unix(qmp_path), agent_l = listen_unix(agent_path);
+        if (qmp_l < 0 || agent_l < 0) {
+                r = qmp_l < 0 ? qmp_l : agent_l;
+                set_why(why, whylen, "could not listen in %s: %s", workdir, strerror(-r));
+                goto out;
+        }
+        /* QEMU retries its connections every second (reconnect=1). */
+        int64_t deadline = now_ms() + START_TIMEOUT_MS;
+        vm->qmp = accept_qemu(vm, qmp_l, deadline);
+        if (vm->qmp >= 0)
+                vm->agent = accept_qemu(vm, agent_l, deadline);
+        r = vm->qmp < 0 ? vm->qmp : vm->agent < 0 ? vm->agent : 0;
+        if (r < 0) {
+                set_why(why, whylen, "QEMU %d did not reconnect: %s", (int)pid, strerror(-r));
+                goto out;
+        }
+        r = qmp_wait(vm, "QMP", deadline);
+        if (r >= 0)
+                r = qmp_command(vm, "qmp_capabilities");
+        if (r >= 0)
+                r = agent_ping(vm); /* the next wait for ready takes the answer */
+        if (r < 0)
+                set_why(why, whylen, "QEMU %d did not answer after reconnecting: %s", (int)pid, strerror(-r));
+out:
+        if (qmp_l >= 0)
+                close(qmp_l);
+        if (agent_l >= 0)
+                close(agent_l);
+        unlink(qmp_path);
+        unlink(agent_path);
+        if (r < 0) {
+                qemu_vm_free(vm);
+                return r;
+        }
+        *ret = vm;
+        return 0;
 }
 
 /* --- the agent channel --- */
@@ -651,7 +825,7 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
                 set_why(why, whylen, "no command given");
                 return -EINVAL;
         }
-        if (vm->broken || vm->agent < 0) {
+        if (vm->broken || vm->agent < 0 || __atomic_load_n(&vm->stopped, __ATOMIC_ACQUIRE)) {
                 set_why(why, whylen, "the VM is not running or its agent stopped answering");
                 return -ESRCH;
         }
@@ -707,6 +881,11 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
                 unsigned char *f;
                 uint32_t flen;
                 r = agent_read_frame(vm, &type, &f, &flen, deadline);
+                if (r == -ETIMEDOUT && __atomic_load_n(&vm->paused, __ATOMIC_ACQUIRE)) {
+                        /* Paused meanwhile: the guest's clock stands still too. */
+                        deadline = now_ms() + EXEC_SLACK_MS;
+                        continue;
+                }
                 if (r < 0) {
                         vm->broken = true;
                         set_why(why, whylen, "the guest agent did not answer: %s", strerror(-r));
@@ -750,21 +929,190 @@ fail:
 
 int qemu_vm_pause(struct qemu_vm *vm)
 {
-        return qmp_command(vm, "stop");
+        int r = qmp_command(vm, "stop");
+        if (r >= 0)
+                __atomic_store_n(&vm->paused, true, __ATOMIC_RELEASE);
+        return r;
 }
 
 int qemu_vm_resume(struct qemu_vm *vm)
 {
-        return qmp_command(vm, "cont");
+        int r = qmp_command(vm, "cont");
+        if (r >= 0)
+                __atomic_store_n(&vm->paused, false, __ATOMIC_RELEASE);
+        return r;
 }
 
-int qemu_vm_fork(struct qemu_vm *vm, char *why, size_t whylen)
+/* Writes src's state to path with QMP migrate, leaving src paused. */
+static int save_state(struct qemu_vm *src, const char *path, char *why, size_t whylen)
 {
-        set_why(why, whylen, "the qemu backend cannot copy a running VM yet; create a new sandbox instead");
-        return -EOPNOTSUPP;
+        int r = qmp_command(src, "stop");
+        if (r < 0) {
+                set_why(why, whylen, "could not pause the VM to copy it: %s", strerror(-r));
+                return r;
+        }
+        /* No bandwidth cap: the copy is local; QEMU's default of 32 MiB/s
+         * would make a copy of a large VM take seconds per GiB. */
+        r = qmp_call(src, "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":1099511627776}}",
+                     NULL);
+        json_t *cmd = json_pack("{s:s, s:{s:s++}}", "execute", "migrate", "arguments", "uri", "exec:cat > '", path, "'");
+        char *text = cmd ? json_dumps(cmd, JSON_COMPACT) : NULL;
+        json_decref(cmd);
+        if (!text)
+                return -ENOMEM;
+        if (r >= 0)
+                r = qmp_call(src, text, NULL);
+        free(text);
+        if (r < 0) {
+                set_why(why, whylen, "QEMU refused to save the VM's state: %s", strerror(-r));
+                return r;
+        }
+        int64_t deadline = now_ms() + 120000;
+        for (;;) {
+                json_t *st = NULL;
+                r = qmp_call(src, "{\"execute\":\"query-migrate\"}", &st);
+                if (r < 0) {
+                        set_why(why, whylen, "could not follow the VM's state saving: %s", strerror(-r));
+                        return r;
+                }
+                const char *status = json_string_value(json_object_get(st, "status"));
+                bool done = status && strcmp(status, "completed") == 0;
+                bool failed = status && (strcmp(status, "failed") == 0 || strcmp(status, "cancelled") == 0);
+                char detail[256] = "";
+                const char *e = json_string_value(json_object_get(st, "error-desc"));
+                if (e)
+                        snprintf(detail, sizeof(detail), "%s", e);
+                json_decref(st);
+                if (done)
+                        return 0;
+                if (failed) {
+                        set_why(why, whylen, "saving the VM's state failed: %s", *detail ? detail : "(no detail)");
+                        return -EIO;
+                }
+                if (now_ms() >= deadline) {
+                        set_why(why, whylen, "saving the VM's state took over 120 s");
+                        return -ETIMEDOUT;
+                }
+                usleep(20000);
+        }
 }
 
-/* Whether pid is gone (reaping it when it is our child). */
+/* Waits until an incoming copy has loaded its state, and lets it run. */
+static int wait_running(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_t whylen)
+{
+        int64_t deadline = now_ms() + timeout_ms;
+        for (;;) {
+                json_t *st = NULL;
+                int r = qmp_call(vm, "{\"execute\":\"query-status\"}", &st);
+                if (r < 0) {
+                        set_why(why, whylen, "the copy's QEMU did not answer: %s", strerror(-r));
+                        return r;
+                }
+                const char *status = json_string_value(json_object_get(st, "status"));
+                bool running = status && strcmp(status, "running") == 0;
+                bool waiting = status && (strcmp(status, "inmigrate") == 0 || strcmp(status, "restore-vm") == 0 ||
+                                          strcmp(status, "prelaunch") == 0);
+                char now[64];
+                snprintf(now, sizeof(now), "%s", status ? status : "unknown");
+                json_decref(st);
+                if (running)
+                        return 0;
+                if (strcmp(now, "paused") == 0) {
+                        /* Loaded. The source was paused while its state was saved,
+                         * and a copy starts in the state the source was in. */
+                        r = qmp_command(vm, "cont");
+                        if (r < 0) {
+                                set_why(why, whylen, "the copy did not start: %s", strerror(-r));
+                                return r;
+                        }
+                        continue;
+                }
+                if (!waiting) {
+                        set_why(why, whylen, "the copy did not load the VM's state (QEMU says %s; see %s)", now,
+                                vm->log_path);
+                        return -EIO;
+                }
+                if (now_ms() >= deadline) {
+                        set_why(why, whylen, "the copy did not load the VM's state within %lld ms",
+                                (long long)timeout_ms);
+                        return -ETIMEDOUT;
+                }
+                usleep(20000);
+        }
+}
+
+int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files,
+                 struct qemu_vm **ret, char *why, size_t whylen)
+{
+        if (src->pid <= 0 || src->qmp < 0 || src->broken) {
+                set_why(why, whylen, "the VM to copy is not running");
+                return -ESRCH;
+        }
+        if (!spec->workdir) {
+                set_why(why, whylen, "no working folder given for the copy");
+                return -EINVAL;
+        }
+        if (src->vcpus == 0 || src->mem_mib == 0 || !src->kernel[0] || !src->initrd[0]) {
+                set_why(why, whylen, "the VM's machine is not known, so it cannot be copied");
+                return -EOPNOTSUPP;
+        }
+        char state[4200], incoming[4300];
+        snprintf(state, sizeof(state), "%s/fork.state", spec->workdir);
+        if (strchr(state, '\'')) {
+                set_why(why, whylen, "the copy's folder name holds a quote");
+                return -EINVAL;
+        }
+        snprintf(incoming, sizeof(incoming), "exec:cat '%s'", state);
+        bool was_paused = __atomic_load_n(&src->paused, __ATOMIC_ACQUIRE);
+        int r = save_state(src, state, why, whylen);
+        /* The source goes on whatever happened to the copy. */
+        if (!was_paused) {
+                int c = qmp_command(src, "cont");
+                if (c < 0 && r >= 0) {
+                        set_why(why, whylen, "the VM did not resume after being copied: %s", strerror(-c));
+                        r = c;
+                }
+        }
+        if (r < 0) {
+                unlink(state);
+                return r;
+        }
+        /* The copy is the same machine: size, kernel and initramfs are the source's. */
+        struct qemu_vm_spec copy = *spec;
+        copy.vcpus = src->vcpus;
+        copy.mem_mib = src->mem_mib;
+        copy.kernel = src->kernel;
+        copy.initrd = src->initrd;
+        copy.kvm = strcmp(src->accel, "kvm") == 0;
+        copy.qemu_binary = src->qemu[0] ? src->qemu : NULL;
+        struct qemu_vm *vm = NULL;
+        r = vm_spawn(&copy, cgroup_procs_files, incoming, &vm, why, whylen);
+        if (r >= 0) {
+                /* The copy's agent sits where the source's was, between commands.
+                 * Bytes sent to it before the state is loaded would be lost with
+                 * the serial port's old state, so the ping waits for "running". */
+                r = wait_running(vm, 60000, why, whylen);
+                if (r >= 0)
+                        r = agent_ping(vm);
+                if (r >= 0)
+                        r = qemu_vm_wait_ready(vm, 60000, why, whylen);
+                if (r >= 0 && was_paused)
+                        r = qemu_vm_pause(vm);
+                if (r < 0) {
+                        qemu_vm_stop(vm, 1000);
+                        qemu_vm_free(vm);
+                        vm = NULL;
+                }
+        }
+        unlink(state);
+        if (r < 0)
+                return r;
+        *ret = vm;
+        return 0;
+}
+
+/* Whether pid is gone (reaping it when it is our child; a zombie someone
+ * else must reap counts as gone). */
 static bool gone(struct qemu_vm *vm)
 {
         if (vm->child) {
@@ -776,17 +1124,33 @@ static bool gone(struct qemu_vm *vm)
                 else
                         return false;
         }
-        return kill(vm->pid, 0) < 0 && errno == ESRCH;
+        if (kill(vm->pid, 0) < 0 && errno == ESRCH)
+                return true;
+        char p[64], buf[512];
+        snprintf(p, sizeof(p), "/proc/%d/stat", (int)vm->pid);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return true;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return true;
+        buf[n] = 0;
+        char *c = strrchr(buf, ')');
+        return c && (c[2] == 'Z' || c[2] == 'X');
 }
 
 int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
 {
         if (vm->pid <= 0)
                 return 0;
+        __atomic_store_n(&vm->stopped, true, __ATOMIC_RELEASE);
         /* quit's answer may never come (QEMU exits); its absence is fine. */
         if (vm->qmp >= 0) {
                 char q[] = "{\"execute\":\"quit\"}\n";
+                pthread_mutex_lock(&vm->qmp_lock);
                 write_all(vm->qmp, q, sizeof(q) - 1, now_ms() + 1000);
+                pthread_mutex_unlock(&vm->qmp_lock);
         }
         int64_t deadline = now_ms() + grace_ms;
         bool dead = false;
@@ -797,15 +1161,16 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
                 if (vm->child)
                         waitpid(vm->pid, NULL, 0);
                 else
-                        while (!gone(vm))
+                        for (int i = 0; i < 500 && !gone(vm); i++)
                                 usleep(10000);
         }
         vm->pid = 0;
+        /* Shut down, not closed: an exec in another thread may still be reading;
+         * it sees the end of the stream. qemu_vm_free closes them. */
         if (vm->qmp >= 0)
-                close(vm->qmp);
+                shutdown(vm->qmp, SHUT_RDWR);
         if (vm->agent >= 0)
-                close(vm->agent);
-        vm->qmp = vm->agent = -1;
+                shutdown(vm->agent, SHUT_RDWR);
         return 0;
 }
 
@@ -827,5 +1192,6 @@ void qemu_vm_free(struct qemu_vm *vm)
                 close(vm->qmp);
         if (vm->agent >= 0)
                 close(vm->agent);
+        pthread_mutex_destroy(&vm->qmp_lock);
         free(vm);
 }

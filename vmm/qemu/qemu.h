@@ -12,7 +12,12 @@
  * files to write QEMU's pid into (v1 cgroup.procs or tasks of every hierarchy,
  * or the v2 folder's cgroup.procs). Errors are negative errno; where a
  * function takes a why buffer it explains a failure there in a sentence a
- * user can act on. A VM is driven by one thread at a time. */
+ * user can act on.
+ *
+ * Threads: exec runs one command at a time. While it runs, another thread may
+ * call pause, resume or stop (an exec caught by stop returns an error; one
+ * caught by pause waits, its host-side guard held back while paused). Start,
+ * fork, attach and free are not to overlap anything else on the same VM. */
 #pragma once
 
 #include <stdbool.h>
@@ -82,6 +87,12 @@ const char *qemu_default_initrd(void);
 int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
                   char *why, size_t whylen);
 
+/* Takes over a VM started earlier (by a process that has since exited) from
+ * its workdir and QEMU's pid: QEMU reconnects its QMP and agent channels to
+ * new sockets within a second or two. -ESRCH if pid is not that VM's QEMU.
+ * A command that was running when the old process went is not reported. */
+int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *why, size_t whylen);
+
 /* Waits until the guest agent has said it is ready, at most timeout_ms. */
 int qemu_vm_wait_ready(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_t whylen);
 
@@ -95,8 +106,14 @@ int qemu_vm_exec(struct qemu_vm *vm, const struct qemu_exec_request *req, struct
 int qemu_vm_pause(struct qemu_vm *vm);
 int qemu_vm_resume(struct qemu_vm *vm);
 
-/* Copying a running VM is not built: always -EOPNOTSUPP with a reason. */
-int qemu_vm_fork(struct qemu_vm *vm, char *why, size_t whylen);
+/* Starts a copy of the running VM src: src is paused, its whole state (RAM,
+ * vCPUs, devices) saved to a file in spec->workdir through QMP migrate, src
+ * resumed (unless it was paused), and a new QEMU started in the copy's
+ * cgroup that loads the state and runs on from there, processes and all.
+ * Of spec only workdir and boot_timeout_ms count: the copy is src's machine.
+ * Returns once the copy's agent answers. */
+int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files,
+                 struct qemu_vm **ret, char *why, size_t whylen);
 
 /* Asks QEMU to quit (QMP quit), SIGKILLs it after grace_ms, and reaps it.
  * Stopping a stopped VM returns 0. */
