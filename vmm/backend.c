@@ -51,10 +51,11 @@ const struct backend_ops *backend_resolve(const char *name, const char **ret_rea
                 char ignored[256];
                 if (!qemu) {
                         reason = "auto: the qemu backend is not built";
-                } else if (access("/dev/kvm", R_OK | W_OK) != 0) {
-                        reason = "auto: no usable /dev/kvm";
                 } else if (!usable(qemu, ignored, sizeof(ignored))) {
                         reason = "auto: qemu is not available on this host";
+                } else if (!qemu->accelerated || !qemu->accelerated()) {
+                        /* A /dev/kvm that opens is not proof: the probe boots a guest. */
+                        reason = "auto: KVM does not boot a guest here (qemu would run under TCG)";
                 } else {
                         b = qemu;
                         reason = "auto: KVM is available";

@@ -76,8 +76,18 @@ struct backend_ops {
          * the daemon runs a sandbox's commands one after another. */
         bool concurrent_exec;
 
+        /* Memory the backend itself uses beyond the sandbox's memory size (QEMU's
+         * own process around the guest's RAM). The cgroup's limit is the size plus
+         * this; billing uses the size alone. */
+        uint64_t memory_overhead_bytes;
+
         /* Whether this host can run the backend; if not, why. May be NULL (always). */
         bool (*available)(char *why, size_t whylen);
+
+        /* Whether the backend runs with hardware virtualisation here (qemu: a KVM
+         * guest really boots, probed once and remembered). "auto" picks a backend
+         * that says so. NULL: no. */
+        bool (*accelerated)(void);
 
         /* Starts the sandbox. cg exists and is empty; every process and thread the
          * sandbox runs must be in it before its first instruction. dir is a folder of

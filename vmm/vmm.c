@@ -427,7 +427,8 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         }
 
         /* The cgroup first: nothing of the sandbox may run outside it. */
-        if ((r = cgroup_create(&v->cgroups, rec->id, rec->vcpus, rec->mem_size_bytes, &sb->cg)) < 0) {
+        if ((r = cgroup_create(&v->cgroups, rec->id, rec->vcpus, rec->mem_size_bytes + ops->memory_overhead_bytes,
+                               &sb->cg)) < 0) {
                 snprintf(why, whylen, "could not create the sandbox's cgroup: %s", strerror(-r));
                 goto fail;
         }
