@@ -51,6 +51,7 @@ struct sandbox {
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
         uint64_t peak_bytes;          /* the last peak read */
+        bool peak_read;               /* read at least once (the first sample has one) */
         bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
         int pending_len;
         char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
@@ -558,9 +559,10 @@ static void sample_all(struct collector *c)
                         continue;
                 }
                 /* Staggered, so each tick reads the peaks of 1/peak_every of the sandboxes. */
-                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || s->peak_bytes == 0) &&
+                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || !s->peak_read) &&
                     cgroup_files_read_peak(&s->files, &s->peak_bytes) < 0)
                         errors++;
+                s->peak_read = true;
                 s->gone_logged = false;
                 observe(c, s, s->record_epoch, rd.cpu_ns);
                 next_event(c, s, rd.cpu_ns, &rd);
