@@ -1029,6 +1029,22 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 
 /* ---- the loop ---- */
 
+/* Applies "name=value,name=value" to conf. */
+static int set_consumer_settings(rd_kafka_conf_t *conf, const char *list, char *err, size_t errlen)
+{
+        char *copy = strdup(list ? list : "");
+        if (!copy)
+                return -ENOMEM;
+        int r = 0;
+        char *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item && r == 0; item = strtok_r(NULL, ",", &save)) {
+                const char *pairs[] = { item, NULL };
+                r = kafka_conf_set_all(conf, pairs, err, errlen);
+        }
+        free(copy);
+        return r;
+}
+
 int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
 {
         struct agg a = { .cfg = cfg, .stop = stop };
@@ -1053,7 +1069,13 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
                 "queued.min.messages=200000", NULL };
-        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, consumer_settings, err, sizeof(err));
+        if (kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
+            set_consumer_settings(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                log_error("bad consumer setting", "error=\"%s\"", err);
+                goto out;
+        }
+        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, NULL, err, sizeof(err));
         if (!a.consumer) {
                 log_error("could not create the consumer", "error=\"%s\"", err);
                 goto out;

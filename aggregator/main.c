@@ -17,6 +17,9 @@ static const struct setting settings[] = {
           1000000, "Commit a batch after this many messages..." },
         { "batch_ms", SETTING_INT, "200", false, offsetof(struct aggregator_config, batch_ms), 1, 60000,
           "...or this many milliseconds after its first message" },
+        { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
+          offsetof(struct aggregator_config, consumer_settings), 0, 0,
+          "Further librdkafka consumer settings, name=value separated by commas" },
         SETTING_LOG_LEVEL(struct aggregator_config, log_level),
         SETTINGS_END,
 };

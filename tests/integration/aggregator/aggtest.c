@@ -146,15 +146,20 @@ pid_t aggtest_spawn(struct aggtest *t, const char *const *extra)
         return test_spawn((char *const *)argv, NULL, log);
 }
 
+int64_t aggtest_committed(struct aggtest *t)
+{
+        char *v = aggtest_query(t, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
+                                   " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
+        int64_t done = v ? strtoll(v, NULL, 10) : -1;
+        free(v);
+        return done;
+}
+
 int aggtest_wait_caught_up(struct aggtest *t, int timeout_s)
 {
         int64_t end = aggtest_topic_end(t);
         for (int i = 0; i < timeout_s * 10; i++) {
-                char *v = aggtest_query(t, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
-                                           " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
-                int64_t done = v ? strtoll(v, NULL, 10) : -1;
-                free(v);
-                if (done == end)
+                if (aggtest_committed(t) == end)
                         return 0;
                 time_sleep_ns(100 * NS_PER_MS);
         }
