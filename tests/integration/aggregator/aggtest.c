@@ -6,6 +6,7 @@
 #include "timeutil.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,18 @@ pid_t aggtest_spawn(struct aggtest *t, const char *const *extra)
         for (; extra && *extra && n < 30; extra++)
                 argv[n++] = *extra;
         argv[n] = NULL;
-        return test_spawn((char *const *)argv, NULL, log);
+        pid_t pid = test_spawn((char *const *)argv, NULL, log);
+        /* Wait until it is running (its signal handlers installed), so a quick
+         * SIGTERM tests a clean stop rather than racing the start. */
+        for (int i = 0; i < 200; i++) {
+                char *text = test_read_file(log);
+                bool up = text && strstr(text, "aggregator started");
+                free(text);
+                if (up)
+                        break;
+                time_sleep_ns(25 * NS_PER_MS);
+        }
+        return pid;
 }
 
 int64_t aggtest_committed(struct aggtest *t)
