@@ -13,7 +13,7 @@
 #                              freezer (a small consumer stands in for tally-vmm, which is not
 #                              finished yet)
 set -euo pipefail
-source "$TALLY_ROOT/scripts/lib.sh"
+source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
 BENCH=$BUILD/tests/bench/aggregator/bench-aggregator
 AGG=$BUILD/aggregator/tally-aggregator
