@@ -169,6 +169,7 @@ CREATE TABLE fold_state (
     mem_size_bytes  bigint NOT NULL,
     disk_bytes      bigint NOT NULL
 );
+ALTER TABLE fold_state SET (fillfactor = 70); -- updated in place every batch: leave room for HOT updates
 CREATE INDEX fold_state_partition ON fold_state (partition);
 
 -- Invoice lines: per account, UTC month and meter, the exact usage and its
