@@ -32,7 +32,7 @@ static void die(const char *msg)
 static rd_kafka_t *producer(const char *brokers)
 {
         char err[512];
-        const char *const extra[] = { "batch.size=262144", "linger.ms=20", "queue.buffering.max.messages=1000000",
+        const char *const extra[] = { "batch.size=1000000", "linger.ms=50", "queue.buffering.max.messages=1000000",
                                       NULL };
         rd_kafka_t *p = kafka_producer_new(brokers, NULL, extra, err, sizeof(err));
         if (!p)
