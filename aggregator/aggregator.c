@@ -1120,6 +1120,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         int64_t last_report = time_mono_ns();
         while (!*stop) {
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(a.consumer, a.messages ? 5 : 100);
+                bool drained = !m;
                 if (m) {
                         if (!m->err) {
                                 if (take_message(&a, m) < 0) {
@@ -1132,7 +1133,10 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                         }
                         rd_kafka_message_destroy(m);
                 }
-                if (a.messages && ((int64_t)a.messages >= cfg->batch_messages ||
+                /* Commit when the batch is full, old enough, or nothing more is
+                 * waiting: under load batches grow while the previous one
+                 * commits; when idle a sample is committed without delay. */
+                if (a.messages && (drained || (int64_t)a.messages >= cfg->batch_messages ||
                                    time_mono_ns() - a.batch_started >= cfg->batch_ms * NS_PER_MS))
                         commit_batch(&a);
                 rd_kafka_poll(a.producer, 0);

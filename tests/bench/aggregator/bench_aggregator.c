@@ -144,7 +144,9 @@ static int cmd_freeze(const char *brokers, int trials)
         rd_kafka_t *p = producer(brokers);
         char group[64];
         snprintf(group, sizeof(group), "bench-freezer-%d", (int)getpid());
-        rd_kafka_t *c = kafka_consumer_new(brokers, group, NULL, NULL, err, sizeof(err));
+        /* A control consumer wants commands at once, not full fetches. */
+        const char *const fast[] = { "fetch.wait.max.ms=10", NULL };
+        rd_kafka_t *c = kafka_consumer_new(brokers, group, NULL, fast, err, sizeof(err));
         if (!c)
                 die(err);
         rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
@@ -197,7 +199,8 @@ static int cmd_freeze(const char *brokers, int trials)
                         strcpy(ev.key, key);
                         if (k == 8) {
                                 rd_kafka_flush(p, 10000);
-                                time_sleep_ns(300 * NS_PER_MS); /* the earlier samples are in the ledger */
+                                /* the earlier samples are committed (batch_ms is 500 by default) */
+                                time_sleep_ns(800 * NS_PER_MS);
                                 crossed = time_mono_ns();
                         }
                         produce(p, &ev);
