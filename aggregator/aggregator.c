@@ -44,6 +44,10 @@ struct sandbox {
         uint32_t vcpus;
         struct fold_state fold;
         bool dirty;             /* listed in the batch's dirty list */
+        /* What the sandboxes table holds for it (state + 1; 0: unknown), and
+         * its host there: the row is only written when they change. */
+        int db_state;
+        char db_host[EVENT_ID_MAX + 1];
         struct sandbox *next;   /* hash chain */
 };
 
@@ -365,7 +369,7 @@ static const char *const session_sql =
         " ON COMMIT DELETE ROWS;"
         "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, partition integer, account_id text,"
         " key_id text, host text, vcpus integer, epoch bigint, seq bigint, cpu_ns bigint, wall_ns bigint,"
-        " state text, mem_size_bytes bigint, disk_bytes bigint) ON COMMIT DELETE ROWS;";
+        " state text, mem_size_bytes bigint, disk_bytes bigint, sync boolean) ON COMMIT DELETE ROWS;";
 
 /* Everything a batch writes from its staging tables, in one round trip. */
 static const char *const apply_sql =
@@ -396,7 +400,7 @@ static const char *const apply_sql =
         "  seq = EXCLUDED.seq, cpu_ns = EXCLUDED.cpu_ns, wall_ns = EXCLUDED.wall_ns, state = EXCLUDED.state,"
         "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_bytes = EXCLUDED.disk_bytes;"
         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state)"
-        " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold"
+        " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold WHERE sync"
         " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now()"
         "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host;";
 
@@ -563,10 +567,12 @@ static int stage_fold(struct agg *a, struct text *t)
         for (size_t i = 0; i < a->ndirty; i++) {
                 const struct sandbox *s = a->dirty[i];
                 const struct fold_state *f = &s->fold;
+                bool sync = s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0;
                 if (text_add(t, "%s\t%d\t%s\t%s\t%s\t%u\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRId64 "\t%s\t%" PRIu64
-                                "\t%" PRIu64 "\n",
+                                "\t%" PRIu64 "\t%s\n",
                              s->id, s->partition, s->account, s->key, s->host, s->vcpus, f->epoch, f->seq, f->cpu_ns,
-                             f->wall_ns, sandbox_state_name(f->state), f->mem_size_bytes, f->disk_bytes) < 0)
+                             f->wall_ns, sandbox_state_name(f->state), f->mem_size_bytes, f->disk_bytes,
+                             sync ? "t" : "f") < 0)
                         return -ENOMEM;
         }
         return copy_rows(a, "COPY stage_fold FROM STDIN", t->buf, t->len);
@@ -764,6 +770,7 @@ static int commit_batch(struct agg *a)
                 goto fail;
         if ((r = stage_usage(a, &t, &rows)) < 0 || (r = stage_fold(a, &t)) < 0)
                 goto rollback;
+        int64_t t_staged = time_mono_ns();
         res = PQexec(a->db, apply_sql);
         r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
         PQclear(res);
@@ -777,6 +784,7 @@ static int commit_batch(struct agg *a)
                         goto rollback;
         if ((r = store_offsets(a, &t)) < 0)
                 goto rollback;
+        int64_t t_applied = time_mono_ns();
         res = PQexec(a->db, limits_sql);
         r = query_ok(a, res, PGRES_TUPLES_OK, "limits");
         if (r == 0) {
@@ -800,12 +808,23 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_limits = time_mono_ns();
         res = PQexec(a->db, "COMMIT");
         r = query_ok(a, res, PGRES_COMMAND_OK, "commit");
         PQclear(res);
         if (r < 0)
                 goto fail;
 
+        for (size_t i = 0; i < a->ndirty; i++) {
+                struct sandbox *s = a->dirty[i];
+                s->db_state = (int)s->fold.state + 1;
+                memcpy(s->db_host, s->host, sizeof(s->db_host));
+        }
+        for (size_t i = 0; i < a->nevents; i++) {
+                struct sandbox *s = sandbox_find(a, a->events[i].sandbox);
+                if (s)
+                        s->db_state = 0; /* the event may have changed the row's state */
+        }
         record_latency(a);
         int64_t now = time_wall_ns();
         for (int i = 0; i < ncmds; i++)
@@ -816,8 +835,12 @@ static int commit_batch(struct agg *a)
         a->dead_total += a->ndead;
         if (fired)
                 log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", fired, blocked);
-        log_debug("batch committed", "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu ms=%" PRId64,
-                  a->messages, rows, a->ndirty, a->nevents, a->ndead, (time_mono_ns() - t0) / NS_PER_MS);
+        log_debug("batch committed",
+                  "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
+                  " limits_ms=%" PRId64 " ms=%" PRId64,
+                  a->messages, rows, a->ndirty, a->nevents, a->ndead, (t_staged - t0) / NS_PER_MS,
+                  (t_applied - t_staged) / NS_PER_MS, (t_limits - t_applied) / NS_PER_MS,
+                  (time_mono_ns() - t0) / NS_PER_MS);
         batch_clear(a);
         free(t.buf);
         free(cmds);
@@ -857,7 +880,7 @@ static int load_state(struct agg *a, const bool *load)
         PGresult *res = PQexecParams(a->db,
                                      "SELECT f.sandbox_id, f.partition, f.account_id, f.key_id, f.epoch, f.seq,"
                                      " f.cpu_ns, f.wall_ns, f.state, f.mem_size_bytes, f.disk_bytes,"
-                                     " coalesce(s.host, ''), coalesce(s.vcpus, 1)"
+                                     " coalesce(s.host, ''), coalesce(s.vcpus, 1), coalesce(s.state, '')"
                                      " FROM fold_state f LEFT JOIN sandboxes s ON s.id = f.sandbox_id"
                                      " WHERE f.partition = ANY($1::int[])",
                                      1, NULL, params, NULL, NULL, 0);
@@ -884,6 +907,9 @@ static int load_state(struct agg *a, const bool *load)
                 s->fold.disk_bytes = strtoull(PQgetvalue(res, i, 10), NULL, 10);
                 snprintf(s->host, sizeof(s->host), "%s", PQgetvalue(res, i, 11));
                 s->vcpus = (uint32_t)strtoul(PQgetvalue(res, i, 12), NULL, 10);
+                enum sandbox_state db;
+                s->db_state = sandbox_state_parse(PQgetvalue(res, i, 13), &db) == 0 ? (int)db + 1 : 0;
+                memcpy(s->db_host, s->host, sizeof(s->db_host));
         }
         PQclear(res);
         return r;
@@ -1013,6 +1039,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 {
         struct agg *a = opaque;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+                commit_batch(a); /* claiming replaces sandboxes the batch may point to */
                 while (claim(a, parts) < 0 && !*a->stop) {
                         log_error("could not claim partitions; retrying", NULL);
                         time_sleep_ns(NS_PER_SEC);
@@ -1028,6 +1055,22 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 }
 
 /* ---- the loop ---- */
+
+/* Applies "name=value,name=value" to conf. */
+static int set_consumer_settings(rd_kafka_conf_t *conf, const char *list, char *err, size_t errlen)
+{
+        char *copy = strdup(list ? list : "");
+        if (!copy)
+                return -ENOMEM;
+        int r = 0;
+        char *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item && r == 0; item = strtok_r(NULL, ",", &save)) {
+                const char *pairs[] = { item, NULL };
+                r = kafka_conf_set_all(conf, pairs, err, errlen);
+        }
+        free(copy);
+        return r;
+}
 
 int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
 {
@@ -1053,7 +1096,13 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
                 "queued.min.messages=200000", NULL };
-        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, consumer_settings, err, sizeof(err));
+        if (kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
+            set_consumer_settings(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                log_error("bad consumer setting", "error=\"%s\"", err);
+                goto out;
+        }
+        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, NULL, err, sizeof(err));
         if (!a.consumer) {
                 log_error("could not create the consumer", "error=\"%s\"", err);
                 goto out;
@@ -1071,6 +1120,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         int64_t last_report = time_mono_ns();
         while (!*stop) {
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(a.consumer, a.messages ? 5 : 100);
+                bool drained = !m;
                 if (m) {
                         if (!m->err) {
                                 if (take_message(&a, m) < 0) {
@@ -1083,7 +1133,10 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                         }
                         rd_kafka_message_destroy(m);
                 }
-                if (a.messages && ((int64_t)a.messages >= cfg->batch_messages ||
+                /* Commit when the batch is full, old enough, or nothing more is
+                 * waiting: under load batches grow while the previous one
+                 * commits; when idle a sample is committed without delay. */
+                if (a.messages && (drained || (int64_t)a.messages >= cfg->batch_messages ||
                                    time_mono_ns() - a.batch_started >= cfg->batch_ms * NS_PER_MS))
                         commit_batch(&a);
                 rd_kafka_poll(a.producer, 0);

@@ -18,6 +18,7 @@ struct aggregator_config {
         char *group;
         int64_t batch_messages;  /* commit after this many messages... */
         int64_t batch_ms;        /* ...or this long after the batch's first */
+        char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
         char *log_level;
 };
 

@@ -70,7 +70,7 @@ void cgroup_files_close(struct cgroup_files *f)
         *f = CGROUP_FILES_NONE;
 }
 
-int cgroup_files_open(int version, const char *cpu_dir, const char *mem_dir, bool want_peak,
+int cgroup_files_open(int version, const char *cpu_dir, const char *mem_dir, bool want_peak, bool keep,
                       struct cgroup_files *ret)
 {
         if (version != 1 && version != 2)
@@ -85,8 +85,8 @@ int cgroup_files_open(int version, const char *cpu_dir, const char *mem_dir, boo
                 r = -ENOMEM;
                 goto fail;
         }
-        f.cpu_fd = open(f.cpu_path, O_RDONLY | O_CLOEXEC);
-        if (f.cpu_fd < 0 && errno != EMFILE && errno != ENFILE) {
+        f.cpu_fd = keep ? open(f.cpu_path, O_RDONLY | O_CLOEXEC) : -1;
+        if (keep && f.cpu_fd < 0 && errno != EMFILE && errno != ENFILE) {
                 r = -errno;
                 goto fail;
         }

@@ -38,9 +38,10 @@ struct cgroup_reading {
 
 /* Opens the counter files of a cgroup: cpu_dir holds the CPU counter, mem_dir
  * the memory counters (the same folder on v2); want_peak notes the peak file.
+ * keep false (the caller's descriptor budget is spent) reads transiently.
  * Returns 0, -ENOENT when the CPU counter is missing (the cgroup is gone),
  * -EINVAL for a bad version, or another -errno. *ret is written only on success. */
-int cgroup_files_open(int version, const char *cpu_dir, const char *mem_dir, bool want_peak,
+int cgroup_files_open(int version, const char *cpu_dir, const char *mem_dir, bool want_peak, bool keep,
                       struct cgroup_files *ret);
 
 /* Closes and frees what is held and marks it closed. Accepts NULL. */

@@ -51,6 +51,7 @@ struct sandbox {
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
         uint64_t peak_bytes;          /* the last peak read */
+        bool peak_read;               /* read at least once (the first sample has one) */
         bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
         int pending_len;
         char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
@@ -73,6 +74,8 @@ struct collector {
         struct sandbox **list;
         size_t n, cap;
         size_t npending;
+        size_t kept_fds, fd_budget;   /* counter descriptors open, and how many we may keep */
+        bool transient_logged;
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -96,6 +99,17 @@ static struct sandbox *find(struct collector *c, const char *id)
                 if (strcmp(s->id, id) == 0)
                         return s;
         return NULL;
+}
+
+/* Closes a sandbox's counter files and gives their descriptors back to the budget. */
+static void close_files(struct collector *c, struct sandbox *s)
+{
+        if (s->files.version == 0)
+                return;
+        c->kept_fds -= (size_t)cgroup_files_kept(&s->files);
+        if (s->files.transient)
+                M_SET(c, sandboxes_transient, M_GET(c, sandboxes_transient) - 1);
+        cgroup_files_close(&s->files);
 }
 
 static void sandbox_free(struct sandbox *s)
@@ -125,6 +139,7 @@ static void remove_sandbox(struct collector *c, struct sandbox *s, const char *w
         if (s->pending)
                 c->npending--;
         state_remove_epoch(c->state_dir, s->id);
+        close_files(c, s);
         sandbox_free(s);
         M_SET(c, sandboxes, c->n);
 }
@@ -198,7 +213,9 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
 /* Opens a sandbox's counter files, outside the hot path. */
 static int open_files(struct collector *c, struct sandbox *s)
 {
-        int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, &s->files);
+        /* Two descriptors a sandbox while the budget lasts; the daemon keeps the rest for itself. */
+        bool keep = c->kept_fds + 2 <= c->fd_budget;
+        int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, c->opt.read_peak, keep, &s->files);
         if (r < 0) {
                 if (!s->gone_logged)
                         log_warn("could not open a sandbox's cgroup", "sandbox=%s path=%s error=\"%s\"", s->id,
@@ -206,9 +223,14 @@ static int open_files(struct collector *c, struct sandbox *s)
                 s->gone_logged = true;
                 return r;
         }
-        if (s->files.transient)
-                log_warn("out of file descriptors: this sandbox's counters are opened on every read",
-                         "sandbox=%s", s->id);
+        c->kept_fds += cgroup_files_kept(&s->files);
+        if (s->files.transient) {
+                M_ADD(c, sandboxes_transient, 1);
+                if (!c->transient_logged)
+                        log_warn("out of file descriptors: counters of further sandboxes are opened on every read",
+                                 "sandbox=%s kept=%zu budget=%zu", s->id, c->kept_fds, c->fd_budget);
+                c->transient_logged = true;
+        }
         return 0;
 }
 
@@ -372,7 +394,7 @@ static void take_final(struct collector *c, struct sandbox *s)
         if (e && !e->in_flight && produce(c, e->account, e->payload, e->len, e) == 0)
                 e->in_flight = true;
         s->finished = true;
-        cgroup_files_close(&s->files); /* the vmm removes the cgroup now */
+        close_files(c, s); /* the vmm removes the cgroup now */
 }
 
 /* Takes in a registry record: a new sandbox, a changed one, or a stopped one. */
@@ -423,7 +445,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                 return -ENOMEM;
         s->disk_bytes = disk_used(s->disk_path);
         if (moved || s->cgroup_version != rec->cgroup_version)
-                cgroup_files_close(&s->files);
+                close_files(c, s);
         s->cgroup_version = rec->cgroup_version;
         if (fresh)
                 log_info("sandbox found", "sandbox=%s account=%s state=%s cgroup_version=%d epoch=%llu", s->id,
@@ -533,13 +555,14 @@ static void sample_all(struct collector *c)
                                 log_warn("could not read a sandbox's cgroup", "sandbox=%s error=\"%s\"", s->id,
                                          strerror(-r));
                         s->gone_logged = true;
-                        cgroup_files_close(&s->files);
+                        close_files(c, s);
                         continue;
                 }
                 /* Staggered, so each tick reads the peaks of 1/peak_every of the sandboxes. */
-                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || s->peak_bytes == 0) &&
+                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || !s->peak_read) &&
                     cgroup_files_read_peak(&s->files, &s->peak_bytes) < 0)
                         errors++;
+                s->peak_read = true;
                 s->gone_logged = false;
                 observe(c, s, s->record_epoch, rd.cpu_ns);
                 next_event(c, s, rd.cpu_ns, &rd);
@@ -558,17 +581,25 @@ static void sample_all(struct collector *c)
         c->ticks++;
 }
 
-/* Room for two descriptors a sandbox at 10,000s of sandboxes: raise the limit as far as allowed. */
-static void raise_nofile(void)
+/* Descriptors the daemon keeps for itself: Kafka sockets, /metrics connections, inotify, files. */
+#define FD_RESERVE 512
+
+/* Room for two descriptors a sandbox at 10,000s of sandboxes: raises the limit
+ * as far as allowed and returns how many counter descriptors may stay open. */
+static size_t raise_nofile(void)
 {
         struct rlimit rl;
         if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-                return;
+                return 0;
         struct rlimit want = { 1 << 20, 1 << 20 };
-        if (rl.rlim_max >= want.rlim_max || setrlimit(RLIMIT_NOFILE, &want) < 0) {
+        if (rl.rlim_max < want.rlim_max && setrlimit(RLIMIT_NOFILE, &want) == 0) {
+                rl = want;
+        } else {
                 rl.rlim_cur = rl.rlim_max;
                 setrlimit(RLIMIT_NOFILE, &rl);
+                getrlimit(RLIMIT_NOFILE, &rl);
         }
+        return rl.rlim_cur > FD_RESERVE ? (size_t)(rl.rlim_cur - FD_RESERVE) : 0;
 }
 
 static void default_host_id(char *out, size_t size)
@@ -631,7 +662,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
                 snprintf(err, errlen, "could not watch %s: %s", c->registry_dir, strerror(errno));
                 goto fail;
         }
-        raise_nofile();
+        c->fd_budget = raise_nofile();
 
         char kerr[512], timeout[64], qmax[64];
         snprintf(timeout, sizeof(timeout), "message.timeout.ms=%lld", (long long)opt->delivery_timeout_ms);
@@ -677,8 +708,8 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
         int r = rescan(c);
         if (r < 0)
                 return r;
-        log_info("collector running", "host=%s sandboxes=%zu generation=%u tick_ms=%lld spool=%zu", c->host_id, c->n,
-                 c->generation, (long long)c->opt.tick_ms, c->spool.count);
+        log_info("collector running", "host=%s sandboxes=%zu generation=%u tick_ms=%lld spool=%zu fd_budget=%zu",
+                 c->host_id, c->n, c->generation, (long long)c->opt.tick_ms, c->spool.count, c->fd_budget);
         int64_t next_tick = time_mono_ns();
         int64_t next_rescan = next_tick + c->opt.rescan_s * NS_PER_SEC;
         int64_t second_start = next_tick;
@@ -737,6 +768,7 @@ int collector_metrics_text(const struct collector *c, char *buf, size_t size)
         } rows[] = {
 #define ROW(n, t, h) { "tally_collector_" #n, t, h, offsetof(struct collector_metrics, n) }
                 ROW(sandboxes, "gauge", "Sandboxes tracked"),
+                ROW(sandboxes_transient, "gauge", "Sandboxes read by opening their files (no descriptors to keep)"),
                 ROW(samples_total, "counter", "Samples taken"),
                 ROW(samples_per_second, "gauge", "Samples taken in the last second"),
                 ROW(finals_total, "counter", "Final samples spooled"),

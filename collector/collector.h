@@ -31,6 +31,7 @@ struct collector_options {
  * thread with relaxed atomic loads. */
 struct collector_metrics {
         uint64_t sandboxes;
+        uint64_t sandboxes_transient; /* read by opening their files: no descriptors left to keep */
         uint64_t samples_total;
         uint64_t samples_per_second;
         uint64_t finals_total;

@@ -53,7 +53,8 @@ int metrics_server_start(const struct collector *c, const char *address, int por
         struct metrics_server *m = calloc(1, sizeof(*m));
         if (!m)
                 return -ENOMEM;
-        m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, answer,
+        /* epoll: with a descriptor per counter file, sockets are far above select()'s FD_SETSIZE. */
+        m->daemon = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, answer,
                                      (void *)c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                      MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u,
                                      MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,

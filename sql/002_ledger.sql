@@ -42,7 +42,7 @@ CREATE TABLE usage_hourly (
 ) PARTITION BY RANGE (hour);
 CREATE INDEX usage_hourly_account_hour ON usage_hourly (account_id, hour);
 CREATE INDEX usage_hourly_key_hour ON usage_hourly (key_id, hour);
-CREATE TABLE usage_hourly_default PARTITION OF usage_hourly DEFAULT;
+CREATE TABLE usage_hourly_default PARTITION OF usage_hourly DEFAULT WITH (fillfactor = 70);
 
 CREATE FUNCTION usage_hourly_add_month(p_month date) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -50,7 +50,8 @@ DECLARE
     name text := format('usage_hourly_%s', to_char(m, 'YYYY_MM'));
 BEGIN
     IF to_regclass(name) IS NULL THEN
-        EXECUTE format('CREATE TABLE %I PARTITION OF usage_hourly FOR VALUES FROM (%L) TO (%L)',
+        -- Rows of the current hours are updated in place every batch: room for HOT updates.
+        EXECUTE format('CREATE TABLE %I PARTITION OF usage_hourly FOR VALUES FROM (%L) TO (%L) WITH (fillfactor = 70)',
                        name, m::timestamp AT TIME ZONE 'UTC', (m + interval '1 month')::timestamp AT TIME ZONE 'UTC');
     END IF;
 END $$;
@@ -169,6 +170,7 @@ CREATE TABLE fold_state (
     mem_size_bytes  bigint NOT NULL,
     disk_bytes      bigint NOT NULL
 );
+ALTER TABLE fold_state SET (fillfactor = 70); -- updated in place every batch: leave room for HOT updates
 CREATE INDEX fold_state_partition ON fold_state (partition);
 
 -- Invoice lines: per account, UTC month and meter, the exact usage and its

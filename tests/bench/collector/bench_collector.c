@@ -12,8 +12,11 @@
  * this process) per sandbox-sample for each, and removes the cgroups.
  *
  *   bench-collector N [ROUNDS] [TICKS]     measure both, print "N tally_ns openclose_ns transient"
- *   bench-collector --only MODE N TICKS    sample only (for strace -c), MODE tally|openclose|none */
+ *   bench-collector --only MODE N TICKS    sample only (for strace -c), MODE tally|openclose|none
+ *   bench-collector --registry DIR N       create N cgroups with registry records in DIR (as the vmm
+ *                                          would), print "ready", and remove them when stdin closes */
 #include "cgroup.h"
+#include "registry.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -101,7 +104,7 @@ static void open_all(void)
                 char c[PATH_MAX], m[PATH_MAX];
                 dir_of(c, sizeof(c), parent_cpu, i);
                 dir_of(m, sizeof(m), parent_mem, i);
-                int r = cgroup_files_open(1, c, m, 1, &files[i]);
+                int r = cgroup_files_open(1, c, m, true, true, &files[i]);
                 if (r < 0 || !files[i].peak_path)
                         fail("could not open the counters of", c, r < 0 ? strerror(-r) : "no peak file");
                 transient += files[i].transient;
@@ -201,6 +204,34 @@ int main(int argc, char **argv)
                 getppid();
                 for (int i = 0; tally && i < n; i++)
                         cgroup_files_close(&files[i]);
+                remove_all();
+                return 0;
+        }
+        if (argc == 4 && strcmp(argv[1], "--registry") == 0) {
+                n = atoi(argv[3]);
+                create_all();
+                for (int i = 0; i < n; i++) {
+                        struct sandbox_record r = { .state = STATE_RUNNING, .vcpus = 2, .epoch = 1,
+                                                    .mem_size_bytes = UINT64_C(4) << 30, .cgroup_version = 1 };
+                        snprintf(r.id, sizeof(r.id), "bench_%d", i);
+                        snprintf(r.account, sizeof(r.account), "acct_%d", i % 100);
+                        snprintf(r.key, sizeof(r.key), "key_%d", i % 100);
+                        dir_of(r.cgroup_cpu, sizeof(r.cgroup_cpu), parent_cpu, i);
+                        dir_of(r.cgroup_memory, sizeof(r.cgroup_memory), parent_mem, i);
+                        int e = registry_write(argv[2], &r);
+                        if (e < 0)
+                                fail("could not write a record in", argv[2], strerror(-e));
+                }
+                printf("ready\n");
+                fflush(stdout);
+                char buf[64];
+                while (read(0, buf, sizeof(buf)) > 0)
+                        ;
+                for (int i = 0; i < n; i++) {
+                        char id[32];
+                        snprintf(id, sizeof(id), "bench_%d", i);
+                        registry_remove(argv[2], id);
+                }
                 remove_all();
                 return 0;
         }

@@ -6,6 +6,7 @@
 #include "timeutil.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,18 +144,34 @@ pid_t aggtest_spawn(struct aggtest *t, const char *const *extra)
         for (; extra && *extra && n < 30; extra++)
                 argv[n++] = *extra;
         argv[n] = NULL;
-        return test_spawn((char *const *)argv, NULL, log);
+        pid_t pid = test_spawn((char *const *)argv, NULL, log);
+        /* Wait until it is running (its signal handlers installed), so a quick
+         * SIGTERM tests a clean stop rather than racing the start. */
+        for (int i = 0; i < 200; i++) {
+                char *text = test_read_file(log);
+                bool up = text && strstr(text, "aggregator started");
+                free(text);
+                if (up)
+                        break;
+                time_sleep_ns(25 * NS_PER_MS);
+        }
+        return pid;
+}
+
+int64_t aggtest_committed(struct aggtest *t)
+{
+        char *v = aggtest_query(t, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
+                                   " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
+        int64_t done = v ? strtoll(v, NULL, 10) : -1;
+        free(v);
+        return done;
 }
 
 int aggtest_wait_caught_up(struct aggtest *t, int timeout_s)
 {
         int64_t end = aggtest_topic_end(t);
         for (int i = 0; i < timeout_s * 10; i++) {
-                char *v = aggtest_query(t, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
-                                           " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
-                int64_t done = v ? strtoll(v, NULL, 10) : -1;
-                free(v);
-                if (done == end)
+                if (aggtest_committed(t) == end)
                         return 0;
                 time_sleep_ns(100 * NS_PER_MS);
         }

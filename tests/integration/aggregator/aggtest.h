@@ -38,6 +38,8 @@ int64_t aggtest_topic_end(struct aggtest *t);
 pid_t aggtest_spawn(struct aggtest *t, const char *const *extra);
 /* Waits until the ledger's offsets (group "tally-aggregator") reach the end of the topic. */
 int aggtest_wait_caught_up(struct aggtest *t, int timeout_s);
+/* Messages the ledger's offsets say are done (group "tally-aggregator"). */
+int64_t aggtest_committed(struct aggtest *t);
 /* SIGTERM and wait; returns the exit status. */
 int aggtest_terminate(pid_t pid);
 

@@ -62,7 +62,7 @@ static void parse_cpu_stat(void **state)
 static void read_v2_fixtures(void **state)
 {
         struct cgroup_files f;
-        assert_int_equal(cgroup_files_open(2, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, &f), 0);
+        assert_int_equal(cgroup_files_open(2, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, true, &f), 0);
         assert_int_equal(cgroup_files_kept(&f), 2);
         assert_non_null(f.peak_path);
         struct cgroup_reading rd;
@@ -85,7 +85,7 @@ static void read_v2_without_memory(void **state)
 {
         /* This machine's v2 tree: cpu.stat only (no controllers), memory reads as 0. */
         struct cgroup_files f;
-        assert_int_equal(cgroup_files_open(2, FIXTURES "/v2-nocontrollers", FIXTURES "/v2-nocontrollers", 1, &f), 0);
+        assert_int_equal(cgroup_files_open(2, FIXTURES "/v2-nocontrollers", FIXTURES "/v2-nocontrollers", 1, true, &f), 0);
         assert_int_equal(cgroup_files_kept(&f), 1);
         assert_null(f.mem_path);
         assert_null(f.peak_path);
@@ -103,10 +103,10 @@ static void read_v2_without_memory(void **state)
 static void missing_and_changed(void **state)
 {
         struct cgroup_files f = CGROUP_FILES_NONE;
-        assert_int_equal(cgroup_files_open(2, "/nonexistent/tally", "/nonexistent/tally", 1, &f), -ENOENT);
+        assert_int_equal(cgroup_files_open(2, "/nonexistent/tally", "/nonexistent/tally", 1, true, &f), -ENOENT);
         assert_int_equal(f.cpu_fd, -1); /* untouched */
         assert_null(f.cpu_path);
-        assert_int_equal(cgroup_files_open(3, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, &f), -EINVAL);
+        assert_int_equal(cgroup_files_open(3, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, true, &f), -EINVAL);
 
         /* A v1-shaped folder whose counter changes between reads: the kept descriptor sees it. */
         char dir[] = "/tmp/tally-cgroup-unit.XXXXXX";
@@ -116,7 +116,7 @@ static void missing_and_changed(void **state)
         FILE *fp = fopen(path, "w");
         fputs("123456789\n", fp);
         fclose(fp);
-        assert_int_equal(cgroup_files_open(1, dir, dir, 1, &f), 0);
+        assert_int_equal(cgroup_files_open(1, dir, dir, 1, true, &f), 0);
         assert_int_equal(cgroup_files_kept(&f), 1);
         struct cgroup_reading rd;
         assert_int_equal(cgroup_files_read(&f, &rd), 0);
@@ -146,7 +146,7 @@ static void out_of_descriptors(void **state)
         close(probe);
         assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
         struct cgroup_files f;
-        int r = cgroup_files_open(2, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, &f);
+        int r = cgroup_files_open(2, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, true, &f);
         setrlimit(RLIMIT_NOFILE, &old);
         assert_int_equal(r, 0);
         assert_true(f.transient);
@@ -155,6 +155,17 @@ static void out_of_descriptors(void **state)
         assert_int_equal(cgroup_files_read(&f, &rd), 0);
         assert_true(rd.cpu_ns == UINT64_C(1196389000000));
         assert_true(rd.mem_bytes == UINT64_C(218103808));
+        cgroup_files_close(&f);
+
+        /* The caller's budget is spent: the same, by choice. */
+        assert_int_equal(cgroup_files_open(2, FIXTURES "/v2-host", FIXTURES "/v2-host", 1, false, &f), 0);
+        assert_true(f.transient);
+        assert_int_equal(cgroup_files_kept(&f), 0);
+        assert_int_equal(cgroup_files_read(&f, &rd), 0);
+        assert_true(rd.cpu_ns == UINT64_C(1196389000000));
+        uint64_t peak = 0;
+        assert_int_equal(cgroup_files_read_peak(&f, &peak), 0);
+        assert_true(peak == UINT64_C(536870912));
         cgroup_files_close(&f);
 }
 
