@@ -76,6 +76,7 @@ struct collector {
         size_t npending;
         size_t kept_fds, fd_budget;   /* counter descriptors open, and how many we may keep */
         bool transient_logged;
+        bool fatal;                   /* the producer failed for good */
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -336,6 +337,21 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
                 if (r < 0)
                         log_error("could not delete an acknowledged spool entry", "error=\"%s\"", strerror(-r));
         }
+}
+
+/* A fatal producer error (the idempotence guarantee cannot hold) leaves the
+ * producer unusable: stop, so the service manager restarts us with the spool. */
+static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+        struct collector *c = opaque;
+        if (err != RD_KAFKA_RESP_ERR__FATAL) {
+                log_debug("kafka client reports", "error=\"%s\"", reason);
+                return;
+        }
+        char why[512];
+        rd_kafka_fatal_error(rk, why, sizeof(why));
+        log_error("fatal producer error; stopping", "error=\"%s\"", why);
+        c->fatal = true;
 }
 
 static bool final_marker_exists(struct collector *c, const char *id)
@@ -671,6 +687,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
         const char *const pairs[] = { timeout, qmax, "client.id=tally-collector", NULL };
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        rd_kafka_conf_set_error_cb(conf, on_error);
         rd_kafka_conf_set_opaque(conf, c);
         c->rk = kafka_producer_new(opt->brokers, conf, pairs, kerr, sizeof(kerr));
         if (!c->rk) {
@@ -714,7 +731,7 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
         int64_t next_rescan = next_tick + c->opt.rescan_s * NS_PER_SEC;
         int64_t second_start = next_tick;
         uint64_t second_samples = 0;
-        while (!*stop) {
+        while (!*stop && !c->fatal) {
                 int64_t now = time_mono_ns();
                 if (now >= next_tick) {
                         sample_all(c);
@@ -753,6 +770,8 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
                 M_SET(c, spool_entries, c->spool.count);
                 M_SET(c, spool_bytes, c->spool.bytes);
         }
+        if (c->fatal)
+                return -EIO;
         log_info("collector stopping", "queued=%d spool=%zu", rd_kafka_outq_len(c->rk), c->spool.count);
         if (rd_kafka_flush(c->rk, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR)
                 log_warn("stopped before the broker acknowledged everything; the spool keeps final samples",

@@ -55,7 +55,8 @@ struct collector;
  * connects the producer. Returns 0 or -errno with a reason in err. */
 int collector_new(const struct collector_options *opt, struct collector **ret, char *err, size_t errlen);
 
-/* Runs until *stop is set, then flushes for up to 10 s. Returns 0 or -errno. */
+/* Runs until *stop is set, then flushes for up to 10 s. Returns 0, or -EIO
+ * after a fatal producer error (the spool keeps what was not acknowledged). */
 int collector_run(struct collector *c, volatile sig_atomic_t *stop);
 
 void collector_free(struct collector *c);

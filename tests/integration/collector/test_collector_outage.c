@@ -2,7 +2,8 @@
  * tally-broker, `ctl down` then `ctl up`) while sandboxes stop. The collector
  * spools their final samples, lets the vmm remove the cgroups, and once the
  * broker is back every final sample arrives with the exact counter the kernel
- * reported; the spool is empty afterwards. */
+ * reported; the spool is empty afterwards. The queue of ordinary samples is
+ * bounded to 4 here, so it overflows during the outage. */
 #include "sandboxes.h"
 #include "support.h"
 
@@ -49,7 +50,8 @@ int main(void)
                 snprintf(acct, sizeof(acct), "acct_out%d", i % 3);
                 tsb_create(&sb[i], state, id, acct, i % 2 ? 2 : 1, 30 + 10 * i);
         }
-        const char *extra[] = { "--tick-ms", "200", NULL };
+        /* A small queue bound: during the outage ordinary samples overflow it; finals never wait on it. */
+        const char *extra[] = { "--tick-ms", "200", "--queue-max", "4", NULL };
         pid_t collector = collector_start(state, b.bootstrap, log, extra);
         struct consumer *c = consumer_new(b.bootstrap);
 
