@@ -475,7 +475,13 @@ static int query_ok(struct agg *a, PGresult *res, ExecStatusType want, const cha
 {
         if (PQresultStatus(res) == want)
                 return 0;
-        log_error("ledger statement failed", "what=%s error=\"%s\"", what, PQresultErrorMessage(res));
+        /* The server's message, on one line and without quotes, for the log. */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", PQresultErrorMessage(res));
+        for (char *c = msg; *c; c++)
+                if (*c == '\n' || *c == '"')
+                        *c = *c == '\n' ? ' ' : '\'';
+        log_error("ledger statement failed", "what=%s error=\"%s\"", what, msg);
         return -EIO;
 }
 
@@ -859,6 +865,7 @@ fail:
                 log_warn("partition fenced: another aggregator owns it now; batch dropped", "messages=%zu", a->messages);
         } else {
                 log_error("could not commit a batch; it will be read again", "messages=%zu", a->messages);
+                time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
         }
         free(t.buf);
         free(cmds);
