@@ -293,8 +293,9 @@ static int add_dead(struct agg *a, int32_t partition, int64_t offset, const void
         return 0;
 }
 
-static int fold_sample(struct agg *a, int32_t partition, const struct usage_event *ev)
+static int fold_sample(struct agg *a, const rd_kafka_message_t *m, const struct usage_event *ev)
 {
+        int32_t partition = m->partition;
         struct sandbox *sb = sandbox_find(a, ev->sandbox);
         if (!sb) {
                 sb = sandbox_add(a, ev->sandbox);
@@ -310,6 +311,9 @@ static int fold_sample(struct agg *a, int32_t partition, const struct usage_even
                 return c.err;
         if (r == FOLD_DUPLICATE || r == FOLD_OLD_EPOCH)
                 return 0;
+        if (r == FOLD_IMPOSSIBLE)
+                return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                "impossible sample: more CPU than its vCPUs could run in the time");
         if (r == FOLD_COUNTER_BACK)
                 log_warn("counter went back within an epoch; no CPU billed for it",
                          "sandbox=%s epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " billed_cpu_ns=%" PRIu64,
@@ -338,7 +342,7 @@ static int take_message(struct agg *a, const rd_kafka_message_t *m)
         if (event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
                 r = add_dead(a, m->partition, m->offset, m->payload, m->len, why);
         } else if (ev.type == EVENT_SAMPLE) {
-                r = fold_sample(a, m->partition, &ev);
+                r = fold_sample(a, m, &ev);
                 event_clear(&ev);
         } else if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0) {
                 event_clear(&ev);
@@ -471,7 +475,13 @@ static int query_ok(struct agg *a, PGresult *res, ExecStatusType want, const cha
 {
         if (PQresultStatus(res) == want)
                 return 0;
-        log_error("ledger statement failed", "what=%s error=\"%s\"", what, PQresultErrorMessage(res));
+        /* The server's message, on one line and without quotes, for the log. */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", PQresultErrorMessage(res));
+        for (char *c = msg; *c; c++)
+                if (*c == '\n' || *c == '"')
+                        *c = *c == '\n' ? ' ' : '\'';
+        log_error("ledger statement failed", "what=%s error=\"%s\"", what, msg);
         return -EIO;
 }
 
@@ -855,6 +865,7 @@ fail:
                 log_warn("partition fenced: another aggregator owns it now; batch dropped", "messages=%zu", a->messages);
         } else {
                 log_error("could not commit a batch; it will be read again", "messages=%zu", a->messages);
+                time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
         }
         free(t.buf);
         free(cmds);

@@ -3,6 +3,8 @@
 
 #include "timeutil.h"
 
+#include <stdbool.h>
+
 void fold_split(int64_t from, int64_t to, uint64_t cpu, enum sandbox_state state, uint64_t mem_size_bytes,
                 uint64_t disk_bytes, fold_emit_fn emit, void *ctx)
 {
@@ -55,8 +57,17 @@ static void peak(const struct usage_event *ev, fold_emit_fn emit, void *ctx)
         }
 }
 
+/* Could `vcpus` have used `cpu` in `elapsed` (plus the slack)? */
+static bool possible(uint64_t cpu, uint32_t vcpus, int64_t elapsed)
+{
+        u128 most = (u128)(vcpus ? vcpus : 1) * (u128)((elapsed > 0 ? elapsed : 0) + FOLD_CPU_SLACK_NS);
+        return (u128)cpu <= most;
+}
+
 enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev, fold_emit_fn emit, void *ctx)
 {
+        if (!st->known && (u128)ev->cpu_ns > (u128)(ev->vcpus ? ev->vcpus : 1) * FOLD_FIRST_CPU_MAX_NS)
+                return FOLD_IMPOSSIBLE;
         if (!st->known) {
                 /* The counter starts at zero with the cgroup: all of it is new.
                  * No interval precedes the first sample, so no held time. */
@@ -72,6 +83,10 @@ enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev,
         if (ev->epoch == st->epoch && ev->seq <= st->seq)
                 return FOLD_DUPLICATE;
 
+        if (ev->epoch > st->epoch ? !possible(ev->cpu_ns, ev->vcpus, ev->wall_ns - st->wall_ns)
+                                  : ev->cpu_ns > st->cpu_ns &&
+                                            !possible(ev->cpu_ns - st->cpu_ns, ev->vcpus, ev->wall_ns - st->wall_ns))
+                return FOLD_IMPOSSIBLE;
         enum fold_result r = FOLD_BILLED;
         uint64_t cpu;
         if (ev->epoch > st->epoch) {

@@ -44,7 +44,14 @@ enum fold_result {
         FOLD_DUPLICATE,     /* same epoch, seq not higher: nothing changes */
         FOLD_OLD_EPOCH,     /* a leftover of an earlier epoch: nothing changes */
         FOLD_COUNTER_BACK,  /* same epoch, higher seq, smaller counter: time billed, no CPU */
+        FOLD_IMPOSSIBLE,    /* more CPU than its vCPUs could run in the time: refused, nothing changes */
 };
+
+/* The slack allowed on "CPU used <= vCPUs x wall time" (clocks and counters
+ * are read at slightly different moments); beyond it a sample is impossible. */
+#define FOLD_CPU_SLACK_NS (INT64_C(3600) * INT64_C(1000000000))
+/* A sandbox's first sample may carry at most vCPUs x this much CPU. */
+#define FOLD_FIRST_CPU_MAX_NS (INT64_C(366) * 24 * 3600 * INT64_C(1000000000))
 
 /* Applies one decoded sample (ev->type must be EVENT_SAMPLE) to st, calling
  * emit for each hour it adds usage to (in time order). */

@@ -78,6 +78,15 @@ int main(void)
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
                 aggtest_produce_raw(&t, "busy", bad[i], strlen(bad[i]));
+        /* Valid JSON, impossible usage: 10^18 ns of CPU from 1 vCPU in a minute. */
+        struct usage_event ok = aggtest_sample("other", "ko", "sb-crazy", 1, 1, aggtest_utc(2026, 3, 2, 10, 0, 0),
+                                               STATE_RUNNING, 0, GiB, 0, 1);
+        struct usage_event crazy = ok;
+        crazy.seq = 2;
+        crazy.wall_ns += 60 * NS_PER_SEC;
+        crazy.cpu_ns = UINT64_C(1000000000000000000);
+        aggtest_produce(&t, &ok);
+        aggtest_produce(&t, &crazy);
 
         /* The created event arrives after the samples it describes. */
         struct usage_event created = { .type = EVENT_CREATED, .wall_ns = aggtest_utc(2026, 3, 2, 10, 0, 0),
@@ -112,7 +121,11 @@ int main(void)
         CHECK(q_int(&t, "SELECT sum(cpu_ns) FROM usage_hourly WHERE account_id = 'tasks'") == 300000000000000,
               "1,000 tasks: 300,000 CPU-seconds");
 
-        CHECK(q_int(&t, "SELECT count(*) FROM dead_letters") == 4, "four dead letters");
+        CHECK(q_int(&t, "SELECT count(*) FROM dead_letters") == 5, "five dead letters");
+        CHECK(q_int(&t, "SELECT count(*) FROM dead_letters WHERE reason LIKE 'impossible sample%'") == 1,
+              "impossible usage is a dead letter");
+        CHECK(q_int(&t, "SELECT coalesce(sum(cpu_ns), 0) FROM usage_hourly WHERE sandbox_id = 'sb-crazy'") == 0,
+              "impossible usage is not billed");
         CHECK(q_int(&t, "SELECT count(*) FROM dead_letters WHERE raw = convert_to('this is not json', 'UTF8')"
                         " AND reason LIKE '%JSON%'") == 1, "the raw bytes and the reason are kept");
         CHECK(q_int(&t, "SELECT count(*) FROM sandboxes WHERE id = 'sb-busy' AND labels->>'team' = 'ml'"

@@ -145,6 +145,25 @@ static void test_stopped_holds_nothing(void **unused)
         assert_true(s.mem[0] == 0 && s.sto[0] == 0);
 }
 
+static void test_impossible_cpu_is_refused(void **unused)
+{
+        struct fold_state st = { 0 };
+        struct sum s = { 0 };
+        /* 2 vCPUs for 60 s can use at most 120 CPU-s (+ an hour of slack for
+         * clock skew): 10 hours of CPU in a minute is refused, and changes nothing. */
+        struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 0),
+                           b = sample(1, 2, T0 + 60 * NS_PER_SEC, STATE_RUNNING, 36000 * NS_PER_SEC),
+                           c = sample(2, 1, T0 + 60 * NS_PER_SEC, STATE_RUNNING, 36000 * NS_PER_SEC),
+                           d = sample(1, 3, T0 + 120 * NS_PER_SEC, STATE_RUNNING, 240 * NS_PER_SEC);
+        fold_apply(&st, &a, collect, &s);
+        struct fold_state before = st;
+        assert_int_equal(fold_apply(&st, &b, collect, &s), FOLD_IMPOSSIBLE);
+        assert_int_equal(fold_apply(&st, &c, collect, &s), FOLD_IMPOSSIBLE);
+        assert_memory_equal(&st, &before, sizeof(st));
+        assert_int_equal(fold_apply(&st, &d, collect, &s), FOLD_BILLED); /* 240 CPU-s in 120 s: fine */
+        assert_int_equal(total_cpu(&s), 240 * NS_PER_SEC);
+}
+
 /* A busy hour of a 2 vCPU / 4 GiB sandbox rated with $0.025 per vCPU-hour and
  * $0.0075 per GiB-hour: $0.08. */
 static void rate_hour(uint64_t milli_vcpus, int64_t want_nanodollars)
@@ -204,6 +223,7 @@ int main(void)
                 cmocka_unit_test(test_split_at_hours_by_time_share),
                 cmocka_unit_test(test_split_is_exact_for_awkward_numbers),
                 cmocka_unit_test(test_stopped_holds_nothing),
+                cmocka_unit_test(test_impossible_cpu_is_refused),
                 cmocka_unit_test(test_golden_busy_hour),
                 cmocka_unit_test(test_golden_waiting_hour),
                 cmocka_unit_test(test_golden_thousand_tasks),
