@@ -35,7 +35,7 @@ start_test_services "$WORK" "$TALLY_BUILD" >/dev/null
 
 SOCK=$WORK/vmm.sock
 "$TALLY_BUILD/vmm/tally-vmm" --state-dir "$WORK/state" --socket "$SOCK" --kafka-brokers "$TALLY_TEST_BROKERS" \
-  --cgroup-parent "$PARENT" --host-id bench-host --final-wait-ms 200 --log-level warn 2>"$WORK/vmm.log" &
+  --cgroup-parent "$PARENT" --host-id bench-host --final-wait-ms 200 --log-level info 2>"$WORK/vmm.log" &
 VMM_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { cat "$WORK/vmm.log" >&2; die "tally-vmm did not start"; }
@@ -49,7 +49,9 @@ process=$("$BENCH" "$SOCK" process 100) || die "process benchmark failed: $proce
 qemu=$("$BENCH" "$SOCK" qemu 5 2>&1) || true
 qemu_accel=null
 if [[ $qemu == n=* ]]; then
-  if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then qemu_accel='"kvm"'; else qemu_accel='"tcg"'; fi
+  # What the daemon chose (a /dev/kvm that opens is not proof that KVM boots a guest).
+  accel=$(sed -n 's/.*msg="qemu accelerator chosen" accel=\([a-z]*\).*/\1/p' "$WORK/vmm.log" | tail -1)
+  qemu_accel="\"${accel:-unknown}\""
   qemu_line="qemu      (5 sandboxes):   median $(ms "$(field p50_us "$qemu")") ms   p99 $(ms "$(field p99_us "$qemu")") ms   accel ${qemu_accel//\"/}"
 else
   qemu_line="qemu:     not measured ($(sed 's/^error: //' <<<"$qemu" | head -1))"
