@@ -10,9 +10,8 @@
 #  commit_latency_ms_p50/p99   Kafka create time of a sample -> its batch committed, at a steady
 #                              50,000 samples/s (the aggregator's own histogram, printed at exit)
 #  freeze_latency_ms_p50/p99   the sample that crosses a key's daily limit produced -> pause command
-#                              published and consumed -> a real process frozen in a cgroup v1
-#                              freezer (a small consumer stands in for tally-vmm, which is not
-#                              finished yet)
+#                              published -> consumed by a real tally-vmm -> its process
+#                              sandbox's freezer cgroup reads FROZEN
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
@@ -22,7 +21,12 @@ SANDBOXES=${SANDBOXES:-10000}
 SAMPLES=${SAMPLES:-100}
 WORK=$(mktemp -d /tmp/tally-bench-aggregator.XXXXXX)
 AGG_PID=
-cleanup() { [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null; stop_test_services "$WORK"; }
+VMM_PID=
+cleanup() {
+  [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null
+  [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
+  stop_test_services "$WORK"
+}
 trap cleanup EXIT
 TALLY_PARTITIONS=4 start_test_services "$WORK" "$BUILD"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
@@ -65,7 +69,7 @@ LAT=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.log")
 P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$LAT")
 P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$LAT")
 
-say "freeze latency: limit crossed -> pause command -> process frozen"
+say "freeze latency: limit crossed -> pause command -> tally-vmm sandbox frozen"
 TRIALS=${TRIALS:-20}
 psql -c "INSERT INTO accounts (id, name) VALUES ('bench-freeze-acct', 'bench')" \
      -c "INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars, limit_policy)
@@ -74,8 +78,18 @@ psql -c "INSERT INTO accounts (id, name) VALUES ('bench-freeze-acct', 'bench')" 
 "$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info 2>"$WORK/agg.freeze.log" &
 AGG_PID=$!
 until grep -q "partition assigned" "$WORK/agg.freeze.log"; do sleep 0.1; done
-"$BENCH" freeze "$TALLY_TEST_BROKERS" "$TRIALS" >"$WORK/freeze.txt"
+# The real tally-vmm carries the pause out (process sandboxes, its own cgroup parent).
+VMM_PARENT=tally-bench-aggregator-$$
+"$TALLY_BUILD/vmm/tally-vmm" --state-dir "$WORK/vmm" --kafka-brokers "$TALLY_TEST_BROKERS" --backend process \
+  --cgroup-parent "$VMM_PARENT" --final-wait-ms 200 2>"$WORK/vmm.log" &
+VMM_PID=$!
+until [ -S "$WORK/vmm/vmm.sock" ]; do kill -0 $VMM_PID || die "tally-vmm exited: $(tail -3 "$WORK/vmm.log")"; sleep 0.1; done
+until grep -q "control topic assigned" "$WORK/vmm.log"; do sleep 0.1; done
+"$BENCH" freeze "$TALLY_TEST_BROKERS" "$TRIALS" "$TALLY_BUILD/vmm/tally-vmm" "$WORK/vmm" "$VMM_PARENT" >"$WORK/freeze.txt"
 kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+sleep 0.5  # the last stopped sandbox's cgroup goes once its final counter is out
+kill -TERM $VMM_PID; wait $VMM_PID || true; VMM_PID=
+for h in /sys/fs/cgroup/*/"$VMM_PARENT"; do rmdir "$h"/*/ "$h" 2>/dev/null || true; done
 sed -n 's/^freeze_ms=//p' "$WORK/freeze.txt" | sort -n >"$WORK/freeze.sorted"
 N=$(wc -l <"$WORK/freeze.sorted")
 F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")

@@ -2,8 +2,8 @@
  *
  *   produce BROKERS SANDBOXES SAMPLES RATE  produce SANDBOXES x SAMPLES usage samples (RATE per second, 0: flat out)
  *   fold SAMPLES                             the fold stage alone, one core: samples folded per second
- *   freeze BROKERS TRIALS                    limit crossed -> pause command -> a real process frozen in a
- *                                            cgroup v1 freezer; prints one latency (ms) per trial
+ *   freeze BROKERS TRIALS VMM STATE PARENT   limit crossed -> pause command -> a tally-vmm sandbox's
+ *                                            freezer cgroup FROZEN; prints one latency (ms) per trial
  * Figures go to stdout as name=value lines. */
 #include "control.h"
 #include "event.h"
@@ -12,6 +12,7 @@
 #include "timeutil.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -115,20 +116,9 @@ static int cmd_fold(long samples)
 
 /* ---- freeze ---- */
 
-static int write_file(const char *path, const char *text)
-{
-        int fd = open(path, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        ssize_t n = write(fd, text, strlen(text));
-        int e = n < 0 ? -errno : 0;
-        close(fd);
-        return e;
-}
-
 static bool frozen(const char *cg)
 {
-        char path[512], buf[64] = "";
+        char path[600], buf[64] = "";
         snprintf(path, sizeof(path), "%s/freezer.state", cg);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
@@ -138,58 +128,46 @@ static bool frozen(const char *cg)
         return n > 0 && strncmp(buf, "FROZEN", 6) == 0;
 }
 
-static int cmd_freeze(const char *brokers, int trials)
+/* Runs `tally-vmm --state-dir STATE ARGS` and returns the "id" of its JSON answer. */
+static int vmm_cli(const char *vmm, const char *state, const char *args, char *id, size_t idlen)
 {
-        char err[512];
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "%s --state-dir %s %s", vmm, state, args);
+        FILE *f = popen(cmd, "r");
+        if (!f)
+                return -errno;
+        json_error_t jerr;
+        json_t *j = json_loadf(f, JSON_DISABLE_EOF_CHECK, &jerr);
+        int rc = pclose(f);
+        const char *v = j ? json_string_value(json_object_get(j, "id")) : NULL;
+        if (id && v)
+                snprintf(id, idlen, "%s", v);
+        json_decref(j);
+        return rc == 0 && (!id || v) ? 0 : -EIO;
+}
+
+/* Per trial: a real tally-vmm process sandbox for a key of its own; the sample
+ * that crosses the key's daily limit is produced; the clock stops when the
+ * sandbox's freezer cgroup reads FROZEN (the aggregator's pause command, carried
+ * out by tally-vmm). */
+static int cmd_freeze(const char *brokers, int trials, const char *vmm, const char *state, const char *parent)
+{
         rd_kafka_t *p = producer(brokers);
-        char group[64];
-        snprintf(group, sizeof(group), "bench-freezer-%d", (int)getpid());
-        /* A control consumer wants commands at once, not full fetches. */
-        const char *const fast[] = { "fetch.wait.max.ms=10", NULL };
-        rd_kafka_t *c = kafka_consumer_new(brokers, group, NULL, fast, err, sizeof(err));
-        if (!c)
-                die(err);
-        rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(topics, TOPIC_CONTROL, RD_KAFKA_PARTITION_UA);
-        rd_kafka_subscribe(c, topics);
-        rd_kafka_topic_partition_list_destroy(topics);
-        /* wait for the control partitions to be assigned */
-        for (int i = 0; i < 100; i++) {
-                rd_kafka_topic_partition_list_t *a = NULL;
-                rd_kafka_assignment(c, &a);
-                int n = a ? a->cnt : 0;
-                if (a)
-                        rd_kafka_topic_partition_list_destroy(a);
-                if (n > 0)
-                        break;
-                rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
-                if (m)
-                        rd_kafka_message_destroy(m);
-        }
         int64_t day0 = time_day_start(time_wall_ns());
         for (int t = 0; t < trials; t++) {
-                char cg[256], path[512], key[32], account[32], sandbox[32];
-                snprintf(cg, sizeof(cg), "/sys/fs/cgroup/freezer/tally-bench-aggregator-%d-%d", (int)getpid(), t);
-                if (mkdir(cg, 0755) < 0)
-                        die("could not create a freezer cgroup (cgroup v1 freezer, as root)");
-                pid_t child = fork();
-                if (child == 0) {
-                        char pid[32];
-                        snprintf(path, sizeof(path), "%s/cgroup.procs", cg);
-                        snprintf(pid, sizeof(pid), "%d", (int)getpid());
-                        if (write_file(path, pid) < 0)
-                                _exit(1);
-                        execlp("sleep", "sleep", "600", (char *)NULL);
-                        _exit(1);
-                }
+                char path[512], key[32], account[32], sandbox[EVENT_ID_MAX + 1], args[256];
                 snprintf(key, sizeof(key), "bench-freeze-%d", t);
                 snprintf(account, sizeof(account), "bench-freeze-acct");
-                snprintf(sandbox, sizeof(sandbox), "bench-freeze-sb-%d-%d", (int)getpid(), t);
+                snprintf(args, sizeof(args), "create --account %s --key %s --memory-mib 64 -- sleep 600", account, key);
+                if (vmm_cli(vmm, state, args, sandbox, sizeof(sandbox)) < 0)
+                        die("tally-vmm create failed");
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/freezer/%s/%s", parent, sandbox);
                 /* A busy 2 vCPU / 4 GiB sandbox: $0.08/h; the key's limit ($0.01, set by
-                 * the script) is crossed by the sample of minute 8, and not before. */
+                 * the script) is crossed by the sample of minute 8, and not before. The
+                 * samples carry the real sandbox's id, as the collector's would. */
                 int64_t crossed = 0;
                 for (int k = 0; k <= 8; k++) {
-                        struct usage_event ev = { .type = EVENT_SAMPLE, .epoch = 1, .seq = (uint64_t)k + 1,
+                        struct usage_event ev = { .type = EVENT_SAMPLE, .epoch = 1000, .seq = (uint64_t)k + 1,
                                                   .wall_ns = day0 + k * 60 * NS_PER_SEC, .state = STATE_RUNNING,
                                                   .cpu_ns = (uint64_t)k * 120 * NS_PER_SEC, .mem_size_bytes = 4 * GiB,
                                                   .vcpus = 2 };
@@ -208,33 +186,18 @@ static int cmd_freeze(const char *brokers, int trials)
                 rd_kafka_flush(p, 10000);
                 int64_t deadline = crossed + 30 * NS_PER_SEC, done = 0;
                 while (!done && time_mono_ns() < deadline) {
-                        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 5);
-                        if (!m)
-                                continue;
-                        struct control_command cmd;
-                        char why[256];
-                        if (!m->err && control_decode(m->payload, m->len, &cmd, why, sizeof(why)) == 0 &&
-                            cmd.action == CONTROL_PAUSE && strcmp(cmd.key, key) == 0) {
-                                snprintf(path, sizeof(path), "%s/freezer.state", cg);
-                                write_file(path, "FROZEN");
-                                while (!frozen(cg))
-                                        time_sleep_ns(100 * NS_PER_US);
+                        if (frozen(path))
                                 done = time_mono_ns();
-                        }
-                        rd_kafka_message_destroy(m);
+                        else
+                                time_sleep_ns(NS_PER_MS);
                 }
-                snprintf(path, sizeof(path), "%s/freezer.state", cg);
-                write_file(path, "THAWED");
-                kill(child, SIGKILL);
-                waitpid(child, NULL, 0);
-                rmdir(cg);
+                snprintf(args, sizeof(args), "stop %s", sandbox);
+                vmm_cli(vmm, state, args, NULL, 0);
                 if (!done)
-                        die("no pause command within 30 s");
+                        die("the sandbox was not frozen within 30 s");
                 printf("freeze_ms=%lld\n", (long long)((done - crossed) / NS_PER_MS));
                 fflush(stdout);
         }
-        rd_kafka_consumer_close(c);
-        rd_kafka_destroy(c);
         rd_kafka_destroy(p);
         return 0;
 }
@@ -245,9 +208,9 @@ int main(int argc, char **argv)
                 return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
         if (argc >= 3 && strcmp(argv[1], "fold") == 0)
                 return cmd_fold(atol(argv[2]));
-        if (argc >= 4 && strcmp(argv[1], "freeze") == 0)
-                return cmd_freeze(argv[2], atoi(argv[3]));
+        if (argc >= 7 && strcmp(argv[1], "freeze") == 0)
+                return cmd_freeze(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
         fprintf(stderr, "Usage: bench-aggregator produce BROKERS SANDBOXES SAMPLES RATE | fold SAMPLES | "
-                        "freeze BROKERS TRIALS\n");
+                        "freeze BROKERS TRIALS VMM STATE_DIR CGROUP_PARENT\n");
         return 2;
 }
