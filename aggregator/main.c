@@ -2,6 +2,7 @@
  * the ledger exactly once and enforces daily spend limits. */
 #include "aggregator.h"
 #include "config.h"
+#include "daemon.h"
 #include "log.h"
 
 #include <signal.h>
@@ -32,8 +33,6 @@ static const struct program_info program = {
                    "Kafka offsets are kept in PostgreSQL with the ledger rows they produced.",
 };
 
-static volatile sig_atomic_t stop_requested;
-static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 int main(int argc, char **argv)
 {
@@ -41,11 +40,8 @@ int main(int argc, char **argv)
         int r = config_main(&program, settings, &cfg, argc, argv, NULL);
         if (r >= 0)
                 return r;
-        struct sigaction sa = { .sa_handler = on_signal };
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        signal(SIGPIPE, SIG_IGN);
-        r = aggregator_run(&cfg, &stop_requested);
+        daemon_handle_signals();
+        r = aggregator_run(&cfg, &daemon_stop_requested);
         config_free(settings, &cfg);
         return r < 0 ? 1 : 0;
 }

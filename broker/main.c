@@ -2,6 +2,7 @@
  * For development and tests only: it keeps messages in memory and forgets them
  * on exit. Production points every daemon at a real Kafka cluster. */
 #include "config.h"
+#include "daemon.h"
 #include "devbroker.h"
 #include "log.h"
 
@@ -51,8 +52,6 @@ static const struct program_info program = {
                    "  clear APIKEY | rtt MS [ID] | topics | ping",
 };
 
-static volatile sig_atomic_t stop_requested;
-static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 static int write_file_atomic(const char *path, const char *text)
 {
@@ -155,10 +154,7 @@ int main(int argc, char **argv)
                 return status;
         }
 
-        struct sigaction sa = { .sa_handler = on_signal };
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        signal(SIGPIPE, SIG_IGN);
+        daemon_handle_signals();
 
         char err[512], quoted[600];
         struct devbroker *b = NULL;
@@ -183,7 +179,7 @@ int main(int argc, char **argv)
         printf("bootstrap=%s\n", devbroker_bootstrap(b));
         fflush(stdout);
 
-        while (!stop_requested) {
+        while (!daemon_stop_requested) {
                 struct pollfd p = { ctl_fd, POLLIN, 0 };
                 int n = poll(&p, ctl_fd >= 0 ? 1 : 0, 500);
                 if (n > 0 && (p.revents & POLLIN))

@@ -2,6 +2,7 @@
  * and publishes cumulative usage samples to Kafka (see collector.h). */
 #include "collector.h"
 #include "config.h"
+#include "daemon.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -58,8 +59,6 @@ static const struct program_info program = {
                    "sandboxes wait in <state_dir>/collector/spool until the broker acknowledges them.",
 };
 
-static volatile sig_atomic_t stop_requested;
-static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 int main(int argc, char **argv)
 {
@@ -67,10 +66,7 @@ int main(int argc, char **argv)
         int r = config_main(&program, settings, &cfg, argc, argv, NULL);
         if (r >= 0)
                 return r;
-        struct sigaction sa = { .sa_handler = on_signal };
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        signal(SIGPIPE, SIG_IGN);
+        daemon_handle_signals();
 
         int status = 1;
         char err[1024];
@@ -93,7 +89,7 @@ int main(int argc, char **argv)
         if (ms)
                 log_info("metrics served", "url=http://%s:%lld/metrics", cfg.metrics_address,
                          (long long)cfg.metrics_port);
-        if (collector_run(c, &stop_requested) == 0)
+        if (collector_run(c, &daemon_stop_requested) == 0)
                 status = 0;
 out:
         metrics_server_stop(ms);

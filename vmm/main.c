@@ -3,6 +3,7 @@
 #include "api.h"
 #include "cli.h"
 #include "config.h"
+#include "daemon.h"
 #include "log.h"
 #include "vmm.h"
 
@@ -79,8 +80,6 @@ static const struct program_info program = {
                 "  pause ID | resume ID | stop ID | fork ID [--count N] | timeout ID SECONDS",
 };
 
-static volatile sig_atomic_t stop_requested;
-static void on_signal(int sig) { (void)sig; stop_requested = 1; }
 
 int main(int argc, char **argv)
 {
@@ -122,10 +121,7 @@ int main(int argc, char **argv)
                 .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
                 .exec_output_cap_default = cfg.exec_output_cap,
         };
-        struct sigaction sa = { .sa_handler = on_signal };
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        signal(SIGPIPE, SIG_IGN);
+        daemon_handle_signals();
         char err[1024];
         struct vmm *v = NULL;
         struct vmm_api *api = NULL;
@@ -139,7 +135,7 @@ int main(int argc, char **argv)
                 goto out;
         }
         log_info("tally-vmm ready", "socket=%s", socket_path);
-        while (!stop_requested)
+        while (!daemon_stop_requested)
                 pause();
         log_info("tally-vmm stopping; sandboxes keep running", NULL);
         vmm_begin_shutdown(v);

