@@ -74,6 +74,7 @@ struct collector {
         struct sandbox **list;
         size_t n, cap;
         size_t npending;
+        size_t pending_next;          /* where publish_pending resumes, so no sandbox starves */
         size_t kept_fds, fd_budget;   /* counter descriptors open, and how many we may keep */
         bool transient_logged;
         bool fatal;                   /* the producer failed for good */
@@ -294,14 +295,20 @@ static void publish_sample(struct collector *c, struct sandbox *s, int len)
 
 static void publish_pending(struct collector *c)
 {
-        for (size_t i = 0; i < c->n && c->npending > 0; i++) {
+        /* Round robin from where the last call stopped: starting at the list's head every tick
+         * would let the first queue_max sandboxes take all the room and starve the rest. */
+        for (size_t k = 0; k < c->n && c->npending > 0; k++) {
+                size_t i = (c->pending_next + k) % c->n;
                 struct sandbox *s = c->list[i];
                 if (!s->pending)
                         continue;
-                if (!queue_has_room(c) || produce(c, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS)
+                if (!queue_has_room(c) || produce(c, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS) {
+                        c->pending_next = i;
                         break;
+                }
                 s->pending = false;
                 c->npending--;
+                c->pending_next = i + 1;
         }
         M_SET(c, pending_newest, c->npending);
 }
