@@ -40,9 +40,7 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *user)
         return size * n;
 }
 
-/* One request; *ret is the decoded JSON answer. Returns the HTTP status, or -1
- * when the daemon could not be reached (message printed). */
-static long call(const char *socket_path, const char *method, const char *path, json_t *body, json_t **ret)
+long vmm_api_call(const char *socket_path, const char *method, const char *path, json_t *body, json_t **ret)
 {
         CURL *curl = curl_easy_init();
         struct buffer b = { 0 };
@@ -99,7 +97,7 @@ static int print_answer(long status, json_t *answer)
 static int request(const char *sock, const char *method, const char *path, json_t *body)
 {
         json_t *answer = NULL;
-        long status = call(sock, method, path, body, &answer);
+        long status = vmm_api_call(sock, method, path, body, &answer);
         return print_answer(status, answer);
 }
 
@@ -180,7 +178,7 @@ static int cmd_create(const char *sock, int argc, char **argv)
         if (optind < argc)
                 json_object_set_new(body, "command", argv_json(argc - optind, argv + optind));
         json_t *answer = NULL;
-        long status = call(sock, "POST", "/sandboxes", body, &answer);
+        long status = vmm_api_call(sock, "POST", "/sandboxes", body, &answer);
         rc = print_answer(status, answer);
 out:
         json_decref(labels);
@@ -249,7 +247,7 @@ static int cmd_exec(const char *sock, int argc, char **argv)
         }
         json_object_set_new(body, "command", argv_json(argc - first, argv + first));
         json_t *answer = NULL;
-        long status = call(sock, "POST", path, body, &answer);
+        long status = vmm_api_call(sock, "POST", path, body, &answer);
         if (status < 0 || status >= 300) {
                 rc = print_answer(status, answer);
                 goto out;
@@ -276,7 +274,7 @@ static int cmd_ls(const char *sock, int argc, char **argv)
         else if (argc != 1)
                 return usage("ls takes no arguments but --account ID");
         json_t *answer = NULL;
-        long status = call(sock, "GET", path, NULL, &answer);
+        long status = vmm_api_call(sock, "GET", path, NULL, &answer);
         if (status < 0 || status >= 300)
                 return print_answer(status, answer);
         printf("%-22s %-8s %-8s %5s %8s %-16s %-16s\n", "ID", "STATE", "BACKEND", "VCPUS", "MEM_MIB", "ACCOUNT",
@@ -329,7 +327,7 @@ int vmm_cli(const char *sock, int argc, char **argv)
                 }
                 snprintf(path, sizeof(path), "/sandboxes/%s/fork", id);
                 json_t *body = json_pack("{s:I}", "count", (json_int_t)n);
-                long status = call(sock, "POST", path, body, &answer);
+                long status = vmm_api_call(sock, "POST", path, body, &answer);
                 json_decref(body);
                 return print_answer(status, answer);
         }
@@ -338,7 +336,7 @@ int vmm_cli(const char *sock, int argc, char **argv)
                         return usage("timeout ID SECONDS");
                 snprintf(path, sizeof(path), "/sandboxes/%s/timeout", id);
                 json_t *body = json_pack("{s:I}", "timeout_s", (json_int_t)n);
-                long status = call(sock, "POST", path, body, &answer);
+                long status = vmm_api_call(sock, "POST", path, body, &answer);
                 json_decref(body);
                 return print_answer(status, answer);
         }

@@ -7,5 +7,11 @@
  * error on stderr), 2 bad usage; for exec, the command's own exit status. */
 int vmm_cli(const char *socket_path, int argc, char **argv);
 
+/* One request to the daemon's local API (HTTP over its unix socket); *ret is
+ * the decoded JSON answer (yours to json_decref). Returns the HTTP status, or -1
+ * when the daemon could not be reached (message on stderr). */
+#include <jansson.h>
+long vmm_api_call(const char *socket_path, const char *method, const char *path, json_t *body, json_t **ret);
+
 /* True if name is one of the client's commands. */
 int vmm_cli_is_command(const char *name);

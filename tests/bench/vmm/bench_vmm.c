@@ -6,7 +6,9 @@
  *   bench-vmm SOCKET BACKEND COUNT
  * prints one line: "n=N p50_us=... p99_us=... min_us=... max_us=..." or a
  * line starting with "error:". Integers only. */
-#include <curl/curl.h>
+#include "cli.h"
+#include "timeutil.h"
+
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,52 +16,17 @@
 #include <string.h>
 #include <time.h>
 
-struct buffer {
-        char *data;
-        size_t len;
-};
-
-static size_t on_data(char *ptr, size_t size, size_t n, void *user)
+/* One POST through the CLI's own client; NULL when the daemon gave no JSON. */
+static json_t *post(const char *sock, const char *path, json_t *body, long *status)
 {
-        struct buffer *b = user;
-        char *d = realloc(b->data, b->len + size * n + 1);
-        if (!d)
-                return 0;
-        memcpy(d + b->len, ptr, size * n);
-        b->len += size * n;
-        d[b->len] = '\0';
-        b->data = d;
-        return size * n;
-}
-
-static json_t *post(CURL *curl, const char *sock, const char *path, json_t *body, long *status)
-{
-        struct buffer b = { 0 };
-        char url[256];
-        char *text = json_dumps(body, JSON_COMPACT);
-        snprintf(url, sizeof(url), "http://localhost/v1%s", path);
-        curl_easy_reset(curl);
-        curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, sock);
-        curl_easy_setopt(curl, CURLOPT_URL, url);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
-        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
-        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
-        *status = 0;
         json_t *j = NULL;
-        if (curl_easy_perform(curl) == CURLE_OK) {
-                curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, status);
-                j = b.data ? json_loads(b.data, 0, NULL) : NULL;
-        }
-        free(text);
-        free(b.data);
+        *status = vmm_api_call(sock, "POST", path, body, &j);
         return j;
 }
 
 static int64_t now_us(void)
 {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        return time_mono_ns() / NS_PER_US;
 }
 
 static int cmp(const void *a, const void *b)
@@ -81,8 +48,6 @@ int main(int argc, char **argv)
                 return 2;
         }
         int64_t *samples = calloc((size_t)count, sizeof(*samples));
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-        CURL *curl = curl_easy_init();
         json_t *create = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i}", "account", "bench-account", "key", "bench-key",
                                    "backend", backend, "vcpus", 1, "memory_mib", 256, "timeout_s", 600);
         json_t *exec = json_pack("{s:[s,s], s:i}", "command", "echo", "ready", "timeout_ms", 60000);
@@ -90,7 +55,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < count; i++) {
                 long code;
                 int64_t t0 = now_us();
-                json_t *sb = post(curl, sock, "/sandboxes", create, &code);
+                json_t *sb = post(sock, "/sandboxes", create, &code);
                 const char *id = json_string_value(json_object_get(sb, "id"));
                 if (code != 201 || !id) {
                         const char *e = json_string_value(json_object_get(sb, "error"));
@@ -101,7 +66,7 @@ int main(int argc, char **argv)
                 }
                 char path[128];
                 snprintf(path, sizeof(path), "/sandboxes/%s/exec", id);
-                json_t *res = post(curl, sock, path, exec, &code);
+                json_t *res = post(sock, path, exec, &code);
                 int64_t t1 = now_us();
                 const char *out = json_string_value(json_object_get(res, "stdout"));
                 if (code != 200 || !out || strcmp(out, "ready\n") != 0) {
@@ -111,7 +76,7 @@ int main(int argc, char **argv)
                 samples[i] = t1 - t0;
                 snprintf(path, sizeof(path), "/sandboxes/%s/stop", id);
                 json_t *empty = json_object();
-                json_decref(post(curl, sock, path, empty, &code));
+                json_decref(post(sock, path, empty, &code));
                 json_decref(empty);
                 json_decref(res);
                 json_decref(sb);
@@ -127,8 +92,6 @@ int main(int argc, char **argv)
         }
         json_decref(create);
         json_decref(exec);
-        curl_easy_cleanup(curl);
-        curl_global_cleanup();
         free(samples);
         return status;
 }
