@@ -6,6 +6,7 @@
  * outside it, when inotify says a record changed. */
 #include "collector.h"
 #include "cgroup.h"
+#include "cgroup_scan.h"
 #include "event.h"
 #include "kafka.h"
 #include "log.h"
@@ -18,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
@@ -47,6 +49,8 @@ struct sandbox {
         int cgroup_version;
         char *cpu_dir, *mem_dir, *disk_path;
         struct cgroup_files files;
+        int scan_cpu_root, scan_mem_root; /* the scan's roots for this sandbox's cgroups; -1: not scanned */
+        uint64_t scan_cpu_id, scan_mem_id;
         struct epoch_track track;
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
@@ -78,6 +82,9 @@ struct collector {
         size_t kept_fds, fd_budget;   /* counter descriptors open, and how many we may keep */
         bool transient_logged;
         bool fatal;                   /* the producer failed for good */
+        struct cgroup_scan *scan;     /* the BPF cgroup walk, or NULL: every sandbox is read from its files */
+        bool scanned;                 /* this tick's walk succeeded */
+        bool scan_error_logged;
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -212,6 +219,62 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         ev->final = s->state == STATE_STOPPED;
 }
 
+/* Where the scan finds this sandbox: the folder above its cgroup is a root to
+ * walk, its cgroup's inode number the id. Any failure leaves it to its files. */
+static void learn_scan_ids(struct collector *c, struct sandbox *s)
+{
+        s->scan_cpu_root = s->scan_mem_root = -1;
+        if (!c->scan)
+                return;
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", s->cpu_dir);
+        int cpu_root = cgroup_scan_add_root(c->scan, s->cgroup_version, dirname(parent));
+        if (cpu_root < 0 || cgroup_id_of(s->cpu_dir, &s->scan_cpu_id) < 0)
+                return;
+        if (s->files.mem_path) { /* a memory counter file: the scan must find its cgroup too */
+                snprintf(parent, sizeof(parent), "%s", s->mem_dir);
+                int mem_root = cgroup_scan_add_root(c->scan, s->cgroup_version, dirname(parent));
+                if (mem_root < 0 || cgroup_id_of(s->mem_dir, &s->scan_mem_id) < 0)
+                        return;
+                s->scan_mem_root = mem_root;
+        }
+        s->scan_cpu_root = cpu_root;
+}
+
+/* This tick's reading of a sandbox from the scan, if it saw the sandbox's
+ * cgroups; peak read too when the walk read watermarks. */
+static bool read_scanned(struct collector *c, struct sandbox *s, struct cgroup_reading *rd)
+{
+        struct cgroup_scan_reading sr;
+        if (!c->scanned || s->scan_cpu_root < 0 ||
+            !cgroup_scan_get(c->scan, s->scan_cpu_root, s->scan_cpu_id, s->scan_mem_root, s->scan_mem_id, &sr))
+                return false;
+        *rd = (struct cgroup_reading){ .cpu_ns = sr.cpu_ns, .mem_bytes = sr.mem_bytes };
+        if (sr.has_peak && s->files.peak_path) {
+                s->peak_bytes = sr.mem_peak_bytes;
+                s->peak_read = true;
+        }
+        return true;
+}
+
+/* Walks every root once for this tick; on failure this tick reads files. */
+static void scan_tick(struct collector *c, bool peaks)
+{
+        c->scanned = false;
+        if (!c->scan)
+                return;
+        int r = cgroup_scan_run(c->scan, peaks);
+        if (r < 0) {
+                M_ADD(c, scan_errors_total, 1);
+                if (!c->scan_error_logged)
+                        log_warn("the cgroup walk failed: reading files this tick", "error=\"%s\"", strerror(-r));
+                c->scan_error_logged = true;
+                return;
+        }
+        c->scanned = true;
+        M_SET(c, scan_cgroups, cgroup_scan_seen(c->scan));
+}
+
 /* Opens a sandbox's counter files, outside the hot path. */
 static int open_files(struct collector *c, struct sandbox *s)
 {
@@ -226,6 +289,7 @@ static int open_files(struct collector *c, struct sandbox *s)
                 return r;
         }
         c->kept_fds += cgroup_files_kept(&s->files);
+        learn_scan_ids(c, s);
         if (s->files.transient) {
                 M_ADD(c, sandboxes_transient, 1);
                 if (!c->transient_logged)
@@ -442,6 +506,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                         c->cap = cap;
                 }
                 s->files = CGROUP_FILES_NONE;
+                s->scan_cpu_root = s->scan_mem_root = -1;
                 memcpy(s->id, rec->id, sizeof(s->id));
                 uint64_t saved_epoch = 0, saved_record = 0;
                 int r = state_load_epoch(c->state_dir, s->id, &saved_epoch, &saved_record);
@@ -560,8 +625,10 @@ static void drain_inotify(struct collector *c)
 static void sample_all(struct collector *c)
 {
         publish_pending(c);
+        bool peaks = c->opt.read_peak && c->ticks % (uint64_t)c->opt.peak_every == 0;
+        scan_tick(c, peaks);
         stamp(c);
-        uint64_t samples = 0, errors = 0;
+        uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->n; i++) {
                 struct sandbox *s = c->list[i];
                 if (s->finished || s->state == STATE_STOPPED)
@@ -569,7 +636,9 @@ static void sample_all(struct collector *c)
                 if (s->files.version == 0 && open_files(c, s) < 0)
                         continue; /* not there (yet, or any more) */
                 struct cgroup_reading rd;
-                int r = cgroup_files_read(&s->files, &rd);
+                bool scanned = read_scanned(c, s, &rd);
+                int r = scanned ? 0 : cgroup_files_read(&s->files, &rd);
+                file_reads += !scanned;
                 if (r < 0) {
                         /* Removed between discovery and read (ENODEV/ENOENT): close, and reopen if it
                          * comes back; a recreated cgroup's counter restarts, which the epoch rules catch. */
@@ -581,8 +650,9 @@ static void sample_all(struct collector *c)
                         close_files(c, s);
                         continue;
                 }
-                /* Staggered, so each tick reads the peaks of 1/peak_every of the sandboxes. */
-                if (s->files.peak_path && ((c->ticks + i) % (uint64_t)c->opt.peak_every == 0 || !s->peak_read) &&
+                /* Read from files: staggered, so each tick reads the peaks of 1/peak_every of the
+                 * sandboxes. The scan reads every peak each peak_every ticks. */
+                if (s->files.peak_path && (!s->peak_read || (!scanned && (c->ticks + i) % (uint64_t)c->opt.peak_every == 0)) &&
                     cgroup_files_read_peak(&s->files, &s->peak_bytes) < 0)
                         errors++;
                 s->peak_read = true;
@@ -599,6 +669,7 @@ static void sample_all(struct collector *c)
         }
         M_ADD(c, samples_total, samples);
         M_ADD(c, read_errors_total, errors);
+        M_ADD(c, file_reads_total, file_reads);
         M_SET(c, pending_newest, c->npending);
         publish_spool(c);
         c->ticks++;
@@ -686,6 +757,17 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
                 goto fail;
         }
         c->fd_budget = raise_nofile();
+        if (strcmp(opt->cgroup_reader, "files") != 0) {
+                char serr[256];
+                r = cgroup_scan_new(&c->scan, serr, sizeof(serr));
+                if (r < 0 && strcmp(opt->cgroup_reader, "scan") == 0) {
+                        snprintf(err, errlen, "cgroup_reader is scan, but %s", serr);
+                        goto fail;
+                }
+                if (r < 0)
+                        log_info("reading cgroup files: the cgroup walk is not available", "reason=\"%s\"", serr);
+        }
+        M_SET(c, scan_active, c->scan != NULL);
 
         char kerr[512], timeout[64], qmax[64];
         snprintf(timeout, sizeof(timeout), "message.timeout.ms=%lld", (long long)opt->delivery_timeout_ms);
@@ -721,6 +803,7 @@ void collector_free(struct collector *c)
                 sandbox_free(c->list[i]);
         free(c->list);
         spool_close(&c->spool);
+        cgroup_scan_free(c->scan);
         if (c->inotify_fd >= 0)
                 close(c->inotify_fd);
         free(c);
@@ -732,8 +815,10 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
         int r = rescan(c);
         if (r < 0)
                 return r;
-        log_info("collector running", "host=%s sandboxes=%zu generation=%u tick_ms=%lld spool=%zu fd_budget=%zu",
-                 c->host_id, c->n, c->generation, (long long)c->opt.tick_ms, c->spool.count, c->fd_budget);
+        log_info("collector running",
+                 "host=%s sandboxes=%zu generation=%u tick_ms=%lld spool=%zu fd_budget=%zu cgroup_reader=%s",
+                 c->host_id, c->n, c->generation, (long long)c->opt.tick_ms, c->spool.count, c->fd_budget,
+                 c->scan ? "scan" : "files");
         int64_t next_tick = time_mono_ns();
         int64_t next_rescan = next_tick + c->opt.rescan_s * NS_PER_SEC;
         int64_t second_start = next_tick;
@@ -810,6 +895,10 @@ int collector_metrics_text(const struct collector *c, char *buf, size_t size)
                 ROW(read_errors_total, "counter", "Counter reads that failed (cgroup gone, unparseable)"),
                 ROW(epoch_changes_total, "counter", "Counter restarts seen (new epochs)"),
                 ROW(clock_steps_total, "counter", "Wall clock steps seen"),
+                ROW(scan_active, "gauge", "1 when each tick reads every cgroup in one BPF walk; 0 when it reads files"),
+                ROW(scan_cgroups, "gauge", "Cgroups the last walk saw"),
+                ROW(scan_errors_total, "counter", "Walks that failed (those ticks read files)"),
+                ROW(file_reads_total, "counter", "Sandbox readings taken from cgroup files rather than the walk"),
 #undef ROW
         };
         size_t len = 0;

@@ -25,6 +25,7 @@ struct collector_options {
         int64_t rescan_s;             /* full registry rescan period, a safety net under inotify */
         bool read_peak;               /* read memory.peak / memory.max_usage_in_bytes too ... */
         int64_t peak_every;           /* ... every this many ticks (it is a high watermark) */
+        const char *cgroup_reader;    /* "auto": the BPF cgroup walk where it loads, else files; "scan"; "files" */
 };
 
 /* Counters and gauges for /metrics. Written by the engine, read by the HTTP
@@ -47,6 +48,10 @@ struct collector_metrics {
         uint64_t read_errors_total;
         uint64_t epoch_changes_total;
         uint64_t clock_steps_total;
+        uint64_t scan_active;         /* 1: each tick walks the cgroup tree once (cgroup_scan.h) */
+        uint64_t scan_cgroups;        /* cgroups the last walk saw */
+        uint64_t scan_errors_total;   /* walks that failed (that tick read files) */
+        uint64_t file_reads_total;    /* sandbox readings taken from files, not the walk */
 };
 
 struct collector;

@@ -20,6 +20,7 @@ struct collector_config {
         int64_t rescan_s;
         bool read_peak;
         int64_t peak_every;
+        char *cgroup_reader;
         int64_t metrics_port;
         char *metrics_address;
         char *log_level;
@@ -43,6 +44,9 @@ static const struct setting settings[] = {
           "Read peak memory (memory.peak, memory.max_usage_in_bytes) where the kernel offers it" },
         { "peak_every", SETTING_INT, "10", false, offsetof(struct collector_config, peak_every), 1, 3600,
           "Ticks between readings of a sandbox's peak memory (a high watermark; staggered across sandboxes)" },
+        { "cgroup_reader", SETTING_STRING, "auto", false, offsetof(struct collector_config, cgroup_reader), 0, 0,
+          "How counters are read each tick: scan (one BPF walk of the cgroup tree, Linux >= 6.1, root), "
+          "files (two preads a sandbox), or auto (scan where it loads, else files)" },
         { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
           "Port for /metrics (Prometheus text format); 0: off" },
         { "metrics_address", SETTING_STRING, "127.0.0.1", false,
@@ -66,6 +70,13 @@ int main(int argc, char **argv)
         int r = config_main(&program, settings, &cfg, argc, argv, NULL);
         if (r >= 0)
                 return r;
+        if (strcmp(cfg.cgroup_reader, "auto") != 0 && strcmp(cfg.cgroup_reader, "scan") != 0 &&
+            strcmp(cfg.cgroup_reader, "files") != 0) {
+                fprintf(stderr, "tally-collector: cgroup_reader must be auto, scan or files, not \"%s\"\n",
+                        cfg.cgroup_reader);
+                config_free(settings, &cfg);
+                return 2;
+        }
         daemon_handle_signals();
 
         int status = 1;
@@ -76,6 +87,7 @@ int main(int argc, char **argv)
                 .brokers = cfg.kafka_brokers, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
                 .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
+                .cgroup_reader = cfg.cgroup_reader,
         };
         if (collector_new(&opt, &c, err, sizeof(err)) < 0) {
                 log_error("could not start", "error=\"%s\"", err);

@@ -1,0 +1,142 @@
+/* cgroup_scan.bpf.c — one walk over every cgroup under a root folder, reading
+ * the same kernel counters the collector's files print, in one system call
+ * for all of them instead of two reads per sandbox.
+ *
+ * A cgroup iterator (iter/cgroup, Linux >= 6.1) visits the root and its
+ * descendants in pre-order with cgroup_mutex held, so the walk sees a
+ * consistent tree. For each cgroup it records:
+ *   - v1 cpuacct.usage: the sum over possible CPUs of cpuacct's per-CPU usage,
+ *     as the kernel's cpuusage_read does;
+ *   - v2 cpu.stat usage_usec: the base stats' sum_exec_runtime after one rstat
+ *     flush of the root (user space rounds it down to µs as cpu.stat does);
+ *   - memory.usage_in_bytes / memory.current: the memory page counter × page
+ *     size, and the counter's watermark (max_usage_in_bytes / memory.peak).
+ * Records go to a global array user space reads through the skeleton's mmap;
+ * the iterator itself prints nothing, so one read() runs the whole walk.
+ *
+ * Kernel structures are read with CO-RE relocations, so the object built
+ * against one kernel's BTF loads on another. */
+#include "vmlinux.h"
+
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cgroup_scan_abi.h"
+
+char LICENSE[] SEC("license") = "GPL"; /* bpf_probe_read_kernel and the rstat kfunc are GPL-only */
+
+const volatile __u32 nr_cpus = 1;       /* possible CPUs, set before loading */
+const volatile __u64 page_size = 4096;
+
+__u32 root_index; /* set by user space before each walk: stamped on its records */
+__u32 want_peak;  /* read watermarks in this walk */
+__u32 count;      /* records written; user space zeroes it before the first walk of a scan */
+__u32 dropped;    /* cgroups not recorded because the array was full */
+struct scan_record records[SCAN_RECORDS_MAX];
+__u64 cpu_offset[SCAN_CPUS_MAX];
+
+/* Per-CPU offsets. cpuacct's counters are per-CPU memory, but this kernel's
+ * BTF carries no per-CPU type tag for bpf_per_cpu_ptr, and __per_cpu_offset is
+ * not in kallsyms without CONFIG_KALLSYMS_ALL. A per-CPU array map tells them:
+ * its value's per-CPU pointer (bpf_array.pptrs[0]) plus CPU c's offset is the
+ * address bpf_map_lookup_percpu_elem returns for c. */
+struct {
+        __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+        __uint(max_entries, 1);
+        __type(key, __u32);
+        __type(value, __u64);
+} percpu_probe SEC(".maps");
+
+extern void css_rstat_flush(struct cgroup_subsys_state *css) __ksym __weak; /* Linux >= 6.16 */
+extern void cgroup_rstat_flush(struct cgroup *cgrp) __ksym __weak;          /* before */
+
+/* A pointer's value as a number (the verifier forbids arithmetic on some pointer kinds). */
+static __always_inline __u64 address_of(const void *p)
+{
+        __u64 a = 0;
+        bpf_probe_read_kernel(&a, sizeof(a), &p);
+        return a;
+}
+
+static __always_inline int learn_cpu_offsets(void)
+{
+        __u64 base = 0;
+        __u32 key = 0;
+        bpf_probe_read_kernel(&base, sizeof(base),
+                              (void *)(address_of(&percpu_probe) + bpf_core_field_offset(struct bpf_array, pptrs)));
+        for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
+                void *at = bpf_map_lookup_percpu_elem(&percpu_probe, &key, c);
+                if (!at)
+                        return -1;
+                cpu_offset[c] = address_of(at) - base;
+        }
+        return 0;
+}
+
+static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record *r)
+{
+        struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id)];
+        if (!css)
+                return;
+        struct mem_cgroup *memcg = (struct mem_cgroup *)css;
+        r->mem_bytes = BPF_CORE_READ(memcg, memory.usage.counter) * page_size;
+        if (want_peak)
+                r->peak_bytes = BPF_CORE_READ(memcg, memory.watermark) * page_size;
+        r->flags |= SCAN_HAS_MEM;
+}
+
+static __always_inline void emit(const struct scan_record *r)
+{
+        __u32 i = count;
+        if (i < SCAN_RECORDS_MAX) {
+                records[i] = *r;
+                count = i + 1;
+        } else {
+                dropped++;
+        }
+}
+
+SEC("iter/cgroup")
+int scan_v1(struct bpf_iter__cgroup *ctx)
+{
+        struct cgroup *cgrp = ctx->cgroup;
+        if (!cgrp)
+                return 0;
+        if (ctx->meta->seq_num == 0 && learn_cpu_offsets() < 0)
+                return 1; /* ends the walk; user space sees no records and reads files instead */
+        struct scan_record r = { .id = cgrp->kn->id, .root = root_index };
+        struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
+        if (css) {
+                __u64 percpu = (__u64)BPF_CORE_READ((struct cpuacct *)css, cpuusage);
+                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
+                        __u64 v = 0;
+                        bpf_probe_read_kernel(&v, sizeof(v), (void *)(percpu + cpu_offset[c]));
+                        r.cpu_ns += v;
+                }
+                r.flags |= SCAN_HAS_CPU;
+        }
+        read_memory(cgrp, &r);
+        emit(&r);
+        return 0;
+}
+
+SEC("iter.s/cgroup")
+int scan_v2(struct bpf_iter__cgroup *ctx)
+{
+        struct cgroup *cgrp = ctx->cgroup;
+        if (!cgrp)
+                return 0;
+        if (ctx->meta->seq_num == 0) { /* the root: bring the whole subtree's base stats up to date */
+                if (css_rstat_flush)
+                        css_rstat_flush(&cgrp->self);
+                else if (cgroup_rstat_flush)
+                        cgroup_rstat_flush(cgrp);
+                else
+                        return 1;
+        }
+        struct scan_record r = { .id = cgrp->kn->id, .root = root_index, .flags = SCAN_HAS_CPU };
+        r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
+        read_memory(cgrp, &r);
+        emit(&r);
+        return 0;
+}

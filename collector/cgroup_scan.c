@@ -1,0 +1,276 @@
+/* cgroup_scan.c — see cgroup_scan.h. */
+#include "cgroup_scan.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+int cgroup_id_of(const char *dir, uint64_t *ret)
+{
+        struct stat st;
+        if (stat(dir, &st) < 0)
+                return -errno;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        *ret = (uint64_t)st.st_ino;
+        return 0;
+}
+
+#ifndef HAVE_CGROUP_SCAN
+
+int cgroup_scan_new(struct cgroup_scan **ret, char *err, size_t errlen)
+{
+        (void)ret;
+        snprintf(err, errlen, "built without BPF (clang, bpftool, libbpf or the build host's BTF were missing)");
+        return -EOPNOTSUPP;
+}
+
+void cgroup_scan_free(struct cgroup_scan *s)
+{
+        (void)s;
+}
+
+int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir)
+{
+        (void)s, (void)version, (void)dir;
+        return -EOPNOTSUPP;
+}
+
+int cgroup_scan_run(struct cgroup_scan *s, bool peaks)
+{
+        (void)s, (void)peaks;
+        return -EOPNOTSUPP;
+}
+
+size_t cgroup_scan_seen(const struct cgroup_scan *s)
+{
+        (void)s;
+        return 0;
+}
+
+size_t cgroup_scan_dropped(const struct cgroup_scan *s)
+{
+        (void)s;
+        return 0;
+}
+
+bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id, int mem_root, uint64_t mem_id,
+                     struct cgroup_scan_reading *ret)
+{
+        (void)s, (void)cpu_root, (void)cpu_id, (void)mem_root, (void)mem_id, (void)ret;
+        return false;
+}
+
+#else
+
+#include <linux/types.h>
+
+#include "cgroup_scan_abi.h"
+#include "cgroup_scan.skel.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct scan_root {
+        char *dir;
+        int version;
+        int dir_fd;
+        struct bpf_link *link;
+};
+
+struct cgroup_scan {
+        struct cgroup_scan_bpf *skel;
+        struct scan_root *roots;
+        size_t nroots;
+        uint32_t *slots;   /* open addressing: index + 1 into records, 0 empty */
+        size_t slot_mask;  /* slots in use this run - 1 (a power of two) */
+        size_t seen;
+        bool valid;        /* the last run succeeded */
+};
+
+static int print_nothing(enum libbpf_print_level level, const char *fmt, va_list ap)
+{
+        (void)level, (void)fmt, (void)ap;
+        return 0;
+}
+
+int cgroup_scan_new(struct cgroup_scan **ret, char *err, size_t errlen)
+{
+        struct cgroup_scan *s = calloc(1, sizeof(*s));
+        s->slots = calloc(2 * SCAN_RECORDS_MAX, sizeof(*s->slots));
+        if (!s || !s->slots) {
+                free(s);
+                snprintf(err, errlen, "out of memory");
+                return -ENOMEM;
+        }
+        libbpf_set_print(print_nothing); /* the verifier's log is long; the error below says what failed */
+        int r;
+        s->skel = cgroup_scan_bpf__open();
+        if (!s->skel) {
+                r = -errno;
+                snprintf(err, errlen, "could not open the BPF object: %s", strerror(-r));
+                goto fail;
+        }
+        int cpus = libbpf_num_possible_cpus();
+        if (cpus <= 0 || cpus > SCAN_CPUS_MAX) {
+                r = cpus <= 0 ? cpus : -E2BIG;
+                snprintf(err, errlen, "possible CPUs: %d (at most %d)", cpus, SCAN_CPUS_MAX);
+                goto fail;
+        }
+        s->skel->rodata->nr_cpus = (__u32)cpus;
+        s->skel->rodata->page_size = (__u64)sysconf(_SC_PAGESIZE);
+        if ((r = cgroup_scan_bpf__load(s->skel)) < 0) {
+                snprintf(err, errlen, "the kernel refused the cgroup walk: %s", strerror(-r));
+                goto fail;
+        }
+        *ret = s;
+        return 0;
+fail:
+        cgroup_scan_free(s);
+        return r;
+}
+
+void cgroup_scan_free(struct cgroup_scan *s)
+{
+        if (!s)
+                return;
+        for (size_t i = 0; i < s->nroots; i++) {
+                bpf_link__destroy(s->roots[i].link);
+                close(s->roots[i].dir_fd);
+                free(s->roots[i].dir);
+        }
+        free(s->roots);
+        cgroup_scan_bpf__destroy(s->skel);
+        free(s->slots);
+        free(s);
+}
+
+int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir)
+{
+        for (size_t i = 0; i < s->nroots; i++)
+                if (s->roots[i].version == version && strcmp(s->roots[i].dir, dir) == 0)
+                        return (int)i;
+        if (version != 1 && version != 2)
+                return -EINVAL;
+        struct scan_root *roots = realloc(s->roots, (s->nroots + 1) * sizeof(*roots));
+        if (!roots)
+                return -ENOMEM;
+        s->roots = roots;
+        struct scan_root *root = &roots[s->nroots];
+        *root = (struct scan_root){ .version = version, .dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) };
+        if (root->dir_fd < 0)
+                return -errno;
+        union bpf_iter_link_info info = { .cgroup = { .cgroup_fd = (__u32)root->dir_fd,
+                                                      .order = BPF_CGROUP_ITER_DESCENDANTS_PRE } };
+        LIBBPF_OPTS(bpf_iter_attach_opts, opts, .link_info = &info, .link_info_len = sizeof(info));
+        struct bpf_program *prog = version == 1 ? s->skel->progs.scan_v1 : s->skel->progs.scan_v2;
+        root->link = bpf_program__attach_iter(prog, &opts);
+        root->dir = strdup(dir);
+        if (!root->link || !root->dir) {
+                int r = root->link ? -ENOMEM : -errno;
+                bpf_link__destroy(root->link);
+                free(root->dir);
+                close(root->dir_fd);
+                return r;
+        }
+        return (int)s->nroots++;
+}
+
+/* One walk: a fresh iterator over the root, read to its end. */
+static int walk(struct cgroup_scan *s, size_t i)
+{
+        s->skel->bss->root_index = (__u32)i;
+        int fd = bpf_iter_create(bpf_link__fd(s->roots[i].link));
+        if (fd < 0)
+                return -errno;
+        char buf[64];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof(buf))) > 0)
+                ; /* the walk prints nothing: its records are in the program's global data */
+        int r = n < 0 ? -errno : 0;
+        close(fd);
+        return r;
+}
+
+static size_t slot_of(const struct cgroup_scan *s, uint64_t id, uint32_t root)
+{
+        uint64_t h = (id ^ ((uint64_t)root << 56)) * UINT64_C(0x9E3779B97F4A7C15);
+        return (size_t)(h >> 32) & s->slot_mask;
+}
+
+int cgroup_scan_run(struct cgroup_scan *s, bool peaks)
+{
+        struct cgroup_scan_bpf__bss *bss = s->skel->bss;
+        s->valid = false;
+        bss->count = 0;
+        bss->dropped = 0;
+        bss->want_peak = peaks;
+        for (size_t i = 0; i < s->nroots; i++) {
+                int r = walk(s, i);
+                if (r < 0)
+                        return r;
+        }
+        s->seen = bss->count;
+        size_t size = 16;
+        while (size < 2 * s->seen)
+                size *= 2;
+        s->slot_mask = size - 1;
+        memset(s->slots, 0, size * sizeof(*s->slots));
+        for (size_t i = 0; i < s->seen; i++) {
+                size_t at = slot_of(s, bss->records[i].id, bss->records[i].root);
+                while (s->slots[at])
+                        at = (at + 1) & s->slot_mask;
+                s->slots[at] = (uint32_t)i + 1;
+        }
+        s->valid = true;
+        return 0;
+}
+
+size_t cgroup_scan_seen(const struct cgroup_scan *s)
+{
+        return s->seen;
+}
+
+size_t cgroup_scan_dropped(const struct cgroup_scan *s)
+{
+        return s->skel->bss->dropped;
+}
+
+static const struct scan_record *find(const struct cgroup_scan *s, int root, uint64_t id)
+{
+        if (!s->valid || root < 0)
+                return NULL;
+        const struct scan_record *records = s->skel->bss->records;
+        for (size_t at = slot_of(s, id, (uint32_t)root); s->slots[at]; at = (at + 1) & s->slot_mask) {
+                const struct scan_record *r = &records[s->slots[at] - 1];
+                if (r->id == id && r->root == (uint32_t)root)
+                        return r;
+        }
+        return NULL;
+}
+
+bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id, int mem_root, uint64_t mem_id,
+                     struct cgroup_scan_reading *ret)
+{
+        const struct scan_record *cpu = find(s, cpu_root, cpu_id);
+        if (!cpu || !(cpu->flags & SCAN_HAS_CPU))
+                return false;
+        const struct scan_record *mem = NULL;
+        if (mem_root >= 0 && (!(mem = find(s, mem_root, mem_id)) || !(mem->flags & SCAN_HAS_MEM)))
+                return false;
+        bool v2 = s->roots[cpu_root].version == 2;
+        *ret = (struct cgroup_scan_reading){
+                .cpu_ns = v2 ? cpu->cpu_ns / 1000 * 1000 : cpu->cpu_ns,
+                .mem_bytes = mem ? mem->mem_bytes : 0,
+                .mem_peak_bytes = mem ? mem->peak_bytes : 0,
+                .has_peak = mem && s->skel->bss->want_peak,
+        };
+        return true;
+}
+
+#endif
