@@ -4,7 +4,8 @@
  * real cgroups: a cgroup removed under a running sandbox's record (ENODEV on
  * the open file) is survived and counted; the same cgroup recreated (its
  * counter restarts from zero) is published under a higher epoch, never as a
- * smaller counter in the same epoch. /metrics answers in Prometheus text. */
+ * smaller counter in the same epoch. /metrics answers in Prometheus text.
+ * Run twice: with the BPF cgroup walk (TALLY_CGROUP_READER=scan) and with files. */
 #include "sandboxes.h"
 #include "support.h"
 
@@ -120,6 +121,11 @@ int main(void)
         CHECK(metrics && strstr(metrics, "200 OK"), "GET /metrics failed: %s", metrics ? metrics : "(no answer)");
         const char *rerr = metrics ? strstr(metrics, "\ntally_collector_read_errors_total ") : NULL;
         CHECK(rerr && strtoull(rerr + 35, NULL, 10) >= 1, "read errors not counted after the cgroup vanished");
+        /* The reader this run asked for (TALLY_CGROUP_READER, inherited) is the one in use. */
+        const char *reader = getenv("TALLY_CGROUP_READER");
+        bool scan = reader && strcmp(reader, "scan") == 0;
+        CHECK(metrics && strstr(metrics, scan ? "\ntally_collector_scan_active 1\n" : "\ntally_collector_scan_active 0\n"),
+              "/metrics does not say the cgroup walk is %s", scan ? "in use" : "off");
         CHECK(metrics && strstr(metrics, "# TYPE tally_collector_sandboxes gauge\ntally_collector_sandboxes 3\n"),
               "/metrics does not say 3 sandboxes tracked");
         CHECK(metrics && strstr(metrics, "tally_collector_queue_depth ") && strstr(metrics, "tally_collector_spool_entries ") &&
