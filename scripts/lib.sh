@@ -16,6 +16,7 @@ TALLY_DEB_PACKAGES=(
   libssl-dev libcurl4-openssl-dev
   postgresql-15 postgresql-client-15 valgrind iproute2
   qemu-system-x86 busybox-static cpio
+  clang llvm bpftool libbpf-dev
 )
 
 say() { printf '%s\n' "$*" >&2; }

@@ -3,19 +3,24 @@
  *
  * Creates N v1 cgroups (cpuacct + memory) under a parent unique to this
  * process, then samples all of them for a number of ticks with
- *   tally:     collector/cgroup.c — each counter file opened once, pread at 0
+ *   scan:      collector/cgroup_scan.c — one BPF walk of each hierarchy per
+ *              tick, then each sandbox's reading looked up (the collector's
+ *              reader where the walk loads)
+ *   pread:     collector/cgroup.c — each counter file opened once, pread at 0
+ *              (the collector's reader where it does not)
  *   openclose: open, read, close of each file on every tick (how common
  *              collectors read cgroups)
- * both reading the same files on the collector's schedule (CPU counter and
- * memory now every tick, memory peak every 10th tick, staggered) and parsing
- * them with the same parsers. Prints CPU time (user + system, of
- * this process) per sandbox-sample for each, and removes the cgroups.
+ * all reading the same counters on the collector's schedule (CPU counter and
+ * memory every tick, memory peak every 10th tick: staggered for files, all at
+ * once for the walk). Prints CPU time (user + system, of this process) per
+ * sandbox-sample for each, and removes the cgroups.
  *
- *   bench-collector N [ROUNDS] [TICKS]     measure both, print "N tally_ns openclose_ns transient"
- *   bench-collector --only MODE N TICKS    sample only (for strace -c), MODE tally|openclose|none
+ *   bench-collector N [ROUNDS] [TICKS]     measure all, print "N scan_ns pread_ns openclose_ns transient"
+ *   bench-collector --only MODE N TICKS    sample only (for strace), MODE scan|pread|openclose|none
  *   bench-collector --registry DIR N       create N cgroups with registry records in DIR (as the vmm
  *                                          would), print "ready", and remove them when stdin closes */
 #include "cgroup.h"
+#include "cgroup_scan.h"
 #include "registry.h"
 
 #include <errno.h>
@@ -96,6 +101,9 @@ static void remove_all(void)
 
 static struct cgroup_files *files;
 static int transient; /* sandboxes read without kept descriptors (the process ran out) */
+static struct cgroup_scan *scan;
+static int scan_cpu_root, scan_mem_root;
+static uint64_t *cpu_ids, *mem_ids;
 
 static void open_all(void)
 {
@@ -111,12 +119,45 @@ static void open_all(void)
         }
 }
 
+static void open_scan(void)
+{
+        char err[256];
+        int r = cgroup_scan_new(&scan, err, sizeof(err));
+        if (r < 0)
+                fail("could not load", "the cgroup walk", err);
+        if ((scan_cpu_root = cgroup_scan_add_root(scan, 1, parent_cpu)) < 0 ||
+            (scan_mem_root = cgroup_scan_add_root(scan, 1, parent_mem)) < 0)
+                fail("could not walk", parent_cpu, "root refused");
+        cpu_ids = calloc((size_t)n, sizeof(*cpu_ids));
+        mem_ids = calloc((size_t)n, sizeof(*mem_ids));
+        for (int i = 0; i < n; i++) {
+                char c[PATH_MAX], m[PATH_MAX];
+                dir_of(c, sizeof(c), parent_cpu, i);
+                dir_of(m, sizeof(m), parent_mem, i);
+                if (cgroup_id_of(c, &cpu_ids[i]) < 0 || cgroup_id_of(m, &mem_ids[i]) < 0)
+                        fail("no cgroup id for", c, strerror(errno));
+        }
+}
+
 /* Both readers follow the collector's schedule: CPU counter and memory every
  * tick, the peak (a high watermark) every PEAK_EVERY ticks, staggered. */
 #define PEAK_EVERY 10
 static unsigned tick_no;
 
-static void tick_tally(void)
+static void tick_scan(void)
+{
+        if (cgroup_scan_run(scan, tick_no % PEAK_EVERY == 0) < 0)
+                fail("could not run", "the cgroup walk", "walk failed");
+        for (int i = 0; i < n; i++) {
+                struct cgroup_scan_reading rd;
+                if (!cgroup_scan_get(scan, scan_cpu_root, cpu_ids[i], scan_mem_root, mem_ids[i], &rd))
+                        fail("the walk missed", "a sandbox", "not seen");
+                sink += rd.cpu_ns + rd.mem_bytes + rd.mem_peak_bytes;
+        }
+        tick_no++;
+}
+
+static void tick_pread(void)
 {
         for (int i = 0; i < n; i++) {
                 struct cgroup_reading rd;
@@ -194,16 +235,21 @@ int main(int argc, char **argv)
                 n = atoi(argv[3]);
                 int ticks = atoi(argv[4]);
                 create_all();
-                bool tally = strcmp(argv[2], "tally") == 0, oc = strcmp(argv[2], "openclose") == 0;
-                if (tally)
-                        open_all();
+                void (*tick)(void) = NULL;
+                if (strcmp(argv[2], "scan") == 0)
+                        open_scan(), tick = tick_scan;
+                else if (strcmp(argv[2], "pread") == 0)
+                        open_all(), tick = tick_pread;
+                else if (strcmp(argv[2], "openclose") == 0)
+                        tick = tick_openclose;
                 /* A marker the script finds in strace's output: sampling starts after it. */
                 getppid();
-                for (int t = 0; t < ticks; t++)
-                        tally ? tick_tally() : oc ? tick_openclose() : (void)0;
+                for (int t = 0; tick && t < ticks; t++)
+                        tick();
                 getppid();
-                for (int i = 0; tally && i < n; i++)
+                for (int i = 0; files && i < n; i++)
                         cgroup_files_close(&files[i]);
+                cgroup_scan_free(scan);
                 remove_all();
                 return 0;
         }
@@ -236,7 +282,7 @@ int main(int argc, char **argv)
                 return 0;
         }
         if (argc < 2) {
-                fprintf(stderr, "usage: bench-collector N [ROUNDS] [TICKS] | --only MODE N TICKS\n");
+                fprintf(stderr, "usage: bench-collector N [ROUNDS] [TICKS] | --only scan|pread|openclose|none N TICKS\n");
                 return 2;
         }
         n = atoi(argv[1]);
@@ -244,17 +290,22 @@ int main(int argc, char **argv)
         /* About 50,000 samples per measurement, at least 10 ticks (a whole peak cycle). */
         int ticks = argc > 3 ? atoi(argv[3]) : (50000 / n > 10 ? 50000 / n : 10);
         create_all();
+        open_scan(); /* first: the walk needs descriptors, and the kept files take what is left */
         open_all();
-        int64_t a[32], b[32];
+        int64_t a[32], b[32], o[32];
         if (rounds > 32)
                 rounds = 32;
-        for (int r = 0; r < rounds; r++) { /* interleaved, so both see the same machine */
-                a[r] = measure(tick_tally, ticks);
-                b[r] = measure(tick_openclose, ticks);
+        for (int r = 0; r < rounds; r++) { /* interleaved, so all see the same machine */
+                a[r] = measure(tick_scan, ticks);
+                b[r] = measure(tick_pread, ticks);
+                o[r] = measure(tick_openclose, ticks);
         }
         qsort(a, (size_t)rounds, sizeof(a[0]), cmp64);
         qsort(b, (size_t)rounds, sizeof(b[0]), cmp64);
-        printf("%d %lld %lld %d\n", n, (long long)a[rounds / 2], (long long)b[rounds / 2], transient);
+        qsort(o, (size_t)rounds, sizeof(o[0]), cmp64);
+        printf("%d %lld %lld %lld %d\n", n, (long long)a[rounds / 2], (long long)b[rounds / 2],
+               (long long)o[rounds / 2], transient);
+        cgroup_scan_free(scan);
         for (int i = 0; i < n; i++)
                 cgroup_files_close(&files[i]);
         free(files);
