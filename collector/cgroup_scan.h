@@ -8,7 +8,7 @@
  * figures). The values are the ones the files print, to the unit: cgroup_scan_get
  * gives what cgroup_files_read would have read.
  *
- * A scan needs a kernel with cgroup iterators and BTF (Linux >= 6.1) and the
+ * A scan needs a kernel with cgroup iterators, bpf_rdonly_cast and BTF (Linux >= 6.2) and the
  * privilege to load BPF programs; cgroup_scan_new says when it cannot, and the
  * collector then reads files. A cgroup the scan did not see (removed, recreated
  * under a new id, outside every root, beyond SCAN_RECORDS_MAX) is read from its

@@ -45,7 +45,7 @@ static const struct setting settings[] = {
         { "peak_every", SETTING_INT, "10", false, offsetof(struct collector_config, peak_every), 1, 3600,
           "Ticks between readings of a sandbox's peak memory (a high watermark; staggered across sandboxes)" },
         { "cgroup_reader", SETTING_STRING, "auto", false, offsetof(struct collector_config, cgroup_reader), 0, 0,
-          "How counters are read each tick: scan (one BPF walk of the cgroup tree, Linux >= 6.1, root), "
+          "How counters are read each tick: scan (one BPF walk of the cgroup tree, Linux >= 6.2, root), "
           "files (two preads a sandbox), or auto (scan where it loads, else files)" },
         { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
           "Port for /metrics (Prometheus text format); 0: off" },

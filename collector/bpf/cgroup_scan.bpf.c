@@ -15,7 +15,9 @@
  * the iterator itself prints nothing, so one read() runs the whole walk.
  *
  * Kernel structures are read with CO-RE relocations, so the object built
- * against one kernel's BTF loads on another. */
+ * against one kernel's BTF loads on another. A subsystem's state is reached
+ * with bpf_rdonly_cast (Linux >= 6.2): direct loads the kernel guards against
+ * faults, cheaper than a bpf_probe_read_kernel call each. */
 #include "vmlinux.h"
 
 #include <bpf/bpf_core_read.h>
@@ -47,6 +49,7 @@ struct {
         __type(value, __u64);
 } percpu_probe SEC(".maps");
 
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;              /* Linux >= 6.2 */
 extern void css_rstat_flush(struct cgroup_subsys_state *css) __ksym __weak; /* Linux >= 6.16 */
 extern void cgroup_rstat_flush(struct cgroup *cgrp) __ksym __weak;          /* before */
 
@@ -78,10 +81,10 @@ static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record 
         struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id)];
         if (!css)
                 return;
-        struct mem_cgroup *memcg = (struct mem_cgroup *)css;
-        r->mem_bytes = BPF_CORE_READ(memcg, memory.usage.counter) * page_size;
+        struct mem_cgroup *memcg = bpf_rdonly_cast(css, bpf_core_type_id_kernel(struct mem_cgroup));
+        r->mem_bytes = memcg->memory.usage.counter * page_size;
         if (want_peak)
-                r->peak_bytes = BPF_CORE_READ(memcg, memory.watermark) * page_size;
+                r->peak_bytes = memcg->memory.watermark * page_size;
         r->flags |= SCAN_HAS_MEM;
 }
 
@@ -107,7 +110,8 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
         struct scan_record r = { .id = cgrp->kn->id, .root = root_index };
         struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
         if (css) {
-                __u64 percpu = (__u64)BPF_CORE_READ((struct cpuacct *)css, cpuusage);
+                struct cpuacct *ca = bpf_rdonly_cast(css, bpf_core_type_id_kernel(struct cpuacct));
+                __u64 percpu = (__u64)ca->cpuusage;
                 for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
                         __u64 v = 0;
                         bpf_probe_read_kernel(&v, sizeof(v), (void *)(percpu + cpu_offset[c]));
