@@ -625,9 +625,8 @@ static void drain_inotify(struct collector *c)
 static void sample_all(struct collector *c)
 {
         publish_pending(c);
-        bool peaks = c->opt.read_peak && c->ticks % (uint64_t)c->opt.peak_every == 0;
-        scan_tick(c, peaks);
-        stamp(c);
+        stamp(c); /* the clocks, then the counters, as with files */
+        scan_tick(c, c->opt.read_peak && c->ticks % (uint64_t)c->opt.peak_every == 0);
         uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->n; i++) {
                 struct sandbox *s = c->list[i];
