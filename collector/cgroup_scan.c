@@ -3,18 +3,6 @@
 
 #include <errno.h>
 #include <stdio.h>
-#include <sys/stat.h>
-
-int cgroup_id_of(const char *dir, uint64_t *ret)
-{
-        struct stat st;
-        if (stat(dir, &st) < 0)
-                return -errno;
-        if (!S_ISDIR(st.st_mode))
-                return -ENOTDIR;
-        *ret = (uint64_t)st.st_ino;
-        return 0;
-}
 
 #ifndef HAVE_CGROUP_SCAN
 
@@ -30,9 +18,9 @@ void cgroup_scan_free(struct cgroup_scan *s)
         (void)s;
 }
 
-int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir)
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret)
 {
-        (void)s, (void)version, (void)dir;
+        (void)s, (void)version, (void)cgroup_dir, (void)ret;
         return -EOPNOTSUPP;
 }
 
@@ -54,10 +42,10 @@ size_t cgroup_scan_dropped(const struct cgroup_scan *s)
         return 0;
 }
 
-bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id, int mem_root, uint64_t mem_id,
+bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,
                      struct cgroup_scan_reading *ret)
 {
-        (void)s, (void)cpu_root, (void)cpu_id, (void)mem_root, (void)mem_id, (void)ret;
+        (void)s, (void)cpu, (void)mem, (void)ret;
         return false;
 }
 
@@ -71,9 +59,12 @@ bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id,
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct scan_root {
@@ -91,6 +82,7 @@ struct cgroup_scan {
         size_t slot_mask;  /* slots in use this run - 1 (a power of two) */
         size_t seen;
         bool valid;        /* the last run succeeded */
+        bool hashed;       /* slots index this run's records (built at the first hint that misses) */
 };
 
 static int print_nothing(enum libbpf_print_level level, const char *fmt, va_list ap)
@@ -150,7 +142,8 @@ void cgroup_scan_free(struct cgroup_scan *s)
         free(s);
 }
 
-int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir)
+/* The index of the root for dir, added (and attached) the first time. */
+static int add_root(struct cgroup_scan *s, int version, const char *dir)
 {
         for (size_t i = 0; i < s->nroots; i++)
                 if (s->roots[i].version == version && strcmp(s->roots[i].dir, dir) == 0)
@@ -179,6 +172,34 @@ int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir)
                 return r;
         }
         return (int)s->nroots++;
+}
+
+/* A cgroup folder's id: its inode number, which is the kernel's kernfs id on 64-bit hosts. */
+static int cgroup_id_of(const char *dir, uint64_t *ret)
+{
+        struct stat st;
+        if (stat(dir, &st) < 0)
+                return -errno;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        *ret = (uint64_t)st.st_ino;
+        return 0;
+}
+
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret)
+{
+        char parent[PATH_MAX];
+        uint64_t id = 0;
+        if ((size_t)snprintf(parent, sizeof(parent), "%s", cgroup_dir) >= sizeof(parent))
+                return -ENAMETOOLONG;
+        int r = cgroup_id_of(cgroup_dir, &id);
+        if (r < 0)
+                return r;
+        int root = add_root(s, version, dirname(parent));
+        if (root < 0)
+                return root;
+        *ret = (struct cgroup_scan_ref){ .root = root, .id = id };
+        return 0;
 }
 
 /* One walk: a fresh iterator over the root, read to its end. */
@@ -216,17 +237,7 @@ int cgroup_scan_run(struct cgroup_scan *s, bool peaks)
                         return r;
         }
         s->seen = bss->count;
-        size_t size = 16;
-        while (size < 2 * s->seen)
-                size *= 2;
-        s->slot_mask = size - 1;
-        memset(s->slots, 0, size * sizeof(*s->slots));
-        for (size_t i = 0; i < s->seen; i++) {
-                size_t at = slot_of(s, bss->records[i].id, bss->records[i].root);
-                while (s->slots[at])
-                        at = (at + 1) & s->slot_mask;
-                s->slots[at] = (uint32_t)i + 1;
-        }
+        s->hashed = false;
         s->valid = true;
         return 0;
 }
@@ -241,34 +252,60 @@ size_t cgroup_scan_dropped(const struct cgroup_scan *s)
         return s->skel->bss->dropped;
 }
 
-static const struct scan_record *find(const struct cgroup_scan *s, int root, uint64_t id)
+/* Indexes this run's records by (root, id). */
+static void build_hash(struct cgroup_scan *s)
 {
-        if (!s->valid || root < 0)
+        const struct scan_record *records = s->skel->bss->records;
+        size_t size = 16;
+        while (size < 2 * s->seen)
+                size *= 2;
+        s->slot_mask = size - 1;
+        memset(s->slots, 0, size * sizeof(*s->slots));
+        for (size_t i = 0; i < s->seen; i++) {
+                size_t at = slot_of(s, records[i].id, records[i].root);
+                while (s->slots[at])
+                        at = (at + 1) & s->slot_mask;
+                s->slots[at] = (uint32_t)i + 1;
+        }
+        s->hashed = true;
+}
+
+/* The record of ref in this run: at its hint, else through the hash. */
+static const struct scan_record *find(struct cgroup_scan *s, struct cgroup_scan_ref *ref)
+{
+        if (!s->valid || ref->root < 0)
                 return NULL;
         const struct scan_record *records = s->skel->bss->records;
-        for (size_t at = slot_of(s, id, (uint32_t)root); s->slots[at]; at = (at + 1) & s->slot_mask) {
+        const uint32_t root = (uint32_t)ref->root;
+        if (ref->hint < s->seen && records[ref->hint].id == ref->id && records[ref->hint].root == root)
+                return &records[ref->hint];
+        if (!s->hashed)
+                build_hash(s);
+        for (size_t at = slot_of(s, ref->id, root); s->slots[at]; at = (at + 1) & s->slot_mask) {
                 const struct scan_record *r = &records[s->slots[at] - 1];
-                if (r->id == id && r->root == (uint32_t)root)
+                if (r->id == ref->id && r->root == root) {
+                        ref->hint = s->slots[at] - 1;
                         return r;
+                }
         }
         return NULL;
 }
 
-bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id, int mem_root, uint64_t mem_id,
+bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,
                      struct cgroup_scan_reading *ret)
 {
-        const struct scan_record *cpu = find(s, cpu_root, cpu_id);
-        if (!cpu || !(cpu->flags & SCAN_HAS_CPU))
+        const struct scan_record *c = find(s, cpu);
+        if (!c || !(c->flags & SCAN_HAS_CPU))
                 return false;
-        const struct scan_record *mem = NULL;
-        if (mem_root >= 0 && (!(mem = find(s, mem_root, mem_id)) || !(mem->flags & SCAN_HAS_MEM)))
+        const struct scan_record *m = NULL;
+        if (mem && (!(m = find(s, mem)) || !(m->flags & SCAN_HAS_MEM)))
                 return false;
-        bool v2 = s->roots[cpu_root].version == 2;
+        bool v2 = s->roots[cpu->root].version == 2;
         *ret = (struct cgroup_scan_reading){
-                .cpu_ns = v2 ? cpu->cpu_ns / 1000 * 1000 : cpu->cpu_ns,
-                .mem_bytes = mem ? mem->mem_bytes : 0,
-                .mem_peak_bytes = mem ? mem->peak_bytes : 0,
-                .has_peak = mem && s->skel->bss->want_peak,
+                .cpu_ns = v2 ? c->cpu_ns / 1000 * 1000 : c->cpu_ns,
+                .mem_bytes = m ? m->mem_bytes : 0,
+                .mem_peak_bytes = m ? m->peak_bytes : 0,
+                .has_peak = m && s->skel->bss->want_peak,
         };
         return true;
 }

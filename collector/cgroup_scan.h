@@ -37,10 +37,21 @@ int cgroup_scan_new(struct cgroup_scan **ret, char *err, size_t errlen);
 
 void cgroup_scan_free(struct cgroup_scan *s);
 
-/* A root folder to walk on every run: the folder holding sandbox cgroups (the
- * parent of a sandbox's folder), in a v1 hierarchy or the v2 tree. Returns its
- * index (the same for the same folder), or -errno. */
-int cgroup_scan_add_root(struct cgroup_scan *s, int version, const char *dir);
+/* Where a walk finds one cgroup: the walked folder above it, its id (the
+ * inode number of its folder, which is the kernel's kernfs id on 64-bit
+ * hosts), and where the last walk listed it (walks list cgroups in the same
+ * order from tick to tick, so this spares a lookup). */
+struct cgroup_scan_ref {
+        int root; /* -1: not watched */
+        uint64_t id;
+        uint32_t hint;
+};
+
+#define CGROUP_SCAN_REF_NONE ((struct cgroup_scan_ref){ .root = -1 })
+
+/* Watches a sandbox's cgroup folder (v1 hierarchy or v2 tree): its parent
+ * becomes a folder every run walks (once per parent). Returns 0 or -errno. */
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret);
 
 /* Walks every root. peaks: read memory watermarks too. Returns 0, or -errno
  * (then no reading is available until the next successful run). */
@@ -50,13 +61,9 @@ int cgroup_scan_run(struct cgroup_scan *s, bool peaks);
 size_t cgroup_scan_seen(const struct cgroup_scan *s);
 size_t cgroup_scan_dropped(const struct cgroup_scan *s);
 
-/* One sandbox's reading from the last run: its CPU cgroup (root index and
- * cgroup id) and its memory cgroup (mem_root -1: it has no memory counter
- * file, and memory reads 0 as in cgroup.c). Returns false if the run did not
- * see one of them: the caller reads the files. */
-bool cgroup_scan_get(const struct cgroup_scan *s, int cpu_root, uint64_t cpu_id, int mem_root, uint64_t mem_id,
+/* One sandbox's reading from the last run: its CPU cgroup and its memory
+ * cgroup (NULL: it has no memory counter file, and memory reads 0 as in
+ * cgroup.c). Returns false if the run did not see one of them: the caller
+ * reads the files. Updates the references' hints. */
+bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,
                      struct cgroup_scan_reading *ret);
-
-/* A cgroup folder's id: its inode number, which is the kernel's kernfs id on
- * 64-bit hosts. Returns 0 or -errno. */
-int cgroup_id_of(const char *dir, uint64_t *ret);

@@ -19,7 +19,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
@@ -49,8 +48,7 @@ struct sandbox {
         int cgroup_version;
         char *cpu_dir, *mem_dir, *disk_path;
         struct cgroup_files files;
-        int scan_cpu_root, scan_mem_root; /* the scan's roots for this sandbox's cgroups; -1: not scanned */
-        uint64_t scan_cpu_id, scan_mem_id;
+        struct cgroup_scan_ref scan_cpu, scan_mem; /* where the walk finds its cgroups; root -1: not watched */
         struct epoch_track track;
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
@@ -219,26 +217,17 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         ev->final = s->state == STATE_STOPPED;
 }
 
-/* Where the scan finds this sandbox: the folder above its cgroup is a root to
- * walk, its cgroup's inode number the id. Any failure leaves it to its files. */
-static void learn_scan_ids(struct collector *c, struct sandbox *s)
+/* Has the walk watch this sandbox's cgroups: the memory one only if it has a
+ * memory counter file. Any failure leaves the sandbox to its files. */
+static void watch_cgroups(struct collector *c, struct sandbox *s)
 {
-        s->scan_cpu_root = s->scan_mem_root = -1;
-        if (!c->scan)
+        struct cgroup_scan_ref cpu, mem = CGROUP_SCAN_REF_NONE;
+        s->scan_cpu = s->scan_mem = CGROUP_SCAN_REF_NONE;
+        if (!c->scan || cgroup_scan_watch(c->scan, s->cgroup_version, s->cpu_dir, &cpu) < 0 ||
+            (s->files.mem_path && cgroup_scan_watch(c->scan, s->cgroup_version, s->mem_dir, &mem) < 0))
                 return;
-        char parent[PATH_MAX];
-        snprintf(parent, sizeof(parent), "%s", s->cpu_dir);
-        int cpu_root = cgroup_scan_add_root(c->scan, s->cgroup_version, dirname(parent));
-        if (cpu_root < 0 || cgroup_id_of(s->cpu_dir, &s->scan_cpu_id) < 0)
-                return;
-        if (s->files.mem_path) { /* a memory counter file: the scan must find its cgroup too */
-                snprintf(parent, sizeof(parent), "%s", s->mem_dir);
-                int mem_root = cgroup_scan_add_root(c->scan, s->cgroup_version, dirname(parent));
-                if (mem_root < 0 || cgroup_id_of(s->mem_dir, &s->scan_mem_id) < 0)
-                        return;
-                s->scan_mem_root = mem_root;
-        }
-        s->scan_cpu_root = cpu_root;
+        s->scan_cpu = cpu;
+        s->scan_mem = mem;
 }
 
 /* This tick's reading of a sandbox from the scan, if it saw the sandbox's
@@ -246,8 +235,8 @@ static void learn_scan_ids(struct collector *c, struct sandbox *s)
 static bool read_scanned(struct collector *c, struct sandbox *s, struct cgroup_reading *rd)
 {
         struct cgroup_scan_reading sr;
-        if (!c->scanned || s->scan_cpu_root < 0 ||
-            !cgroup_scan_get(c->scan, s->scan_cpu_root, s->scan_cpu_id, s->scan_mem_root, s->scan_mem_id, &sr))
+        if (!c->scanned || s->scan_cpu.root < 0 ||
+            !cgroup_scan_get(c->scan, &s->scan_cpu, s->scan_mem.root >= 0 ? &s->scan_mem : NULL, &sr))
                 return false;
         *rd = (struct cgroup_reading){ .cpu_ns = sr.cpu_ns, .mem_bytes = sr.mem_bytes };
         if (sr.has_peak && s->files.peak_path) {
@@ -289,7 +278,7 @@ static int open_files(struct collector *c, struct sandbox *s)
                 return r;
         }
         c->kept_fds += cgroup_files_kept(&s->files);
-        learn_scan_ids(c, s);
+        watch_cgroups(c, s);
         if (s->files.transient) {
                 M_ADD(c, sandboxes_transient, 1);
                 if (!c->transient_logged)
@@ -506,7 +495,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                         c->cap = cap;
                 }
                 s->files = CGROUP_FILES_NONE;
-                s->scan_cpu_root = s->scan_mem_root = -1;
+                s->scan_cpu = s->scan_mem = CGROUP_SCAN_REF_NONE;
                 memcpy(s->id, rec->id, sizeof(s->id));
                 uint64_t saved_epoch = 0, saved_record = 0;
                 int r = state_load_epoch(c->state_dir, s->id, &saved_epoch, &saved_record);

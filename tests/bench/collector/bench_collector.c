@@ -102,8 +102,7 @@ static void remove_all(void)
 static struct cgroup_files *files;
 static int transient; /* sandboxes read without kept descriptors (the process ran out) */
 static struct cgroup_scan *scan;
-static int scan_cpu_root, scan_mem_root;
-static uint64_t *cpu_ids, *mem_ids;
+static struct cgroup_scan_ref *cpu_refs, *mem_refs;
 
 static void open_all(void)
 {
@@ -125,17 +124,15 @@ static void open_scan(void)
         int r = cgroup_scan_new(&scan, err, sizeof(err));
         if (r < 0)
                 fail("could not load", "the cgroup walk", err);
-        if ((scan_cpu_root = cgroup_scan_add_root(scan, 1, parent_cpu)) < 0 ||
-            (scan_mem_root = cgroup_scan_add_root(scan, 1, parent_mem)) < 0)
-                fail("could not walk", parent_cpu, "root refused");
-        cpu_ids = calloc((size_t)n, sizeof(*cpu_ids));
-        mem_ids = calloc((size_t)n, sizeof(*mem_ids));
+        cpu_refs = calloc((size_t)n, sizeof(*cpu_refs));
+        mem_refs = calloc((size_t)n, sizeof(*mem_refs));
         for (int i = 0; i < n; i++) {
                 char c[PATH_MAX], m[PATH_MAX];
                 dir_of(c, sizeof(c), parent_cpu, i);
                 dir_of(m, sizeof(m), parent_mem, i);
-                if (cgroup_id_of(c, &cpu_ids[i]) < 0 || cgroup_id_of(m, &mem_ids[i]) < 0)
-                        fail("no cgroup id for", c, strerror(errno));
+                if ((r = cgroup_scan_watch(scan, 1, c, &cpu_refs[i])) < 0 ||
+                    (r = cgroup_scan_watch(scan, 1, m, &mem_refs[i])) < 0)
+                        fail("could not watch", c, strerror(-r));
         }
 }
 
@@ -150,7 +147,7 @@ static void tick_scan(void)
                 fail("could not run", "the cgroup walk", "walk failed");
         for (int i = 0; i < n; i++) {
                 struct cgroup_scan_reading rd;
-                if (!cgroup_scan_get(scan, scan_cpu_root, cpu_ids[i], scan_mem_root, mem_ids[i], &rd))
+                if (!cgroup_scan_get(scan, &cpu_refs[i], &mem_refs[i], &rd))
                         fail("the walk missed", "a sandbox", "not seen");
                 sink += rd.cpu_ns + rd.mem_bytes + rd.mem_peak_bytes;
         }

@@ -10,8 +10,6 @@
 #include "support.h"
 
 #include <inttypes.h>
-#include <libgen.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +20,20 @@
 struct probe {
         struct test_sandbox sb;
         struct cgroup_files files;
-        int cpu_root, mem_root;
-        uint64_t cpu_id, mem_id;
+        struct cgroup_scan_ref cpu, mem; /* mem.root -1: no memory counter file */
 };
 
-static int root_of(struct cgroup_scan *s, int version, const char *dir)
+static struct cgroup_scan_ref watch(struct cgroup_scan *s, int version, const char *dir)
 {
-        char parent[PATH_MAX];
-        snprintf(parent, sizeof(parent), "%s", dir);
-        int r = cgroup_scan_add_root(s, version, dirname(parent));
-        CHECK(r >= 0, "could not add the root above %s: %s", dir, strerror(-r));
-        return r;
+        struct cgroup_scan_ref ref;
+        int r = cgroup_scan_watch(s, version, dir, &ref);
+        CHECK(r == 0, "could not watch %s: %s", dir, strerror(-r));
+        return ref;
+}
+
+static bool get(struct cgroup_scan *s, struct probe *p, struct cgroup_scan_reading *ret)
+{
+        return cgroup_scan_get(s, &p->cpu, p->mem.root >= 0 ? &p->mem : NULL, ret);
 }
 
 static void setup(struct probe *p, struct cgroup_scan *s, const char *state, const char *id, int version, int burn_ms)
@@ -40,10 +41,8 @@ static void setup(struct probe *p, struct cgroup_scan *s, const char *state, con
         tsb_create(&p->sb, state, id, "acct_scan", version, burn_ms);
         int r = cgroup_files_open(version, p->sb.cpu_dir, p->sb.mem_dir, true, true, &p->files);
         CHECK(r == 0, "could not open the files of %s: %s", p->sb.cpu_dir, strerror(-r));
-        p->cpu_root = root_of(s, version, p->sb.cpu_dir);
-        p->mem_root = p->files.mem_path ? root_of(s, version, p->sb.mem_dir) : -1;
-        CHECK(cgroup_id_of(p->sb.cpu_dir, &p->cpu_id) == 0 && cgroup_id_of(p->sb.mem_dir, &p->mem_id) == 0,
-              "no cgroup id for %s", p->sb.cpu_dir);
+        p->cpu = watch(s, version, p->sb.cpu_dir);
+        p->mem = p->files.mem_path ? watch(s, version, p->sb.mem_dir) : CGROUP_SCAN_REF_NONE;
 }
 
 /* The files' reading, taken twice around nothing: the processes hold still, so both agree. */
@@ -69,7 +68,7 @@ static void compare(struct cgroup_scan *s, struct probe *probes, int n)
                         before = files_now(p);
                         int r = cgroup_scan_run(s, true);
                         CHECK(r == 0, "the walk failed: %s", strerror(-r));
-                        seen = cgroup_scan_get(s, p->cpu_root, p->cpu_id, p->mem_root, p->mem_id, &sr);
+                        seen = get(s, p, &sr);
                         after = files_now(p);
                         if (memcmp(&before, &after, sizeof(before)) == 0)
                                 break;
@@ -80,8 +79,8 @@ static void compare(struct cgroup_scan *s, struct probe *probes, int n)
                       sr.cpu_ns, before.cpu_ns);
                 CHECK(sr.mem_bytes == before.mem_bytes, "%s: walk memory %" PRIu64 ", file %" PRIu64, p->sb.rec.id,
                       sr.mem_bytes, before.mem_bytes);
-                CHECK(sr.has_peak == (p->mem_root >= 0), "%s: has_peak %d with memory root %d", p->sb.rec.id,
-                      sr.has_peak, p->mem_root);
+                CHECK(sr.has_peak == (p->mem.root >= 0), "%s: has_peak %d with memory root %d", p->sb.rec.id,
+                      sr.has_peak, p->mem.root);
                 if (sr.has_peak)
                         CHECK(sr.mem_peak_bytes == before.mem_peak_bytes,
                               "%s: walk peak %" PRIu64 ", file %" PRIu64, p->sb.rec.id, sr.mem_peak_bytes,
@@ -110,9 +109,9 @@ int main(void)
                 snprintf(id, sizeof(id), "scan%d_%d", (int)getpid(), i);
                 setup(&probes[i], s, state, id, versions[i], burns[i]);
         }
-        CHECK(probes[0].cpu_root == probes[1].cpu_root, "the same folder became two roots");
-        CHECK(probes[0].mem_root >= 0 && probes[0].mem_root != probes[0].cpu_root,
-              "v1 memory is not its own root (%d, %d)", probes[0].mem_root, probes[0].cpu_root);
+        CHECK(probes[0].cpu.root == probes[1].cpu.root, "the same folder became two roots");
+        CHECK(probes[0].mem.root >= 0 && probes[0].mem.root != probes[0].cpu.root,
+              "v1 memory is not its own root (%d, %d)", probes[0].mem.root, probes[0].cpu.root);
         for (int i = 0; i < 4; i++)
                 CHECK(files_now(&probes[i]).cpu_ns >= (uint64_t)burns[i] * 1000000,
                       "%s counted less than its %d ms burn", probes[i].sb.rec.id, burns[i]);
@@ -125,8 +124,7 @@ int main(void)
         /* Without peaks, the walk says it has none. */
         struct cgroup_scan_reading sr;
         CHECK(cgroup_scan_run(s, false) == 0, "the walk failed");
-        CHECK(cgroup_scan_get(s, probes[0].cpu_root, probes[0].cpu_id, probes[0].mem_root, probes[0].mem_id, &sr) &&
-                      !sr.has_peak && sr.mem_peak_bytes == 0,
+        CHECK(get(s, &probes[0], &sr) && !sr.has_peak && sr.mem_peak_bytes == 0,
               "a walk without peaks reported one");
 
         /* A removed cgroup is absent, so the collector reads its files and sees it gone. */
@@ -137,8 +135,7 @@ int main(void)
         }
         CHECK(cgroup_scan_run(s, true) == 0, "the walk failed after removals");
         for (int i = 1; i < 4; i += 2)
-                CHECK(!cgroup_scan_get(s, probes[i].cpu_root, probes[i].cpu_id, probes[i].mem_root, probes[i].mem_id,
-                                       &sr),
+                CHECK(!get(s, &probes[i], &sr),
                       "the walk still reports the removed %s", probes[i].sb.cpu_dir);
         struct probe left[2] = { probes[0], probes[2] };
         compare(s, left, 2);
