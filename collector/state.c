@@ -1,5 +1,6 @@
 /* state.c — see state.h. */
 #include "state.h"
+#include "fileutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -67,26 +68,12 @@ int state_write_atomic(const char *path, const char *text, size_t len)
         return fsync_parent(path);
 }
 
-/* Reads a small file into buf (NUL-terminated). Returns 0, -ENOENT, or -errno. */
-static int read_small(const char *path, char *buf, size_t size)
-{
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        ssize_t n = read(fd, buf, size - 1);
-        int r = n < 0 ? -errno : 0;
-        close(fd);
-        if (r == 0)
-                buf[n] = '\0';
-        return r;
-}
-
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
 {
         char path[PATH_MAX], text[64];
         snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/generation", state_dir);
         uint64_t last = 0;
-        int r = read_small(path, text, sizeof(text));
+        int r = file_read_small(path, text, sizeof(text));
         if (r < 0 && r != -ENOENT)
                 return r;
         if (r == 0 && sscanf(text, "%" SCNu64, &last) != 1)
@@ -114,7 +101,7 @@ int state_load_epoch(const char *state_dir, const char *sandbox, uint64_t *ret_e
         char path[PATH_MAX], text[128];
         epoch_path(path, sizeof(path), state_dir, sandbox);
         uint64_t e = 0, rec = 0;
-        int r = read_small(path, text, sizeof(text));
+        int r = file_read_small(path, text, sizeof(text));
         if (r < 0 && r != -ENOENT)
                 return r;
         if (r == 0 && sscanf(text, "%" SCNu64 " %" SCNu64, &e, &rec) != 2)

@@ -2,6 +2,7 @@
  * backend knowledge here. cgroup_enter() must stay async-signal-safe: it runs
  * in children forked from a threaded daemon before they exec. */
 #include "cgroup.h"
+#include "fileutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -41,15 +42,7 @@ static int read_file(const char *dir, const char *name, char *buf, size_t size)
 {
         char path[PATH_MAX + 64];
         snprintf(path, sizeof(path), "%s/%s", dir, name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        ssize_t n = read(fd, buf, size - 1);
-        int r = n < 0 ? -errno : 0;
-        close(fd);
-        if (r == 0)
-                buf[n] = '\0';
-        return r;
+        return file_read_small(path, buf, size);
 }
 
 static bool is_dir(const char *path)
