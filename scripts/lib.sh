@@ -41,7 +41,9 @@ build_tally() {
   if [ ! -f "$TALLY_ROOT/$dir/build.ninja" ]; then
     meson setup "$TALLY_ROOT/$dir" "$TALLY_ROOT" "$@" >/dev/null
   else
-    meson configure "$TALLY_ROOT/$dir" "$@" >/dev/null
+    # A build folder made before an option existed does not know it: reconfigure from scratch then.
+    meson configure "$TALLY_ROOT/$dir" "$@" >/dev/null 2>&1 ||
+      meson setup --reconfigure "$TALLY_ROOT/$dir" "$TALLY_ROOT" "$@" >/dev/null
   fi
   ninja -C "$TALLY_ROOT/$dir" >/dev/null || ninja -C "$TALLY_ROOT/$dir"
 }
