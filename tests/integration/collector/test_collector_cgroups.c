@@ -57,6 +57,15 @@ static void wait_marker_and_remove(struct test_sandbox *sb, const char *state)
         tsb_remove(sb, state);
 }
 
+/* A tally_collector_ metric's value in a /metrics answer; 0 if it is missing. */
+static uint64_t metric_value(const char *metrics, const char *name)
+{
+        char key[96];
+        snprintf(key, sizeof(key), "\ntally_collector_%s ", name);
+        const char *at = metrics ? strstr(metrics, key) : NULL;
+        return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
 int main(void)
 {
         const char *brokers = test_env("TALLY_TEST_BROKERS");
@@ -119,13 +128,18 @@ int main(void)
         CHECK(kill(collector, 0) == 0, "the collector died when a cgroup vanished");
         char *metrics = http_get_metrics(metrics_port);
         CHECK(metrics && strstr(metrics, "200 OK"), "GET /metrics failed: %s", metrics ? metrics : "(no answer)");
-        const char *rerr = metrics ? strstr(metrics, "\ntally_collector_read_errors_total ") : NULL;
-        CHECK(rerr && strtoull(rerr + 35, NULL, 10) >= 1, "read errors not counted after the cgroup vanished");
+        CHECK(metric_value(metrics, "read_errors_total") >= 1, "read errors not counted after the cgroup vanished");
         /* The reader this run asked for (TALLY_CGROUP_READER, inherited) is the one in use. */
         const char *reader = getenv("TALLY_CGROUP_READER");
         bool scan = reader && strcmp(reader, "scan") == 0;
         CHECK(metrics && strstr(metrics, scan ? "\ntally_collector_scan_active 1\n" : "\ntally_collector_scan_active 0\n"),
               "/metrics does not say the cgroup walk is %s", scan ? "in use" : "off");
+        /* And the readings came from it: with the walk, files only for the vanished cgroup and the
+         * first tick of each sandbox; without it, every reading. */
+        uint64_t samples = metric_value(metrics, "samples_total"), file_reads = metric_value(metrics, "file_reads_total");
+        CHECK(scan ? 2 * file_reads < samples : file_reads >= samples,
+              "%" PRIu64 " of %" PRIu64 " readings came from files with cgroup_reader %s", file_reads, samples,
+              scan ? "scan" : "files");
         CHECK(metrics && strstr(metrics, "# TYPE tally_collector_sandboxes gauge\ntally_collector_sandboxes 3\n"),
               "/metrics does not say 3 sandboxes tracked");
         CHECK(metrics && strstr(metrics, "tally_collector_queue_depth ") && strstr(metrics, "tally_collector_spool_entries ") &&
