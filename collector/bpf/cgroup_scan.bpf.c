@@ -112,10 +112,13 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
         if (css) {
                 struct cpuacct *ca = bpf_rdonly_cast(css, bpf_core_type_id_kernel(struct cpuacct));
                 __u64 percpu = (__u64)ca->cpuusage;
+                /* CPU c's u64 counter, loaded directly. bpf_rdonly_cast needs a struct type, so the
+                 * address is typed as struct kernel_cpustat, whose first member is a u64 (it is the
+                 * type of cpuacct's other per-CPU field); only that first u64 is read. */
                 for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
-                        __u64 v = 0;
-                        bpf_probe_read_kernel(&v, sizeof(v), (void *)(percpu + cpu_offset[c]));
-                        r.cpu_ns += v;
+                        struct kernel_cpustat *v = bpf_rdonly_cast((void *)(percpu + cpu_offset[c]),
+                                                                   bpf_core_type_id_kernel(struct kernel_cpustat));
+                        r.cpu_ns += v->cpustat[0];
                 }
                 r.flags |= SCAN_HAS_CPU;
         }
