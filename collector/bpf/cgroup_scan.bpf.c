@@ -15,7 +15,7 @@
  * the iterator itself prints nothing, so one read() runs the whole walk.
  *
  * Kernel structures are read with CO-RE relocations, so the object built
- * against one kernel's BTF loads on another. A subsystem's state is reached
+ * against one kernel's BTF loads on another. Counters and subsystem state are reached
  * with bpf_rdonly_cast (Linux >= 6.2): direct loads the kernel guards against
  * faults, cheaper than a bpf_probe_read_kernel call each. */
 #include "vmlinux.h"
