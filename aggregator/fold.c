@@ -3,6 +3,10 @@
 
 #include "timeutil.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+
 #include <stdbool.h>
 
 void fold_split(int64_t from, int64_t to, uint64_t cpu, enum sandbox_state state, uint64_t mem_size_bytes,
@@ -104,4 +108,32 @@ enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev,
         peak(ev, emit, ctx);
         remember(st, ev);
         return r;
+}
+
+int fold_state_format(const struct fold_state *st, char *buf, size_t size)
+{
+        int n = snprintf(buf, size,
+                         "v1 known=%d epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " wall_ns=%" PRId64
+                         " state=%d mem_size_bytes=%" PRIu64 " disk_bytes=%" PRIu64,
+                         st->known ? 1 : 0, st->epoch, st->seq, st->cpu_ns, st->wall_ns, (int)st->state,
+                         st->mem_size_bytes, st->disk_bytes);
+        if (n < 0 || (size_t)n >= size)
+                return -ENOBUFS;
+        return n;
+}
+
+int fold_state_parse(const char *text, struct fold_state *ret)
+{
+        struct fold_state st = { 0 };
+        int known = 0, state = 0, end = 0;
+        if (sscanf(text,
+                   "v1 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
+                   " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 "%n",
+                   &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes, &st.disk_bytes,
+                   &end) != 8 || text[end] != '\0' || state < 0 || state >= STATE_COUNT)
+                return -EINVAL;
+        st.known = known != 0;
+        st.state = (enum sandbox_state)state;
+        *ret = st;
+        return 0;
 }

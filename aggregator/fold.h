@@ -12,6 +12,7 @@
 #include "event.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef unsigned __int128 u128;
@@ -26,6 +27,15 @@ struct fold_state {
         uint64_t mem_size_bytes; /* held memory, billed while running */
         uint64_t disk_bytes;     /* with the memory, billed while paused */
 };
+
+/* The fold state as one line of text (for fold_state.fold in the ledger), so
+ * the store never needs to know its fields: "v1 <field>=<value> ...". The
+ * format carries a version; fold_state_parse refuses what it cannot read.
+ * fold_state_format returns the length or -ENOBUFS. */
+#define FOLD_STATE_TEXT_MAX 512
+int fold_state_format(const struct fold_state *st, char *buf, size_t size);
+/* Fills *ret on success (0); -EINVAL for text it cannot read. */
+int fold_state_parse(const char *text, struct fold_state *ret);
 
 /* Usage of one UTC hour (hour_ns: the hour's start). mem_peak_bytes is the
  * peak measured memory seen in that hour, 0 if none. */

@@ -105,7 +105,8 @@ int event_encode(const struct usage_event *ev, char *buf, size_t size)
         if ((unsigned)ev->type >= EVENT_TYPE_COUNT || (unsigned)ev->state >= STATE_COUNT ||
             !ids_valid(ev) || ev->cpu_ns > INT64_MAX || ev->epoch > INT64_MAX || ev->seq > INT64_MAX ||
             ev->mem_bytes > INT64_MAX || ev->mem_peak_bytes > INT64_MAX ||
-            ev->mem_size_bytes > INT64_MAX || ev->disk_bytes > INT64_MAX || ev->disk_size_bytes > INT64_MAX)
+            ev->mem_size_bytes > INT64_MAX || ev->disk_bytes > INT64_MAX || ev->disk_size_bytes > INT64_MAX ||
+            ev->running_ns > INT64_MAX || ev->paused_ns > INT64_MAX)
                 return -EINVAL;
         int n = snprintf(buf, size,
                          "{\"v\":%d,\"type\":\"%s\",\"host\":\"%s\",\"sandbox\":\"%s\",\"account\":\"%s\","
@@ -121,6 +122,13 @@ int event_encode(const struct usage_event *ev, char *buf, size_t size)
         if (n < 0 || (size_t)n >= size)
                 return -ENOBUFS;
         size_t len = (size_t)n;
+        if (ev->held_known) {
+                n = snprintf(buf + len, size - len, ",\"running_ns\":%" PRIu64 ",\"paused_ns\":%" PRIu64,
+                             ev->running_ns, ev->paused_ns);
+                if (n < 0 || (size_t)n >= size - len)
+                        return -ENOBUFS;
+                len += (size_t)n;
+        }
         if (ev->type != EVENT_SAMPLE) {
                 n = snprintf(buf + len, size - len,
                              ",\"parent\":\"%s\",\"backend\":\"%s\",\"disk_size_bytes\":%" PRIu64
@@ -259,6 +267,8 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 { "disk_size_bytes", false, 0, INT64_MAX, &ev.disk_size_bytes, 8 },
                 { "vcpus", sample || created, 1, EVENT_VCPUS_MAX, &ev.vcpus, 4 },
                 { "fork_count", false, 0, 1000, &ev.fork_count, 4 },
+                { "running_ns", false, 0, INT64_MAX, &ev.running_ns, 8 },
+                { "paused_ns", false, 0, INT64_MAX, &ev.paused_ns, 8 },
         };
         for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
                 v = 0;
@@ -270,6 +280,13 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 else
                         *(uint32_t *)ints[i].out = (uint32_t)v;
         }
+
+        bool has_running = json_object_get(o, "running_ns") != NULL, has_paused = json_object_get(o, "paused_ns") != NULL;
+        if (has_running != has_paused) {
+                r = refuse(why, whylen, "running_ns and paused_ns come together");
+                goto fail;
+        }
+        ev.held_known = has_running;
 
         name[0] = '\0';
         if ((r = get_str(o, "state", sample, name, sizeof(name), false, why, whylen)) < 0)

@@ -54,6 +54,14 @@ struct usage_event {
         uint64_t disk_bytes;     /* disk bytes used: with the memory image, billed while paused */
         uint32_t vcpus;
         bool final;              /* the last sample of a stopped sandbox */
+        /* Held time (sample and stopped): cumulative ns the sandbox has spent
+         * running and paused since it was created, measured by the vmm from
+         * the lifecycle moments themselves on the host's boot clock
+         * (docs/events.md, "held time"). held_known is false when the sender
+         * did not include them. */
+        bool held_known;
+        uint64_t running_ns;
+        uint64_t paused_ns;
         /* lifecycle events only */
         char parent[EVENT_ID_MAX + 1]; /* created by fork: the source sandbox */
         char backend[16];              /* created: "process" or "qemu" */

@@ -32,7 +32,7 @@ static json_t *to_json(const struct sandbox_record *r)
         for (size_t i = 0; i < r->nlabels; i++)
                 json_object_set_new(labels, r->labels[i].key, json_string(r->labels[i].value));
         return json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, "
-                         "s:s, s:s, s:s, s:i, s:o}",
+                         "s:s, s:s, s:s, s:i, s:I, s:I, s:I, s:o}",
                          "v", 1, "id", r->id, "account", r->account, "key", r->key, "host", r->host,
                          "parent", r->parent, "backend", r->backend, "state", sandbox_state_name(r->state),
                          "vcpus", (json_int_t)r->vcpus, "mem_size_bytes", (json_int_t)r->mem_size_bytes,
@@ -40,7 +40,9 @@ static json_t *to_json(const struct sandbox_record *r)
                          "created_ns", (json_int_t)r->created_ns, "timeout_ns", (json_int_t)r->timeout_ns,
                          "final_cpu_ns", (json_int_t)r->final_cpu_ns, "cgroup_version", r->cgroup_version,
                          "cgroup_cpu", r->cgroup_cpu, "cgroup_memory", r->cgroup_memory, "disk_path",
-                         r->disk_path, "pid", (int)r->pid, "labels", labels);
+                         r->disk_path, "pid", (int)r->pid, "running_ns", (json_int_t)r->running_ns, "paused_ns",
+                         (json_int_t)r->paused_ns, "state_since_boot_ns", (json_int_t)r->state_since_boot_ns,
+                         "labels", labels);
 }
 
 int registry_write(const char *state_dir, const struct sandbox_record *rec)
@@ -116,7 +118,7 @@ int registry_read_file(const char *path, struct sandbox_record *ret)
         }
         struct sandbox_record r = { 0 };
         char state[16] = "";
-        uint64_t vcpus = 0, created = 0, timeout = 0, version = 0, pid = 0;
+        uint64_t vcpus = 0, created = 0, timeout = 0, version = 0, pid = 0, since = 0;
         int bad = !json_is_object(o) || copy_str(o, "id", r.id, sizeof(r.id), true) ||
                   copy_str(o, "account", r.account, sizeof(r.account), true) ||
                   copy_str(o, "key", r.key, sizeof(r.key), false) ||
@@ -131,13 +133,16 @@ int registry_read_file(const char *path, struct sandbox_record *ret)
                   get_u64(o, "disk_size_bytes", &r.disk_size_bytes) || get_u64(o, "epoch", &r.epoch) ||
                   get_u64(o, "created_ns", &created) || get_u64(o, "timeout_ns", &timeout) ||
                   get_u64(o, "final_cpu_ns", &r.final_cpu_ns) || get_u64(o, "cgroup_version", &version) ||
-                  get_u64(o, "pid", &pid) || sandbox_state_parse(state, &r.state) < 0 ||
+                  get_u64(o, "pid", &pid) || get_u64(o, "running_ns", &r.running_ns) ||
+                  get_u64(o, "paused_ns", &r.paused_ns) || get_u64(o, "state_since_boot_ns", &since) ||
+                  sandbox_state_parse(state, &r.state) < 0 ||
                   !event_id_valid(r.id) || !event_id_valid(r.account) || (version != 1 && version != 2);
         r.vcpus = (uint32_t)vcpus;
         r.created_ns = (int64_t)created;
         r.timeout_ns = (int64_t)timeout;
         r.cgroup_version = (int)version;
         r.pid = (pid_t)pid;
+        r.state_since_boot_ns = (int64_t)since;
         json_t *labels = json_object_get(o, "labels");
         if (!bad && labels && json_is_object(labels)) {
                 struct usage_event tmp = { 0 };
@@ -230,4 +235,25 @@ int registry_list(const char *state_dir, struct sandbox_record **ret)
         closedir(d);
         *ret = list;
         return n;
+}
+
+void registry_held_at(const struct sandbox_record *rec, int64_t boot_now, uint64_t *ret_running_ns,
+                      uint64_t *ret_paused_ns)
+{
+        uint64_t running = rec->running_ns, paused = rec->paused_ns;
+        uint64_t in_state = boot_now > rec->state_since_boot_ns ? (uint64_t)(boot_now - rec->state_since_boot_ns) : 0;
+        if (rec->state_since_boot_ns > 0 && rec->state == STATE_RUNNING)
+                running += in_state;
+        else if (rec->state_since_boot_ns > 0 && rec->state == STATE_PAUSED)
+                paused += in_state;
+        *ret_running_ns = running;
+        *ret_paused_ns = paused;
+}
+
+void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64_t boot_now)
+{
+        registry_held_at(rec, boot_now, &rec->running_ns, &rec->paused_ns);
+        rec->state = to;
+        if (boot_now > rec->state_since_boot_ns)
+                rec->state_since_boot_ns = boot_now;
 }

@@ -32,6 +32,14 @@ struct sandbox_record {
         int64_t created_ns;              /* wall clock */
         int64_t timeout_ns;              /* wall clock deadline, 0: none */
         uint64_t final_cpu_ns;           /* set with state stopped: the last counter read */
+        /* Held time, kept by the vmm at each lifecycle moment (created, paused,
+         * resumed, stopped): the ns spent running and paused BEFORE the current
+         * state began, and when it began on the host's boot clock
+         * (time_boot_ns). registry_held_at() gives the cumulative totals at
+         * any later instant; they stop growing once the state is stopped. */
+        uint64_t running_ns;
+        uint64_t paused_ns;
+        int64_t state_since_boot_ns;
         int cgroup_version;              /* 1 or 2 */
         char cgroup_cpu[PATH_MAX];       /* folder holding cpuacct.usage (v1) or cpu.stat (v2) */
         char cgroup_memory[PATH_MAX];    /* folder holding memory.usage_in_bytes (v1) or memory.current (v2) */
@@ -57,6 +65,16 @@ int registry_remove(const char *state_dir, const char *id);
  * malloc'd array the caller frees with registry_list_free. Returns the count or -errno. */
 int registry_list(const char *state_dir, struct sandbox_record **ret);
 void registry_list_free(struct sandbox_record *list, int n);
+
+/* The sandbox's cumulative held time at boot-clock instant boot_now: the
+ * totals before the current state plus (boot_now - state_since_boot_ns) for
+ * the current state if it is running or paused (never negative). */
+void registry_held_at(const struct sandbox_record *rec, int64_t boot_now, uint64_t *ret_running_ns,
+                      uint64_t *ret_paused_ns);
+
+/* Moves rec to state `to` at boot-clock instant boot_now, adding the time
+ * spent in the state it leaves to its total. */
+void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64_t boot_now);
 
 /* Frees what the record owns and zeroes it. Accepts NULL. */
 void sandbox_record_clear(struct sandbox_record *rec);

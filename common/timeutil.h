@@ -13,6 +13,9 @@
 
 int64_t time_wall_ns(void);
 int64_t time_mono_ns(void);
+/* CLOCK_BOOTTIME: never steps, counts suspended time, shared by every process
+ * of the host until it reboots (held time is measured on it). */
+int64_t time_boot_ns(void);
 
 /* Start of the UTC hour / day holding t (floor, also for t < 0). */
 int64_t time_floor(int64_t t, int64_t unit);
