@@ -51,6 +51,13 @@ struct program_info {
 #define SETTING_KAFKA_BROKERS(type, field) \
         { "kafka_brokers", SETTING_STRING, NULL, true, offsetof(type, field), 0, 0, \
           "Kafka bootstrap servers, host:port[,host:port...]" }
+/* Kafka TLS/SASL for every client of the daemon; field is a struct
+ * kafka_client_settings (common/kafka.h) in the daemon's config struct. */
+#define SETTING_KAFKA_CLIENT(type, field) \
+        { "kafka_settings", SETTING_STRING, "", false, offsetof(type, field.settings), 0, 0, \
+          "librdkafka settings for every Kafka client, name=value,... (TLS, SASL: docs/configuration.md)" }, \
+        { "kafka_sasl_password", SETTING_STRING, "", false, offsetof(type, field.sasl_password), 0, 0, \
+          "SASL password (sasl.password); best given as TALLY_KAFKA_SASL_PASSWORD" }
 
 enum config_result {
         CONFIG_OK = 0,

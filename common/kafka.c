@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int kafka_conf_set_all(rd_kafka_conf_t *conf, const char *const *pairs, char *err, size_t errlen)
@@ -20,6 +21,36 @@ int kafka_conf_set_all(rd_kafka_conf_t *conf, const char *const *pairs, char *er
                         return -EINVAL;
         }
         return 0;
+}
+
+int kafka_conf_set_list(rd_kafka_conf_t *conf, const char *list, char *err, size_t errlen)
+{
+        if (!list || !*list)
+                return 0;
+        char *copy = strdup(list);
+        if (!copy) {
+                snprintf(err, errlen, "out of memory");
+                return -ENOMEM;
+        }
+        int r = 0;
+        char *save = NULL;
+        for (char *item = strtok_r(copy, ",", &save); item && r == 0; item = strtok_r(NULL, ",", &save)) {
+                const char *pairs[] = { item, NULL };
+                r = kafka_conf_set_all(conf, pairs, err, errlen);
+        }
+        free(copy);
+        return r;
+}
+
+int kafka_conf_set_client(rd_kafka_conf_t *conf, const struct kafka_client_settings *s, char *err, size_t errlen)
+{
+        if (!s)
+                return 0;
+        int r = kafka_conf_set_list(conf, s->settings, err, errlen);
+        if (r == 0 && s->sasl_password && *s->sasl_password &&
+            rd_kafka_conf_set(conf, "sasl.password", s->sasl_password, err, errlen) != RD_KAFKA_CONF_OK)
+                r = -EINVAL;
+        return r;
 }
 
 static rd_kafka_t *client_new(rd_kafka_type_t type, const char *const *base, const char *brokers,

@@ -11,6 +11,21 @@
 #define TOPIC_USAGE   "usage"
 #define TOPIC_CONTROL "control"
 
+/* Settings every Kafka client of a daemon gets, for production clusters:
+ * TLS and SASL (docs/configuration.md, "Kafka security"). Both strings are
+ * owned by the daemon's config struct; NULL or "" means none. */
+struct kafka_client_settings {
+        char *settings;      /* librdkafka "name=value,name=value", e.g. security.protocol=SASL_SSL */
+        char *sasl_password; /* sasl.password, kept apart so it can come from the environment alone */
+};
+
+/* Applies "name=value,name=value" (commas separate items; a value cannot hold
+ * one) to conf. Returns 0, or -EINVAL / -ENOMEM with the reason in err. */
+int kafka_conf_set_list(rd_kafka_conf_t *conf, const char *list, char *err, size_t errlen);
+
+/* Applies s (may be NULL) to conf. Returns 0 or -EINVAL with the reason in err. */
+int kafka_conf_set_client(rd_kafka_conf_t *conf, const struct kafka_client_settings *s, char *err, size_t errlen);
+
 /* Sets each "name=value" of pairs (NULL-terminated, may be NULL) on conf.
  * Returns 0, or -EINVAL with librdkafka's reason in err. */
 int kafka_conf_set_all(rd_kafka_conf_t *conf, const char *const *pairs, char *err, size_t errlen);
