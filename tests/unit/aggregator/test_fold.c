@@ -92,18 +92,25 @@ static void test_new_epoch_bills_whole_counter(void **unused)
         assert_int_equal(total_cpu(&s), 940);
 }
 
-static void test_counter_back_never_bills_negative_or_twice(void **unused)
+/* Same epoch, higher seq, smaller counter: the counter restarted (issue 9,
+ * item 7: 50 -> 1 then rising to 61 burned 50 + 61 = 111). */
+static void test_counter_back_is_a_restart(void **unused)
 {
         struct fold_state st = { 0 };
         struct sum s = { 0 };
-        struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 900), b = sample(1, 2, T0 + 10, STATE_RUNNING, 100),
-                           c = sample(1, 3, T0 + 20, STATE_RUNNING, 1000);
+        struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 50 * NS_PER_SEC),
+                           b = sample(1, 2, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 1 * NS_PER_SEC),
+                           c = sample(1, 3, T0 + 70 * NS_PER_SEC, STATE_RUNNING, 61 * NS_PER_SEC);
         fold_apply(&st, &a, collect, &s);
-        assert_int_equal(fold_apply(&st, &b, collect, &s), FOLD_COUNTER_BACK);
-        assert_int_equal(total_cpu(&s), 900);
-        fold_apply(&st, &c, collect, &s);
-        assert_int_equal(total_cpu(&s), 1000);
-        assert_true(s.mem[0] == (u128)20 * 4 * GiB); /* the time is still billed */
+        assert_int_equal(fold_apply(&st, &b, collect, &s), FOLD_COUNTER_RESET);
+        assert_int_equal(total_cpu(&s), 51 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &c, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 111 * NS_PER_SEC);
+        assert_true(s.mem[0] == (u128)70 * NS_PER_SEC * 4 * GiB); /* the time is billed throughout */
+        /* A resent older sample of before the restart changes nothing. */
+        struct sum s2 = { 0 };
+        assert_int_equal(fold_apply(&st, &a, collect, &s2), FOLD_DUPLICATE);
+        assert_int_equal(s2.n, 0);
 }
 
 static void test_split_at_hours_by_time_share(void **unused)
@@ -219,7 +226,7 @@ int main(void)
                 cmocka_unit_test(test_first_sample_bills_counter_no_time),
                 cmocka_unit_test(test_duplicates_and_old_epochs_change_nothing),
                 cmocka_unit_test(test_new_epoch_bills_whole_counter),
-                cmocka_unit_test(test_counter_back_never_bills_negative_or_twice),
+                cmocka_unit_test(test_counter_back_is_a_restart),
                 cmocka_unit_test(test_split_at_hours_by_time_share),
                 cmocka_unit_test(test_split_is_exact_for_awkward_numbers),
                 cmocka_unit_test(test_stopped_holds_nothing),
