@@ -387,7 +387,7 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
         case FOLD_OLD_EPOCH:
                 return 0;
         case FOLD_IMPOSSIBLE:
-                why = "impossible reading: more CPU or held time than could pass in the time";
+                why = "impossible sample: more CPU or held time than could pass in the time";
                 break;
         case FOLD_SEQ_JUMP:
                 snprintf(buf, sizeof(buf), "seq generation %" PRIu64 " is more than %d above the last billed, %" PRIu64,
