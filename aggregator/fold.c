@@ -153,7 +153,8 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
                                            .cpu_ns = ev->cpu_ns, .wall_ns = at,
                                            .state = stop ? STATE_STOPPED : ev->state, .mem_size_bytes = mem,
                                            .disk_bytes = disk, .held = ev->held_known, .running_ns = run,
-                                           .paused_ns = paused, .closed = stop };
+                                           .paused_ns = paused,
+                                           .closed = stop || ev->state == STATE_STOPPED };
                 return FOLD_BILLED;
         }
         if (epoch < st->epoch)
@@ -168,9 +169,11 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
                         return FOLD_SEQ_JUMP;
         }
 
-        /* CPU. After the `stopped` event (or for it) counters only move up:
-         * a smaller one is a reading from before the stop, not a restart. */
-        bool closed = st->closed || stop;
+        /* CPU. Once the sandbox is known stopped (the `stopped` event, or a
+         * sample in state stopped; also for a state read back without the
+         * closed flag) counters only move up: a smaller one is a reading
+         * from before the stop, not a restart. */
+        bool closed = st->closed || stop || st->state == STATE_STOPPED || ev->state == STATE_STOPPED;
         enum fold_result r = FOLD_BILLED;
         uint64_t cpu, cpu_to;
         if (new_epoch || (ev->cpu_ns < st->cpu_ns && !closed)) {

@@ -32,7 +32,7 @@ struct fold_state {
         /* v2: held time by cumulative counters (docs/events.md, "Held time") */
         bool held;               /* running_ns/paused_ns are the held counters billed up to */
         uint64_t running_ns, paused_ns;
-        bool closed;             /* the vmm's `stopped` event was billed: counters only move up */
+        bool closed;             /* known stopped (the vmm's `stopped` event or a stopped sample): counters only move up */
 };
 
 /* The fold state as one line of text (for fold_state.fold in the ledger), so

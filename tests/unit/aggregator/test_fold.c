@@ -297,6 +297,21 @@ static void stop_orders(bool stop_first)
 static void test_stop_event_then_final_sample(void **unused) { stop_orders(true); }
 static void test_final_sample_then_stop_event(void **unused) { stop_orders(false); }
 
+static void test_stopped_state_read_back_without_the_flag_is_closed(void **unused)
+{
+        /* A state read back from a store that kept only its columns (state
+         * stopped, no closed flag): a late sample with a smaller counter is
+         * from before the stop, not a restart. */
+        struct fold_state st = { .known = true, .epoch = 1, .seq = 5, .cpu_ns = 900, .wall_ns = T0,
+                                 .state = STATE_STOPPED, .mem_size_bytes = 4 * GiB };
+        struct sum s = { 0 };
+        struct usage_event late = sample(1, 6, T0 - NS_PER_SEC, STATE_RUNNING, 800);
+        assert_int_equal(fold_apply(&st, &late, collect, &s), FOLD_BILLED);
+        assert_int_equal(s.n, 0);
+        assert_int_equal(st.cpu_ns, 900);
+        assert_int_equal(st.state, STATE_STOPPED);
+}
+
 static void test_stop_event_closes_the_bill_alone(void **unused)
 {
         /* The collector died after its first sample: the stopped event bills
@@ -565,6 +580,7 @@ int main(void)
                 cmocka_unit_test(test_stop_event_then_final_sample),
                 cmocka_unit_test(test_final_sample_then_stop_event),
                 cmocka_unit_test(test_stop_event_closes_the_bill_alone),
+                cmocka_unit_test(test_stopped_state_read_back_without_the_flag_is_closed),
                 cmocka_unit_test(test_stop_event_of_a_sandbox_never_sampled),
                 cmocka_unit_test(test_clock_ahead_bills_the_truth),
                 cmocka_unit_test(test_clock_ahead_without_held_counters_bills_no_extra_time),
