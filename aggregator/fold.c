@@ -165,7 +165,9 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
         if (!stop) {
                 if (!new_epoch && ev->seq <= st->seq)
                         return FOLD_DUPLICATE;
-                if (ev->seq >> 32 > st->seq >> 32 && (ev->seq >> 32) - (st->seq >> 32) > FOLD_JUMP_MAX)
+                /* (A state made by a `stopped` event alone has billed no seq yet.) */
+                if (ev->seq >> 32 > st->seq >> 32 && (ev->seq >> 32) - (st->seq >> 32) > FOLD_JUMP_MAX &&
+                    !(st->closed && st->seq == 0))
                         return FOLD_SEQ_JUMP;
         }
 

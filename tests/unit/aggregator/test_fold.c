@@ -342,8 +342,9 @@ static void test_stop_event_of_a_sandbox_never_sampled(void **unused)
         assert_int_equal(fold_apply(&st, &stop, collect, &s), FOLD_BILLED);
         assert_int_equal(total_cpu(&s), 250 * NS_PER_MS);
         assert_true(total_mem(&s) == (u128)700 * NS_PER_MS * 4 * GiB);
-        /* its final sample afterwards: nothing more */
-        struct usage_event fin = held(7, T0 + 2 * NS_PER_SEC, STATE_STOPPED, 250 * NS_PER_MS, 700 * NS_PER_MS, 0);
+        /* its final sample afterwards (any generation: no seq was billed yet): nothing more */
+        struct usage_event fin = held((UINT64_C(70000) << 32) | 7, T0 + 2 * NS_PER_SEC, STATE_STOPPED, 250 * NS_PER_MS,
+                                      700 * NS_PER_MS, 0);
         struct sum s2 = { 0 };
         assert_int_equal(fold_apply(&st, &fin, collect, &s2), FOLD_BILLED);
         assert_int_equal(s2.n, 0);
