@@ -118,6 +118,17 @@ int main(void)
         free(v);
 
         CHECK(aggtest_terminate(agg) == 0, "unclean stop");
+
+        /* After a restart (the fold state read back from the ledger), a
+         * sample read before the stop and sent late, with a higher seq and a
+         * smaller counter, is not a restart of the counter: nothing more. */
+        put(&t, tick("sb-fh-lost", 3, base + 50 * SEC, STATE_RUNNING, 100 * SEC, 51 * SEC, 0));
+        aggtest_flush(&t);
+        agg = aggtest_spawn(&t, NULL);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up after the restart");
+        expect(&t, "sb-fh-lost", "150000000000/185220464640000000000/31474836480000000000",
+               "a late sample after the stop and a restart bills nothing more");
+        CHECK(aggtest_terminate(agg) == 0, "unclean stop");
         aggtest_stop(&t);
         return test_result();
 }
