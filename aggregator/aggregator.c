@@ -108,6 +108,14 @@ struct agg {
 
         uint64_t *lag_hist;
         uint64_t committed_messages, committed_batches, fenced, dead_total;
+
+        /* The fold's counts (for /metrics): readings whose wall time was out
+         * of bounds of the aggregator's clock, counters that went back within
+         * an epoch (taken as restarts), held counters that went back, and
+         * `stopped` events folded. */
+        uint64_t clock_ahead, clock_behind, counter_resets, held_back, stops_folded;
+        int64_t note_logged_ns[3];
+        uint64_t note_suppressed[3];
 };
 
 /* ---- small helpers ---- */
@@ -293,33 +301,124 @@ static int add_dead(struct agg *a, int32_t partition, int64_t offset, const void
         return 0;
 }
 
-static int fold_sample(struct agg *a, const rd_kafka_message_t *m, const struct usage_event *ev)
+/* Clock and counter notes are logged at most once a second each (with how
+ * many were not), so a host with a bad clock cannot flood the log. */
+static bool note_log_due(struct agg *a, int kind, uint64_t *suppressed)
+{
+        int64_t now = time_mono_ns();
+        if (a->note_logged_ns[kind] && now - a->note_logged_ns[kind] < NS_PER_SEC) {
+                a->note_suppressed[kind]++;
+                return false;
+        }
+        a->note_logged_ns[kind] = now;
+        *suppressed = a->note_suppressed[kind];
+        a->note_suppressed[kind] = 0;
+        return true;
+}
+
+static void count_notes(struct agg *a, const struct usage_event *ev, unsigned notes, int64_t now,
+                        const struct fold_state *before)
+{
+        uint64_t suppressed;
+        if (notes & FOLD_NOTE_CLOCK_AHEAD) {
+                a->clock_ahead++;
+                if (note_log_due(a, 0, &suppressed))
+                        log_warn("reading dated ahead of the aggregator's clock; placed at the aggregator's clock",
+                                 "sandbox=%s host=%s type=%s wall_ns=%" PRId64 " aggregator_ns=%" PRId64
+                                 " suppressed=%" PRIu64,
+                                 ev->sandbox, ev->host, event_type_name(ev->type), ev->wall_ns, now, suppressed);
+        }
+        if (notes & FOLD_NOTE_CLOCK_BEHIND) {
+                a->clock_behind++;
+                if (note_log_due(a, 1, &suppressed))
+                        log_warn("reading dated too far behind the aggregator's clock; placed at the aggregator's clock",
+                                 "sandbox=%s host=%s type=%s wall_ns=%" PRId64 " aggregator_ns=%" PRId64
+                                 " suppressed=%" PRIu64,
+                                 ev->sandbox, ev->host, event_type_name(ev->type), ev->wall_ns, now, suppressed);
+        }
+        if (notes & FOLD_NOTE_HELD_BACK) {
+                a->held_back++;
+                if (note_log_due(a, 2, &suppressed))
+                        log_warn("held counters went back; billed only beyond the highest",
+                                 "sandbox=%s host=%s running_ns=%" PRIu64 " paused_ns=%" PRIu64
+                                 " billed_running_ns=%" PRIu64 " billed_paused_ns=%" PRIu64 " suppressed=%" PRIu64,
+                                 ev->sandbox, ev->host, ev->running_ns, ev->paused_ns, before->running_ns,
+                                 before->paused_ns, suppressed);
+        }
+}
+
+/* Folds one reading (a sample or the vmm's `stopped` event) into its
+ * sandbox's state. *refused is set when the message went to the dead letters. */
+static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct usage_event *in, bool *refused)
 {
         int32_t partition = m->partition;
-        struct sandbox *sb = sandbox_find(a, ev->sandbox);
+        *refused = false;
+        struct sandbox *sb = sandbox_find(a, in->sandbox);
+        if ((!sb || !sb->fold.known) && in->key[0] == '\0') {
+                *refused = true;
+                return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                "no key, and no reading of the sandbox billed before");
+        }
         if (!sb) {
-                sb = sandbox_add(a, ev->sandbox);
+                sb = sandbox_add(a, in->sandbox);
                 if (!sb)
                         return -ENOMEM;
-                snprintf(sb->account, sizeof(sb->account), "%s", ev->account);
-                snprintf(sb->key, sizeof(sb->key), "%s", ev->key);
+                snprintf(sb->account, sizeof(sb->account), "%s", in->account);
+                snprintf(sb->key, sizeof(sb->key), "%s", in->key);
                 sb->partition = partition;
         }
+        struct usage_event ev = *in; /* a shallow copy the fold reads; in keeps its labels */
+        if (!ev.vcpus)
+                ev.vcpus = sb->vcpus;
+        struct fold_clock clock = { .now_ns = time_wall_ns(),
+                                    .max_ahead_ns = a->cfg->max_clock_ahead_ms * NS_PER_MS,
+                                    .max_behind_ns = a->cfg->max_clock_behind_ms * NS_PER_MS };
+        struct fold_state before = sb->fold;
         struct emit_ctx c = { .a = a, .sb = sb };
-        enum fold_result r = fold_apply(&sb->fold, ev, on_usage, &c);
+        unsigned notes = 0;
+        enum fold_result r = fold_apply_at(&sb->fold, &ev, &clock, &notes, on_usage, &c);
         if (c.err < 0)
                 return c.err;
-        if (r == FOLD_DUPLICATE || r == FOLD_OLD_EPOCH)
+        count_notes(a, &ev, notes, clock.now_ns, &before);
+        const char *why = NULL;
+        char buf[160];
+        switch (r) {
+        case FOLD_DUPLICATE:
+        case FOLD_OLD_EPOCH:
                 return 0;
-        if (r == FOLD_IMPOSSIBLE)
-                return add_dead(a, m->partition, m->offset, m->payload, m->len,
-                                "impossible sample: more CPU than its vCPUs could run in the time");
-        if (r == FOLD_COUNTER_BACK)
-                log_warn("counter went back within an epoch; no CPU billed for it",
-                         "sandbox=%s epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " billed_cpu_ns=%" PRIu64,
-                         ev->sandbox, ev->epoch, ev->seq, ev->cpu_ns, sb->fold.cpu_ns);
-        snprintf(sb->host, sizeof(sb->host), "%s", ev->host);
-        sb->vcpus = ev->vcpus;
+        case FOLD_IMPOSSIBLE:
+                why = "impossible sample: more CPU or held time than could pass in the time";
+                break;
+        case FOLD_SEQ_JUMP:
+                snprintf(buf, sizeof(buf), "seq generation %" PRIu64 " is more than %d above the last billed, %" PRIu64,
+                         ev.seq >> 32, FOLD_JUMP_MAX, before.seq >> 32);
+                why = buf;
+                break;
+        case FOLD_EPOCH_JUMP:
+                snprintf(buf, sizeof(buf), "epoch %" PRIu64 " is more than %d above the last billed, %" PRIu64,
+                         ev.epoch, FOLD_JUMP_MAX, before.epoch);
+                why = buf;
+                break;
+        case FOLD_COUNTER_RESET:
+                a->counter_resets++;
+                log_warn("counter went back within an epoch: taken as a restart, billed from zero",
+                         "sandbox=%s host=%s epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64
+                         " billed_cpu_ns=%" PRIu64,
+                         ev.sandbox, ev.host, ev.epoch, ev.seq, ev.cpu_ns, before.cpu_ns);
+                break;
+        case FOLD_BILLED:
+                break;
+        }
+        if (why) {
+                *refused = true;
+                return add_dead(a, m->partition, m->offset, m->payload, m->len, why);
+        }
+        if (ev.type == EVENT_STOPPED)
+                a->stops_folded++;
+        if (ev.host[0])
+                snprintf(sb->host, sizeof(sb->host), "%s", ev.host);
+        if (ev.vcpus)
+                sb->vcpus = ev.vcpus;
         sb->partition = partition;
         if (!sb->dirty) {
                 if (grow((void **)&a->dirty, &a->capdirty, a->ndirty + 1, sizeof(*a->dirty)) < 0)
@@ -339,11 +438,15 @@ static int take_message(struct agg *a, const rd_kafka_message_t *m)
         struct usage_event ev;
         char why[256];
         int r = 0;
+        bool refused_stop = false;
         if (event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
                 r = add_dead(a, m->partition, m->offset, m->payload, m->len, why);
         } else if (ev.type == EVENT_SAMPLE) {
-                r = fold_sample(a, m, &ev);
+                bool refused;
+                r = fold_reading(a, m, &ev, &refused);
                 event_clear(&ev);
+        } else if (ev.type == EVENT_STOPPED && ((r = fold_reading(a, m, &ev, &refused_stop)) < 0 || refused_stop)) {
+                event_clear(&ev); /* dead-lettered (or out of memory): the event is not applied */
         } else if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0) {
                 event_clear(&ev);
                 r = -ENOMEM;

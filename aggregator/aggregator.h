@@ -20,6 +20,8 @@ struct aggregator_config {
         int64_t batch_ms;        /* ...or this long after the batch's first */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
         char *log_level;
+        int64_t max_clock_ahead_ms;  /* a reading dated further ahead of our clock is not trusted for time */
+        int64_t max_clock_behind_ms; /* ...nor one dated further behind it */
 };
 
 /* Runs until *stop becomes non-zero, then commits what it holds and leaves

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <stdbool.h>
 
@@ -41,22 +42,46 @@ void fold_split(int64_t from, int64_t to, uint64_t cpu, enum sandbox_state state
         }
 }
 
-static void remember(struct fold_state *st, const struct usage_event *ev)
+void fold_place(int64_t end, uint64_t cpu, uint64_t running, uint64_t paused, uint64_t mem_size_bytes,
+                uint64_t disk_bytes, fold_emit_fn emit, void *ctx)
 {
-        st->known = true;
-        st->epoch = ev->epoch;
-        st->seq = ev->seq;
-        st->wall_ns = ev->wall_ns > st->wall_ns ? ev->wall_ns : st->wall_ns;
-        st->state = ev->state;
-        st->mem_size_bytes = ev->mem_size_bytes;
-        st->disk_bytes = ev->disk_bytes;
+        u128 span = (u128)running + paused;
+        if (span == 0) {
+                if (cpu) {
+                        struct fold_usage u = { .hour_ns = time_hour_start(end), .cpu_ns = cpu };
+                        emit(ctx, &u);
+                }
+                return;
+        }
+        /* The callers bound span (plausibility checks) far below end - 2020. */
+        int64_t start = end - (int64_t)span;
+        uint64_t cpu_given = 0, run_given = 0, paused_given = 0;
+        for (int64_t from = start; from < end;) {
+                int64_t hour = time_hour_start(from);
+                int64_t to = hour + NS_PER_HOUR < end ? hour + NS_PER_HOUR : end;
+                u128 done = (u128)(to - start);
+                /* Each quantity up to `to` by its share of the span, floored;
+                 * the last piece takes what is left. */
+                uint64_t cpu_upto = to == end ? cpu : (uint64_t)((u128)cpu * done / span);
+                uint64_t run_upto = to == end ? running : (uint64_t)((u128)running * done / span);
+                uint64_t paused_upto = to == end ? paused : (uint64_t)((u128)paused * done / span);
+                struct fold_usage u = { .hour_ns = hour, .cpu_ns = cpu_upto - cpu_given };
+                u.mem_byte_ns = (u128)(run_upto - run_given) * mem_size_bytes;
+                u.storage_byte_ns = (u128)(paused_upto - paused_given) * ((u128)mem_size_bytes + disk_bytes);
+                cpu_given = cpu_upto;
+                run_given = run_upto;
+                paused_given = paused_upto;
+                if (u.cpu_ns || u.mem_byte_ns || u.storage_byte_ns)
+                        emit(ctx, &u);
+                from = to;
+        }
 }
 
-static void peak(const struct usage_event *ev, fold_emit_fn emit, void *ctx)
+static void peak(const struct usage_event *ev, int64_t at, fold_emit_fn emit, void *ctx)
 {
         uint64_t p = ev->mem_peak_bytes > ev->mem_bytes ? ev->mem_peak_bytes : ev->mem_bytes;
         if (p) {
-                struct fold_usage u = { .hour_ns = time_hour_start(ev->wall_ns), .mem_peak_bytes = p };
+                struct fold_usage u = { .hour_ns = time_hour_start(at), .mem_peak_bytes = p };
                 emit(ctx, &u);
         }
 }
@@ -68,55 +93,165 @@ static bool possible(uint64_t cpu, uint32_t vcpus, int64_t elapsed)
         return (u128)cpu <= most;
 }
 
-enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev, fold_emit_fn emit, void *ctx)
+/* Could `held` ns of held time have passed in `elapsed` (plus the slack)? */
+static bool held_possible(u128 held, int64_t elapsed)
 {
-        if (!st->known && (u128)ev->cpu_ns > (u128)(ev->vcpus ? ev->vcpus : 1) * FOLD_FIRST_CPU_MAX_NS)
-                return FOLD_IMPOSSIBLE;
-        if (!st->known) {
-                /* The counter starts at zero with the cgroup: all of it is new.
-                 * No interval precedes the first sample, so no held time. */
-                fold_split(ev->wall_ns, ev->wall_ns, ev->cpu_ns, ev->state, 0, 0, emit, ctx);
-                peak(ev, emit, ctx);
-                st->wall_ns = ev->wall_ns;
-                st->cpu_ns = ev->cpu_ns;
-                remember(st, ev);
-                return FOLD_BILLED;
-        }
-        if (ev->epoch < st->epoch)
-                return FOLD_OLD_EPOCH;
-        if (ev->epoch == st->epoch && ev->seq <= st->seq)
+        return held <= (u128)((elapsed > 0 ? elapsed : 0) + FOLD_CPU_SLACK_NS);
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+        return a > b ? a : b;
+}
+
+enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *ev, const struct fold_clock *clock,
+                               unsigned *notes, fold_emit_fn emit, void *ctx)
+{
+        unsigned nt = 0;
+        if (notes)
+                *notes = 0;
+        bool stop = ev->type == EVENT_STOPPED;
+        if (ev->type != EVENT_SAMPLE && !stop)
                 return FOLD_DUPLICATE;
 
-        if (ev->epoch > st->epoch ? !possible(ev->cpu_ns, ev->vcpus, ev->wall_ns - st->wall_ns)
-                                  : ev->cpu_ns > st->cpu_ns &&
-                                            !possible(ev->cpu_ns - st->cpu_ns, ev->vcpus, ev->wall_ns - st->wall_ns))
-                return FOLD_IMPOSSIBLE;
+        /* The `stopped` event has no seq; a missing epoch (0) is the state's. */
+        uint64_t epoch = stop && ev->epoch == 0 && st->known ? st->epoch : ev->epoch;
+        uint64_t mem = ev->mem_size_bytes, disk = ev->disk_bytes;
+        if (stop && st->known) {
+                mem = mem ? mem : st->mem_size_bytes;
+                disk = disk ? disk : st->disk_bytes;
+        }
+
+        /* The wall time, checked against the aggregator's clock: one out of
+         * bounds places the usage at the aggregator's clock and moves no
+         * interval (the next good reading bills it). */
+        bool clock_bad = false;
+        if (clock && clock->max_ahead_ns > 0 && ev->wall_ns > clock->now_ns &&
+            ev->wall_ns - clock->now_ns > clock->max_ahead_ns) {
+                nt |= FOLD_NOTE_CLOCK_AHEAD;
+                clock_bad = true;
+        } else if (clock && clock->max_behind_ns > 0 && ev->wall_ns < clock->now_ns &&
+                   clock->now_ns - ev->wall_ns > clock->max_behind_ns) {
+                nt |= FOLD_NOTE_CLOCK_BEHIND;
+                clock_bad = true;
+        }
+        int64_t at = clock_bad ? clock->now_ns : ev->wall_ns; /* where the usage is placed */
+        if (notes)
+                *notes = nt;
+
+        if (!st->known) {
+                /* The counters start at zero with the sandbox: all of them is
+                 * new (its whole life, for the held counters). */
+                if ((u128)ev->cpu_ns > (u128)(ev->vcpus ? ev->vcpus : 1) * FOLD_FIRST_CPU_MAX_NS ||
+                    (ev->held_known && (u128)ev->running_ns + ev->paused_ns > (u128)FOLD_FIRST_CPU_MAX_NS))
+                        return FOLD_IMPOSSIBLE;
+                uint64_t run = ev->held_known ? ev->running_ns : 0, paused = ev->held_known ? ev->paused_ns : 0;
+                fold_place(at, ev->cpu_ns, run, paused, mem, disk, emit, ctx);
+                if (!stop)
+                        peak(ev, at, emit, ctx);
+                *st = (struct fold_state){ .known = true, .epoch = epoch, .seq = stop ? 0 : ev->seq,
+                                           .cpu_ns = ev->cpu_ns, .wall_ns = at,
+                                           .state = stop ? STATE_STOPPED : ev->state, .mem_size_bytes = mem,
+                                           .disk_bytes = disk, .held = ev->held_known, .running_ns = run,
+                                           .paused_ns = paused,
+                                           .closed = stop || ev->state == STATE_STOPPED };
+                return FOLD_BILLED;
+        }
+        if (epoch < st->epoch)
+                return FOLD_OLD_EPOCH;
+        if (epoch - st->epoch > FOLD_JUMP_MAX)
+                return FOLD_EPOCH_JUMP;
+        bool new_epoch = epoch > st->epoch;
+        if (!stop) {
+                if (!new_epoch && ev->seq <= st->seq)
+                        return FOLD_DUPLICATE;
+                /* (A state made by a `stopped` event alone has billed no seq yet.) */
+                if (ev->seq >> 32 > st->seq >> 32 && (ev->seq >> 32) - (st->seq >> 32) > FOLD_JUMP_MAX &&
+                    !(st->closed && st->seq == 0))
+                        return FOLD_SEQ_JUMP;
+        }
+
+        /* CPU. Once the sandbox is known stopped (the `stopped` event, or a
+         * sample in state stopped; also for a state read back without the
+         * closed flag) counters only move up: a smaller one is a reading
+         * from before the stop, not a restart. */
+        bool closed = st->closed || stop || st->state == STATE_STOPPED || ev->state == STATE_STOPPED;
         enum fold_result r = FOLD_BILLED;
-        uint64_t cpu;
-        if (ev->epoch > st->epoch) {
-                cpu = ev->cpu_ns; /* the counter restarted from zero */
-                st->cpu_ns = ev->cpu_ns;
+        uint64_t cpu, cpu_to;
+        if (new_epoch || (ev->cpu_ns < st->cpu_ns && !closed)) {
+                cpu = cpu_to = ev->cpu_ns; /* the counter restarted from zero */
+                if (!new_epoch)
+                        r = FOLD_COUNTER_RESET;
         } else if (ev->cpu_ns >= st->cpu_ns) {
                 cpu = ev->cpu_ns - st->cpu_ns;
-                st->cpu_ns = ev->cpu_ns;
+                cpu_to = ev->cpu_ns;
         } else {
-                cpu = 0; /* keep the higher counter: billing from the lower would bill twice */
-                r = FOLD_COUNTER_BACK;
+                cpu = 0;
+                cpu_to = st->cpu_ns;
         }
-        /* The interval since the last sample is billed in the state it began in. */
-        fold_split(st->wall_ns, ev->wall_ns, cpu, st->state, st->mem_size_bytes, st->disk_bytes, emit, ctx);
-        peak(ev, emit, ctx);
-        remember(st, ev);
+        int64_t elapsed = clock_bad ? 0 : ev->wall_ns - st->wall_ns;
+        if (!possible(cpu, ev->vcpus, elapsed))
+                return FOLD_IMPOSSIBLE;
+
+        /* Held time: by the counters when both this reading and the state
+         * have them; otherwise by the interval since the last reading. */
+        if (ev->held_known && st->held) {
+                uint64_t run = ev->running_ns > st->running_ns ? ev->running_ns - st->running_ns : 0;
+                uint64_t paused = ev->paused_ns > st->paused_ns ? ev->paused_ns - st->paused_ns : 0;
+                if (!held_possible((u128)run + paused, elapsed))
+                        return FOLD_IMPOSSIBLE;
+                if (!closed && (ev->running_ns < st->running_ns || ev->paused_ns < st->paused_ns))
+                        nt |= FOLD_NOTE_HELD_BACK;
+                fold_place(at, cpu, run, paused, mem, disk, emit, ctx);
+                st->running_ns = max_u64(st->running_ns, ev->running_ns);
+                st->paused_ns = max_u64(st->paused_ns, ev->paused_ns);
+        } else {
+                /* The interval since the last reading, in the state it began
+                 * in (nothing after the stop); a reading with held counters
+                 * after one without starts counting from its own. */
+                if (clock_bad)
+                        fold_split(at, at, cpu, st->state, 0, 0, emit, ctx);
+                else
+                        fold_split(st->wall_ns, ev->wall_ns, cpu, st->closed ? STATE_STOPPED : st->state,
+                                   st->mem_size_bytes, st->disk_bytes, emit, ctx);
+                st->held = ev->held_known;
+                if (ev->held_known) {
+                        st->running_ns = ev->running_ns;
+                        st->paused_ns = ev->paused_ns;
+                }
+        }
+        if (!stop)
+                peak(ev, at, emit, ctx);
+        if (notes)
+                *notes = nt;
+
+        st->epoch = epoch;
+        if (!stop)
+                st->seq = ev->seq;
+        st->cpu_ns = cpu_to;
+        if (!clock_bad && ev->wall_ns > st->wall_ns)
+                st->wall_ns = ev->wall_ns;
+        st->state = closed ? STATE_STOPPED : ev->state;
+        st->mem_size_bytes = mem;
+        st->disk_bytes = disk;
+        st->closed = closed;
         return r;
+}
+
+enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev, fold_emit_fn emit, void *ctx)
+{
+        return fold_apply_at(st, ev, NULL, NULL, emit, ctx);
 }
 
 int fold_state_format(const struct fold_state *st, char *buf, size_t size)
 {
         int n = snprintf(buf, size,
-                         "v1 known=%d epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " wall_ns=%" PRId64
-                         " state=%d mem_size_bytes=%" PRIu64 " disk_bytes=%" PRIu64,
+                         "v2 known=%d epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " wall_ns=%" PRId64
+                         " state=%d mem_size_bytes=%" PRIu64 " disk_bytes=%" PRIu64 " held=%d running_ns=%" PRIu64
+                         " paused_ns=%" PRIu64 " closed=%d",
                          st->known ? 1 : 0, st->epoch, st->seq, st->cpu_ns, st->wall_ns, (int)st->state,
-                         st->mem_size_bytes, st->disk_bytes);
+                         st->mem_size_bytes, st->disk_bytes, st->held ? 1 : 0, st->running_ns, st->paused_ns,
+                         st->closed ? 1 : 0);
         if (n < 0 || (size_t)n >= size)
                 return -ENOBUFS;
         return n;
@@ -125,15 +260,29 @@ int fold_state_format(const struct fold_state *st, char *buf, size_t size)
 int fold_state_parse(const char *text, struct fold_state *ret)
 {
         struct fold_state st = { 0 };
-        int known = 0, state = 0, end = 0;
-        if (sscanf(text,
-                   "v1 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
-                   " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 "%n",
-                   &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes, &st.disk_bytes,
-                   &end) != 8 || text[end] != '\0' || state < 0 || state >= STATE_COUNT)
+        int known = 0, state = 0, held = 0, closed = 0, end = 0;
+        if (strncmp(text, "v1 ", 3) == 0) {
+                if (sscanf(text,
+                           "v1 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
+                           " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 "%n",
+                           &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
+                           &st.disk_bytes, &end) != 8)
+                        return -EINVAL;
+        } else if (sscanf(text,
+                          "v2 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
+                          " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 " held=%d running_ns=%" SCNu64
+                          " paused_ns=%" SCNu64 " closed=%d%n",
+                          &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
+                          &st.disk_bytes, &held, &st.running_ns, &st.paused_ns, &closed, &end) != 12) {
+                return -EINVAL;
+        }
+        if (text[end] != '\0' || state < 0 || state >= STATE_COUNT || known < 0 || known > 1 || held < 0 ||
+            held > 1 || closed < 0 || closed > 1)
                 return -EINVAL;
         st.known = known != 0;
         st.state = (enum sandbox_state)state;
+        st.held = held != 0;
+        st.closed = closed != 0;
         *ret = st;
         return 0;
 }

@@ -21,6 +21,12 @@ static const struct setting settings[] = {
         { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
           offsetof(struct aggregator_config, consumer_settings), 0, 0,
           "Further librdkafka consumer settings, name=value separated by commas" },
+        { "max_clock_ahead_ms", SETTING_INT, "300000", false, offsetof(struct aggregator_config, max_clock_ahead_ms),
+          1, INT64_C(3153600000000),
+          "A reading dated more than this ahead of the aggregator's clock is placed at the aggregator's clock" },
+        { "max_clock_behind_ms", SETTING_INT, "34560000000", false,
+          offsetof(struct aggregator_config, max_clock_behind_ms), 1, INT64_C(3153600000000),
+          "...and so is one dated more than this behind it (default 400 days)" },
         SETTING_LOG_LEVEL(struct aggregator_config, log_level),
         SETTINGS_END,
 };

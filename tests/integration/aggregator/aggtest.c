@@ -230,3 +230,49 @@ int64_t aggtest_utc(int year, int mon, int day, int hour, int min, int sec)
                          .tm_min = min, .tm_sec = sec };
         return (int64_t)timegm(&tm) * NS_PER_SEC;
 }
+
+struct usage_event aggtest_held(struct usage_event ev, uint64_t running_ns, uint64_t paused_ns)
+{
+        ev.held_known = true;
+        ev.running_ns = running_ns;
+        ev.paused_ns = paused_ns;
+        return ev;
+}
+
+struct usage_event aggtest_stopped(const char *account, const char *key, const char *sandbox, uint64_t epoch,
+                                   int64_t wall_ns, uint64_t cpu_ns, uint64_t running_ns, uint64_t paused_ns,
+                                   uint64_t mem_size_bytes, uint32_t vcpus)
+{
+        struct usage_event ev = aggtest_sample(account, key, sandbox, epoch, 0, wall_ns, STATE_STOPPED, cpu_ns,
+                                               mem_size_bytes, 0, vcpus);
+        ev.type = EVENT_STOPPED;
+        ev.final = true;
+        return aggtest_held(ev, running_ns, paused_ns);
+}
+
+char *aggtest_billed(struct aggtest *t, const char *sandbox)
+{
+        const char *params[] = { sandbox };
+        PGresult *r = PQexecParams(t->db,
+                                   "SELECT coalesce(sum(cpu_ns), 0) || '/' || coalesce(sum(mem_byte_ns), 0) || '/' ||"
+                                   " coalesce(sum(storage_byte_ns), 0) || '/' || count(*)"
+                                   " FROM usage_hourly WHERE sandbox_id = $1",
+                                   1, NULL, params, NULL, NULL, 0);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                v = strdup(PQgetvalue(r, 0, 0));
+        else
+                CHECK(0, "billed totals of %s: %s", sandbox, PQresultErrorMessage(r));
+        PQclear(r);
+        return v ? v : strdup("");
+}
+
+int aggtest_wait_committed(struct aggtest *t, int64_t end, int timeout_ms)
+{
+        for (int i = 0; i <= timeout_ms / 20; i++) {
+                if (aggtest_committed(t) >= end)
+                        return 0;
+                time_sleep_ns(20 * NS_PER_MS);
+        }
+        return -1;
+}

@@ -54,3 +54,14 @@ struct usage_event aggtest_sample(const char *account, const char *key, const ch
 
 /* Unix ns of a UTC date and time. */
 int64_t aggtest_utc(int year, int mon, int day, int hour, int min, int sec);
+
+/* The same sample with cumulative held counters (docs/events.md, "Held time"). */
+struct usage_event aggtest_held(struct usage_event ev, uint64_t running_ns, uint64_t paused_ns);
+/* The vmm's stopped event: final CPU counter and held counters. */
+struct usage_event aggtest_stopped(const char *account, const char *key, const char *sandbox, uint64_t epoch,
+                                   int64_t wall_ns, uint64_t cpu_ns, uint64_t running_ns, uint64_t paused_ns,
+                                   uint64_t mem_size_bytes, uint32_t vcpus);
+/* A sandbox's billed totals and rows in usage_hourly: "cpu_ns/mem_byte_ns/storage_byte_ns/rows" (malloc'd). */
+char *aggtest_billed(struct aggtest *t, const char *sandbox);
+/* Waits until the ledger's offsets reach `end` messages; 0 or -1 at the timeout. */
+int aggtest_wait_committed(struct aggtest *t, int64_t end, int timeout_ms);
