@@ -187,8 +187,11 @@ void tsb_stop(struct test_sandbox *sb, const char *state_dir)
         }
         sb->stopped_boot = time_boot_ns();
         sb->stopped_wall = time_wall_ns();
-        /* By hand, not with registry_set_state: the held total is the time since creation. */
-        sb->rec.running_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
+        /* By hand, not with registry_set_state: the time in the state it leaves goes to that state's total. */
+        if (sb->rec.state == STATE_PAUSED)
+                sb->rec.paused_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
+        else
+                sb->rec.running_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
         sb->rec.state_since_boot_ns = sb->stopped_boot;
         sb->rec.state = STATE_STOPPED;
         sb->rec.final_cpu_ns = 0; /* the collector measures it from the cgroup */

@@ -41,7 +41,9 @@ void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, 
 uint64_t tsb_read_cpu(const struct test_sandbox *sb);
 
 /* Stops as the vmm does: kill -9, reap, record state stopped at that moment
- * (held time frozen: running_ns = stopped_boot - created_boot), final_cpu_ns 0. */
+ * (held time frozen: the time since the current state began added to its
+ * total, so a sandbox never paused has running_ns = stopped_boot - created_boot),
+ * final_cpu_ns 0. */
 void tsb_stop(struct test_sandbox *sb, const char *state_dir);
 
 /* True if <state_dir>/sandboxes/<id>.final exists. */
