@@ -95,6 +95,7 @@ struct collector {
         struct cgroup_scan *scan;     /* the BPF cgroup walk, or NULL: every sandbox is read from its files */
         bool scanned;                 /* this tick's walk succeeded */
         bool scan_error_logged;
+        bool gen_error_logged;        /* a raised generation could not be stored (logged once until it is) */
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -216,10 +217,13 @@ static int raise_generation(void *ctx, uint32_t next)
         int r = state_save_generation(c->state_dir, next);
         if (r < 0) {
                 M_ADD(c, state_save_errors_total, 1);
-                log_error("could not store a raised generation: the sandbox's samples wait until it is stored",
-                          "generation=%u error=\"%s\"", next, strerror(-r));
+                if (!c->gen_error_logged)
+                        log_error("could not store a raised generation: the sandbox's samples wait until it is stored",
+                                  "generation=%u error=\"%s\"", next, strerror(-r));
+                c->gen_error_logged = true;
                 return r;
         }
+        c->gen_error_logged = false;
         log_info("generation raised: a sandbox's sequence ran out of n", "generation=%u", next);
         return 0;
 }
