@@ -50,6 +50,18 @@ struct sandbox {
         struct cgroup_files files;
         struct cgroup_scan_ref scan_cpu, scan_mem; /* where the walk finds its cgroups; root -1: not watched */
         struct epoch_track track;
+        bool epoch_unsaved;           /* the epoch changed and is not on disk yet: not published until it is */
+        bool save_error_logged;
+        bool opened_before, reopened; /* files opened again since the last reading: a recreated cgroup */
+        struct seq_track seq;         /* the generation and n of its last seq */
+        /* Held time from the record (registry.h): totals before the current state and when it began
+         * on the boot clock; state_since_boot_ns 0: the vmm did not say, no held time is sent. */
+        uint64_t running_ns, paused_ns;
+        int64_t state_since_boot_ns;
+        /* What its last encoded sample carried: held time and clocks never go back within a sandbox. */
+        bool pub_known;
+        uint64_t pub_running_ns, pub_paused_ns;
+        int64_t pub_wall_ns, pub_mono_ns;
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
         uint64_t peak_bytes;          /* the last peak read */
@@ -67,11 +79,11 @@ struct collector {
         rd_kafka_t *rk;
         struct spool spool;
         int inotify_fd;
-        uint32_t generation;
-        uint32_t seq_counter;
+        uint32_t generation;          /* the host's, on disk before any seq uses it */
         uint64_t ticks;
         struct wall_guard wall;
-        int64_t stamp_wall, stamp_mono;   /* the clocks for the readings being taken */
+        int64_t stamp_wall, stamp_mono, stamp_boot; /* the clocks for the readings being taken */
+        struct sandbox_record held_rec; /* scratch for registry_held_at: only the held fields are set */
         struct sandbox *hash[HASH_SIZE];
         struct sandbox **list;
         size_t n, cap;
@@ -83,6 +95,7 @@ struct collector {
         struct cgroup_scan *scan;     /* the BPF cgroup walk, or NULL: every sandbox is read from its files */
         bool scanned;                 /* this tick's walk succeeded */
         bool scan_error_logged;
+        bool gen_error_logged;        /* a raised generation could not be stored (logged once until it is) */
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -187,16 +200,44 @@ static int set_str(char **dst, const char *src)
         return 1;
 }
 
-/* Reads the clocks for a batch of readings: once per tick, not per sample. */
+/* Reads the clocks for a batch of readings: once per tick, not per sample,
+ * just before the counters are read (the walk, then files). */
 static void stamp(struct collector *c)
 {
+        c->stamp_boot = time_boot_ns();
         c->stamp_mono = time_mono_ns();
         c->stamp_wall = wall_guard_next(&c->wall, time_wall_ns(), c->stamp_mono);
         M_SET(c, clock_steps_total, c->wall.steps);
 }
 
-static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, const struct cgroup_reading *rd)
+/* Raises the host's generation for a sandbox whose n ran out (track.h): on disk first. */
+static int raise_generation(void *ctx, uint32_t next)
 {
+        struct collector *c = ctx;
+        int r = state_save_generation(c->state_dir, next);
+        if (r < 0) {
+                M_ADD(c, state_save_errors_total, 1);
+                if (!c->gen_error_logged)
+                        log_error("could not store a raised generation: the sandbox's samples wait until it is stored",
+                                  "generation=%u error=\"%s\"", next, strerror(-r));
+                c->gen_error_logged = true;
+                return r;
+        }
+        c->gen_error_logged = false;
+        log_info("generation raised: a sandbox's sequence ran out of n", "generation=%u", next);
+        return 0;
+}
+
+/* Fills c->ev with s's sample at this stamp. Returns 0, or the -errno of a
+ * generation that could not be stored: then nothing may be published for s. */
+static int next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, const struct cgroup_reading *rd)
+{
+        uint64_t seq;
+        int r = seq_next(&s->seq, &c->generation, raise_generation, c, &seq);
+        if (r < 0) {
+                M_ADD(c, samples_held_total, 1);
+                return r;
+        }
         struct usage_event *ev = &c->ev;
         ev->type = EVENT_SAMPLE;
         memcpy(ev->host, *s->host ? s->host : c->host_id, sizeof(ev->host));
@@ -204,7 +245,7 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         memcpy(ev->account, s->account, sizeof(ev->account));
         memcpy(ev->key, s->key, sizeof(ev->key));
         ev->epoch = s->track.epoch;
-        ev->seq = seq_make(c->generation, ++c->seq_counter);
+        ev->seq = seq;
         ev->mono_ns = c->stamp_mono;
         ev->wall_ns = c->stamp_wall;
         ev->state = s->state;
@@ -215,6 +256,36 @@ static void next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, 
         ev->disk_bytes = s->disk_bytes;
         ev->vcpus = s->vcpus;
         ev->final = s->state == STATE_STOPPED;
+        /* Held time at the instant the counters were read (docs/events.md, "Held time"). A sample
+         * taken between a lifecycle moment and the vmm's record of it runs ahead by that gap; the
+         * next ones keep that total rather than go back. */
+        ev->held_known = s->state_since_boot_ns > 0;
+        ev->running_ns = ev->paused_ns = 0;
+        if (ev->held_known) {
+                struct sandbox_record *h = &c->held_rec;
+                h->state = s->state;
+                h->running_ns = s->running_ns;
+                h->paused_ns = s->paused_ns;
+                h->state_since_boot_ns = s->state_since_boot_ns;
+                registry_held_at(h, c->stamp_boot, &ev->running_ns, &ev->paused_ns);
+                if (s->pub_known && ev->running_ns < s->pub_running_ns)
+                        ev->running_ns = s->pub_running_ns;
+                if (s->pub_known && ev->paused_ns < s->pub_paused_ns)
+                        ev->paused_ns = s->pub_paused_ns;
+        }
+        return 0;
+}
+
+/* Remembers what s's encoded sample carried. */
+static void remember(struct sandbox *s, const struct usage_event *ev)
+{
+        s->pub_known = true;
+        if (ev->held_known) {
+                s->pub_running_ns = ev->running_ns;
+                s->pub_paused_ns = ev->paused_ns;
+        }
+        s->pub_wall_ns = ev->wall_ns;
+        s->pub_mono_ns = ev->mono_ns;
 }
 
 /* Has the walk watch this sandbox's cgroups: the memory one only if it has a
@@ -278,6 +349,8 @@ static int open_files(struct collector *c, struct sandbox *s)
                 return r;
         }
         c->kept_fds += cgroup_files_kept(&s->files);
+        s->reopened = s->opened_before; /* a counter restart after this is a recreated cgroup, not tampering */
+        s->opened_before = true;
         watch_cgroups(c, s);
         if (s->files.transient) {
                 M_ADD(c, sandboxes_transient, 1);
@@ -289,21 +362,61 @@ static int open_files(struct collector *c, struct sandbox *s)
         return 0;
 }
 
-/* Applies the epoch rules to a counter and persists an epoch the collector raised. */
-static void observe(struct collector *c, struct sandbox *s, uint64_t record_epoch, uint64_t cpu_ns)
+/* Applies the epoch rules to a counter read from s's cgroup, and persists an
+ * epoch that changed. Returns true when s may be published: a changed epoch is
+ * published only once it is on disk (else a restarted collector could publish
+ * a lower one, which an aggregator ignores for good); until then the save is
+ * retried at each reading and s's samples wait. */
+static bool observe(struct collector *c, struct sandbox *s, uint64_t record_epoch, uint64_t cpu_ns)
 {
-        uint64_t before = s->track.epoch;
-        if (!epoch_track_observe(&s->track, record_epoch, cpu_ns))
-                return;
-        M_ADD(c, epoch_changes_total, 1);
-        log_info("counter restarted: new epoch", "sandbox=%s epoch=%llu previous=%llu record_epoch=%llu", s->id,
-                 (unsigned long long)s->track.epoch, (unsigned long long)before,
-                 (unsigned long long)record_epoch);
+        uint64_t before = s->track.epoch, before_record = s->track.record_epoch, last = s->track.last_cpu_ns;
+        if (epoch_track_observe(&s->track, record_epoch, cpu_ns)) {
+                M_ADD(c, epoch_changes_total, 1);
+                s->epoch_unsaved = true;
+                if (record_epoch != before_record) {
+                        log_info("counter restarted by the vmm: new epoch",
+                                 "sandbox=%s epoch=%llu previous=%llu record_epoch=%llu", s->id,
+                                 (unsigned long long)s->track.epoch, (unsigned long long)before,
+                                 (unsigned long long)record_epoch);
+                } else if (s->reopened) {
+                        log_info("cgroup recreated: its counter restarted, new epoch",
+                                 "sandbox=%s epoch=%llu previous=%llu previous_cpu_ns=%llu cpu_ns=%llu", s->id,
+                                 (unsigned long long)s->track.epoch, (unsigned long long)before,
+                                 (unsigned long long)last, (unsigned long long)cpu_ns);
+                } else {
+                        /* The same open cgroup's counter went down: nothing but a write to it (v1's
+                         * cpuacct.usage takes 0) does that. A new epoch bills the counter from zero
+                         * again, so the CPU before the reset stays billed; the time since the last
+                         * reading before it is lost, and an operator must hear of it. */
+                        M_ADD(c, counter_backwards_total, 1);
+                        log_warn("counter went backwards in the same cgroup: possible tampering; new epoch",
+                                 "sandbox=%s account=%s previous_cpu_ns=%llu cpu_ns=%llu epoch=%llu", s->id,
+                                 s->account, (unsigned long long)last, (unsigned long long)cpu_ns,
+                                 (unsigned long long)s->track.epoch);
+                }
+        }
+        s->reopened = false;
+        if (!s->epoch_unsaved)
+                return true;
         int r = epoch_track_is_local(&s->track)
                         ? state_save_epoch(c->state_dir, s->id, s->track.epoch, s->track.record_epoch)
                         : state_remove_epoch(c->state_dir, s->id);
-        if (r < 0)
-                log_error("could not persist a sandbox's epoch", "sandbox=%s error=\"%s\"", s->id, strerror(-r));
+        if (r < 0) {
+                M_ADD(c, state_save_errors_total, 1);
+                M_ADD(c, samples_held_total, 1);
+                if (!s->save_error_logged)
+                        log_error("could not persist a sandbox's epoch: its samples wait until it is saved",
+                                  "sandbox=%s epoch=%llu error=\"%s\"", s->id, (unsigned long long)s->track.epoch,
+                                  strerror(-r));
+                s->save_error_logged = true;
+                return false;
+        }
+        if (s->save_error_logged)
+                log_info("sandbox's epoch persisted: publishing again", "sandbox=%s epoch=%llu", s->id,
+                         (unsigned long long)s->track.epoch);
+        s->save_error_logged = false;
+        s->epoch_unsaved = false;
+        return true;
 }
 
 static int produce(struct collector *c, const char *account, const char *payload, size_t len, void *opaque)
@@ -421,29 +534,70 @@ static bool final_marker_exists(struct collector *c, const char *id)
         return access(path, F_OK) == 0;
 }
 
+/* The cgroup's own counter at the stop, read by the collector (the cgroup
+ * stays until <id>.final): opened for this one read if its files are not open
+ * (a restarted collector never opens a stopped sandbox's). Returns 0 or -errno. */
+static int read_final_counter(struct sandbox *s, uint64_t *ret)
+{
+        struct cgroup_reading rd;
+        if (s->files.version != 0)
+                return cgroup_files_read(&s->files, &rd) < 0 ? -ENODEV : (*ret = rd.cpu_ns, 0);
+        if (!s->cpu_dir || !*s->cpu_dir)
+                return -ENOENT;
+        struct cgroup_files f = CGROUP_FILES_NONE;
+        int r = cgroup_files_open(s->cgroup_version, s->cpu_dir, s->mem_dir, false, false, &f);
+        if (r == 0)
+                r = cgroup_files_read(&f, &rd);
+        cgroup_files_close(&f);
+        if (r < 0)
+                return r;
+        *ret = rd.cpu_ns;
+        return 0;
+}
+
 /* The stop handshake (docs/registry.md): spool the final sample durably, then
- * make <id>.final so the vmm may remove the cgroup, then produce. */
+ * make <id>.final so the vmm may remove the cgroup, then produce. Returns
+ * without marking when something could not be done; sample_all retries. */
 static void take_final(struct collector *c, struct sandbox *s)
 {
         bool marker = final_marker_exists(c, s->id);
         struct spool_entry *e = spool_find(&c->spool, s->id);
         if (!e && !marker) {
-                uint64_t cpu_ns = s->final_cpu_ns;
-                struct cgroup_reading rd;
-                if (s->files.version != 0 && cgroup_files_read(&s->files, &rd) == 0 && rd.cpu_ns > cpu_ns &&
-                    cpu_ns == 0)
-                        cpu_ns = rd.cpu_ns; /* a record without final_cpu_ns: the cgroup's own last word */
+                /* The higher of the vmm's last read and the kernel's counter now: the processes are
+                 * gone, so the counter holds still, and a record's number never lowers it. */
+                uint64_t cpu_ns = s->final_cpu_ns, own = 0;
+                if (read_final_counter(s, &own) == 0 && own > cpu_ns) {
+                        if (cpu_ns)
+                                log_debug("the cgroup's counter is above the record's final one; using it",
+                                          "sandbox=%s final_cpu_ns=%llu cpu_ns=%llu", s->id,
+                                          (unsigned long long)cpu_ns, (unsigned long long)own);
+                        cpu_ns = own;
+                }
                 if (s->track.have_last && s->record_epoch == s->track.record_epoch && cpu_ns < s->track.last_cpu_ns) {
-                        /* The vmm's last read is below what we already published in this epoch: a new
-                         * epoch would bill the whole counter again, so the final keeps the higher one. */
+                        /* Below what we already published in this epoch: a new epoch would bill the
+                         * whole counter again, so the final keeps the higher one. */
                         log_warn("final counter below the last published one; keeping the last",
                                  "sandbox=%s final_cpu_ns=%llu last_cpu_ns=%llu", s->id,
                                  (unsigned long long)cpu_ns, (unsigned long long)s->track.last_cpu_ns);
                         cpu_ns = s->track.last_cpu_ns;
                 }
-                observe(c, s, s->record_epoch, cpu_ns);
+                if (!observe(c, s, s->record_epoch, cpu_ns))
+                        return;
                 stamp(c);
-                next_event(c, s, cpu_ns, NULL);
+                if (next_event(c, s, cpu_ns, NULL) < 0)
+                        return;
+                /* Dated at the stop itself, not at this tick: a collector that comes back late (or a
+                 * record seen a tick later) must not stretch the sandbox's life. Its held time is the
+                 * record's frozen totals (next_event). */
+                if (s->state_since_boot_ns > 0 && c->stamp_boot >= s->state_since_boot_ns) {
+                        int64_t ago = c->stamp_boot - s->state_since_boot_ns;
+                        c->ev.wall_ns = c->stamp_wall - ago;
+                        c->ev.mono_ns = c->stamp_mono - ago;
+                        if (s->pub_known && c->ev.wall_ns < s->pub_wall_ns)
+                                c->ev.wall_ns = s->pub_wall_ns;
+                        if (s->pub_known && c->ev.mono_ns < s->pub_mono_ns)
+                                c->ev.mono_ns = s->pub_mono_ns;
+                }
                 int len = event_encode(&c->ev, c->buf, sizeof(c->buf));
                 if (len < 0) {
                         log_error("could not encode a final sample", "sandbox=%s error=\"%s\"", s->id, strerror(-len));
@@ -454,9 +608,11 @@ static void take_final(struct collector *c, struct sandbox *s)
                         log_error("could not spool a final sample", "sandbox=%s error=\"%m\"", s->id);
                         return;
                 }
+                remember(s, &c->ev);
                 M_ADD(c, finals_total, 1);
-                log_info("final sample", "sandbox=%s account=%s epoch=%llu cpu_ns=%llu", s->id, s->account,
-                         (unsigned long long)s->track.epoch, (unsigned long long)cpu_ns);
+                log_info("final sample", "sandbox=%s account=%s epoch=%llu cpu_ns=%llu running_ns=%llu paused_ns=%llu",
+                         s->id, s->account, (unsigned long long)s->track.epoch, (unsigned long long)cpu_ns,
+                         (unsigned long long)c->ev.running_ns, (unsigned long long)c->ev.paused_ns);
         }
         if (!marker) {
                 char path[PATH_MAX + 80];
@@ -502,6 +658,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                 if (r < 0)
                         log_warn("could not read a saved epoch", "sandbox=%s error=\"%s\"", s->id, strerror(-r));
                 epoch_track_init(&s->track, rec->epoch, saved_epoch, saved_record);
+                s->seq = (struct seq_track){ c->generation, c->opt.seq_start };
                 s->index = c->n;
                 c->list[c->n++] = s;
                 unsigned h = hash_id(s->id);
@@ -517,6 +674,9 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         s->mem_size_bytes = rec->mem_size_bytes;
         s->final_cpu_ns = rec->final_cpu_ns;
         s->record_epoch = rec->epoch;
+        s->running_ns = rec->running_ns;
+        s->paused_ns = rec->paused_ns;
+        s->state_since_boot_ns = rec->state_since_boot_ns;
         int moved = set_str(&s->cpu_dir, rec->cgroup_cpu) | set_str(&s->mem_dir, rec->cgroup_memory);
         if (moved < 0 || set_str(&s->disk_path, rec->disk_path) < 0)
                 return -ENOMEM;
@@ -645,16 +805,22 @@ static void sample_all(struct collector *c)
                         errors++;
                 s->peak_read = true;
                 s->gone_logged = false;
-                observe(c, s, s->record_epoch, rd.cpu_ns);
-                next_event(c, s, rd.cpu_ns, &rd);
+                if (!observe(c, s, s->record_epoch, rd.cpu_ns) || next_event(c, s, rd.cpu_ns, &rd) < 0)
+                        continue; /* its state is not on disk: held, counted */
                 int len = event_encode(&c->ev, c->buf, sizeof(c->buf));
                 if (len < 0) {
                         errors++;
                         continue;
                 }
+                remember(s, &c->ev);
                 publish_sample(c, s, len);
                 samples++;
         }
+        /* Final samples that could not be taken when the record said stopped (state not on
+         * disk, spool full): again, after this tick's readings, which share its stamp. */
+        for (size_t i = 0; i < c->n; i++)
+                if (c->list[i]->state == STATE_STOPPED && !c->list[i]->finished)
+                        take_final(c, c->list[i]);
         M_ADD(c, samples_total, samples);
         M_ADD(c, read_errors_total, errors);
         M_ADD(c, file_reads_total, file_reads);
@@ -882,6 +1048,11 @@ int collector_metrics_text(const struct collector *c, char *buf, size_t size)
                 ROW(ticks_total, "counter", "Ticks run"),
                 ROW(read_errors_total, "counter", "Counter reads that failed (cgroup gone, unparseable)"),
                 ROW(epoch_changes_total, "counter", "Counter restarts seen (new epochs)"),
+                ROW(counter_backwards_total, "counter",
+                    "Counters that went backwards in the same cgroup (possible tampering; each a new epoch)"),
+                ROW(state_save_errors_total, "counter",
+                    "Failed writes of a raised epoch or generation (the sandbox's samples wait)"),
+                ROW(samples_held_total, "counter", "Readings not published because their epoch or generation was not on disk"),
                 ROW(clock_steps_total, "counter", "Wall clock steps seen"),
                 ROW(scan_active, "gauge", "1 when each tick reads every cgroup in one BPF walk; 0 when it reads files"),
                 ROW(scan_cgroups, "gauge", "Cgroups the last walk saw"),

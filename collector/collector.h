@@ -26,6 +26,7 @@ struct collector_options {
         bool read_peak;               /* read memory.peak / memory.max_usage_in_bytes too ... */
         int64_t peak_every;           /* ... every this many ticks (it is a high watermark) */
         const char *cgroup_reader;    /* "auto": the BPF cgroup walk where it loads, else files; "scan"; "files" */
+        uint32_t seq_start;           /* tests: the n every sandbox's seq counts from (0 in production) */
 };
 
 /* Counters and gauges for /metrics. Written by the engine, read by the HTTP
@@ -47,6 +48,9 @@ struct collector_metrics {
         uint64_t ticks_total;
         uint64_t read_errors_total;
         uint64_t epoch_changes_total;
+        uint64_t counter_backwards_total; /* a counter went down in the same open cgroup: tampering */
+        uint64_t state_save_errors_total; /* a raised epoch or generation could not be stored */
+        uint64_t samples_held_total;      /* readings not published until that state is stored */
         uint64_t clock_steps_total;
         uint64_t scan_active;         /* 1: each tick walks the cgroup tree once (cgroup_scan.h) */
         uint64_t scan_cgroups;        /* cgroups the last walk saw */

@@ -21,6 +21,7 @@ struct collector_config {
         bool read_peak;
         int64_t peak_every;
         char *cgroup_reader;
+        int64_t seq_start;
         int64_t metrics_port;
         char *metrics_address;
         char *log_level;
@@ -47,6 +48,8 @@ static const struct setting settings[] = {
         { "cgroup_reader", SETTING_STRING, "auto", false, offsetof(struct collector_config, cgroup_reader), 0, 0,
           "How counters are read each tick: scan (one BPF walk of the cgroup tree, Linux >= 6.2, root), "
           "files (two preads a sandbox), or auto (scan where it loads, else files)" },
+        { "seq_start", SETTING_INT, "0", false, offsetof(struct collector_config, seq_start), 0, 4294967295,
+          "For tests only: the n every sandbox's sequence numbers count from (near 2^32 to try the wrap)" },
         { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
           "Port for /metrics (Prometheus text format); 0: off" },
         { "metrics_address", SETTING_STRING, "127.0.0.1", false,
@@ -87,7 +90,7 @@ int main(int argc, char **argv)
                 .brokers = cfg.kafka_brokers, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
                 .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
-                .cgroup_reader = cfg.cgroup_reader,
+                .cgroup_reader = cfg.cgroup_reader, .seq_start = (uint32_t)cfg.seq_start,
         };
         if (collector_new(&opt, &c, err, sizeof(err)) < 0) {
                 log_error("could not start", "error=\"%s\"", err);

@@ -68,24 +68,41 @@ int state_write_atomic(const char *path, const char *text, size_t len)
         return fsync_parent(path);
 }
 
+static void generation_path(char *buf, size_t size, const char *state_dir)
+{
+        snprintf(buf, size, "%s/" COLLECTOR_DIR "/generation", state_dir);
+}
+
+int state_save_generation(const char *state_dir, uint32_t generation)
+{
+        char path[PATH_MAX], text[32];
+        generation_path(path, sizeof(path), state_dir);
+        int len = snprintf(text, sizeof(text), "%" PRIu32 "\n", generation);
+        return state_write_atomic(path, text, (size_t)len);
+}
+
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
 {
         char path[PATH_MAX], text[64];
-        snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/generation", state_dir);
-        uint64_t last = 0;
+        generation_path(path, sizeof(path), state_dir);
+        uint64_t last = 0, next;
         int r = file_read_small(path, text, sizeof(text));
         if (r < 0 && r != -ENOENT)
                 return r;
         if (r == 0 && sscanf(text, "%" SCNu64, &last) != 1)
                 return -EINVAL;
-        uint64_t next = last + 1;
-        int64_t since = now_sec - GENERATION_EPOCH_S;
-        if (since > 0 && (uint64_t)since > next)
-                next = (uint64_t)since;
+        if (r == 0) {
+                next = last + 1;
+        } else {
+                /* None stored: a new host, or a lost folder. Start from the hours since
+                 * GENERATION_EPOCH_S, above the generations of a host that restarted less
+                 * often than hourly, and far below 2^31. */
+                int64_t hours = (now_sec - GENERATION_EPOCH_S) / 3600;
+                next = hours > 0 ? (uint64_t)hours : 1;
+        }
         if (next > INT32_MAX)
                 return -EOVERFLOW;
-        int len = snprintf(text, sizeof(text), "%" PRIu64 "\n", next);
-        if ((r = state_write_atomic(path, text, (size_t)len)) < 0)
+        if ((r = state_save_generation(state_dir, (uint32_t)next)) < 0)
                 return r;
         *ret = (uint32_t)next;
         return 0;

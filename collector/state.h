@@ -13,13 +13,17 @@
 /* Creates <state_dir>/collector and its epochs/ and spool/ folders. Returns 0 or -errno. */
 int state_prepare(const char *state_dir);
 
-/* Reads the last generation, stores and returns the next one: above the last,
- * and at least the seconds since GENERATION_EPOCH_S (so a lost state folder
- * still gives a higher generation unless the clock went back; counted from
- * 2023-11-14 so that seq = generation << 32 stays below 2^63 until about 2091).
- * Returns 0 or -errno. */
+/* Reads the last generation, stores and returns the next one: the last + 1
+ * (docs/events.md: raised by one at every start, so an aggregator never sees
+ * a jump it would refuse). With none stored (a new host, or a lost folder) it
+ * starts at the hours since GENERATION_EPOCH_S (2023-11-14), so a lost folder
+ * still gives a higher generation on a host that restarted less often than
+ * hourly. Returns 0 or -errno (-EOVERFLOW past 2^31 - 1). */
 #define GENERATION_EPOCH_S INT64_C(1700000000)
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret);
+
+/* Stores a generation raised during a run (a sandbox's n ran out). Returns 0 or -errno. */
+int state_save_generation(const char *state_dir, uint32_t generation);
 
 /* A sandbox's persisted epoch: the epoch published and the record epoch it was
  * raised over. Missing: 0 in both and return 0. Returns 0 or -errno. */

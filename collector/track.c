@@ -1,6 +1,8 @@
 /* track.c — see track.h. */
 #include "track.h"
 
+#include <errno.h>
+
 void epoch_track_init(struct epoch_track *t, uint64_t record_epoch, uint64_t saved_epoch, uint64_t saved_record)
 {
         t->record_epoch = record_epoch;
@@ -33,6 +35,28 @@ bool epoch_track_observe(struct epoch_track *t, uint64_t record_epoch, uint64_t 
         t->last_cpu_ns = cpu_ns;
         t->have_last = true;
         return changed;
+}
+
+int seq_next(struct seq_track *t, uint32_t *host_gen, seq_raise_fn raise, void *ctx, uint64_t *ret_seq)
+{
+        uint32_t gen = *host_gen, n = t->n + 1;
+        if (t->n == UINT32_MAX) {
+                n = 1;
+                if (gen <= t->generation) {
+                        /* Under the generation it last used, this sandbox has no n left: a new one, persisted first. */
+                        if (t->generation >= SEQ_GENERATION_MAX)
+                                return -EOVERFLOW;
+                        gen = t->generation + 1;
+                        int r = raise(ctx, gen);
+                        if (r < 0)
+                                return r;
+                        *host_gen = gen;
+                }
+        }
+        t->generation = gen;
+        t->n = n;
+        *ret_seq = seq_make(gen, n);
+        return 0;
 }
 
 int64_t wall_guard_next(struct wall_guard *g, int64_t real, int64_t mono)

@@ -34,13 +34,37 @@ static inline bool epoch_track_is_local(const struct epoch_track *t)
         return t->epoch != t->record_epoch;
 }
 
-/* Sequence numbers: (generation << 32) | counter, where the generation is
- * persisted and raised on every start, so seq increases across restarts without
- * changing the epoch. */
-static inline uint64_t seq_make(uint32_t generation, uint32_t counter)
+/* Sequence numbers (docs/events.md, "Sequence numbers"): per sandbox
+ * (generation << 32) | n, where n counts the sandbox's samples since the
+ * collector started (from 1) and the generation is the host's, persisted and
+ * raised by one at every start, and whenever a sandbox's n would pass 2^32 - 1.
+ * So a sandbox's seq never wraps and never goes backwards. Generations stay
+ * below 2^31, so seq stays below 2^63 (the message's integers). */
+#define SEQ_GENERATION_MAX INT32_MAX
+
+static inline uint64_t seq_make(uint32_t generation, uint32_t n)
 {
-        return ((uint64_t)generation << 32) | counter;
+        return ((uint64_t)generation << 32) | n;
 }
+
+/* One sandbox's place in its sequence: the generation and n of its last seq
+ * (n 0: none yet). */
+struct seq_track {
+        uint32_t generation;
+        uint32_t n;
+};
+
+/* Raises the host's generation to `next` and persists it, before any seq uses
+ * it. Returns 0 or -errno. */
+typedef int (*seq_raise_fn)(void *ctx, uint32_t next);
+
+/* The next seq of the sandbox t, under the host's generation *host_gen. When
+ * the sandbox's n would pass 2^32 - 1 under the generation it last used, n
+ * restarts at 1 under a higher generation: the host's if it was raised since,
+ * else host + 1, through raise() first. Returns 0 and *ret_seq, or the
+ * -errno of a failed raise (-EOVERFLOW past SEQ_GENERATION_MAX), changing
+ * nothing: that sample must not be published. */
+int seq_next(struct seq_track *t, uint32_t *host_gen, seq_raise_fn raise, void *ctx, uint64_t *ret_seq);
 
 /* Wall clock for samples: follows CLOCK_REALTIME, but never goes backwards.
  * After a backward step it advances with the monotonic clock from the last

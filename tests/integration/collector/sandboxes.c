@@ -2,6 +2,7 @@
 #include "sandboxes.h"
 #include "kafka.h"
 #include "support.h"
+#include "timeutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -144,7 +145,13 @@ void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, 
         r->vcpus = 2;
         r->mem_size_bytes = UINT64_C(4) << 30;
         r->epoch = 1;
-        r->created_ns = (int64_t)time(NULL) * 1000000000;
+        /* Held time as the vmm keeps it: running from this moment, on the boot clock. */
+        sb->created_boot = time_boot_ns();
+        sb->created_mono = time_mono_ns();
+        sb->created_wall = time_wall_ns();
+        r->created_ns = sb->created_wall;
+        r->running_ns = r->paused_ns = 0;
+        r->state_since_boot_ns = sb->created_boot;
         r->cgroup_version = version;
         snprintf(r->cgroup_cpu, sizeof(r->cgroup_cpu), "%s", sb->cpu_dir);
         snprintf(r->cgroup_memory, sizeof(r->cgroup_memory), "%s", sb->mem_dir);
@@ -178,9 +185,16 @@ void tsb_stop(struct test_sandbox *sb, const char *state_dir)
                 waitpid(sb->child, NULL, 0);
                 sb->child = 0;
         }
-        sb->truth_cpu_ns = tsb_read_cpu(sb);
+        sb->stopped_boot = time_boot_ns();
+        sb->stopped_wall = time_wall_ns();
+        /* By hand, not with registry_set_state: the time in the state it leaves goes to that state's total. */
+        if (sb->rec.state == STATE_PAUSED)
+                sb->rec.paused_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
+        else
+                sb->rec.running_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
+        sb->rec.state_since_boot_ns = sb->stopped_boot;
         sb->rec.state = STATE_STOPPED;
-        sb->rec.final_cpu_ns = sb->truth_cpu_ns;
+        sb->rec.final_cpu_ns = 0; /* the collector measures it from the cgroup */
         int rc = registry_write(state_dir, &sb->rec);
         CHECK(rc == 0, "registry_write stopped %s: %s", sb->rec.id, strerror(-rc));
         sb->stopped = true;
@@ -200,6 +214,8 @@ void tsb_remove(struct test_sandbox *sb, const char *state_dir)
                 waitpid(sb->child, NULL, 0);
                 sb->child = 0;
         }
+        if (access(sb->cpu_dir, F_OK) == 0)
+                sb->truth_cpu_ns = tsb_read_cpu(sb);
         registry_remove(state_dir, sb->rec.id);
         rmdir(sb->cpu_dir);
         if (sb->version == 1)
@@ -263,6 +279,10 @@ void consumer_poll(struct consumer *c, const char *prefix, int ms)
                                 p->seq = ev.seq;
                                 p->cpu_ns = ev.cpu_ns;
                                 p->wall_ns = ev.wall_ns;
+                                p->mono_ns = ev.mono_ns;
+                                p->held_known = ev.held_known;
+                                p->running_ns = ev.running_ns;
+                                p->paused_ns = ev.paused_ns;
                                 p->state = ev.state;
                                 p->final = ev.final;
                                 p->mem_bytes = ev.mem_bytes;
@@ -384,6 +404,24 @@ char *http_get_metrics(int port)
         close(fd);
         buf[len] = '\0';
         return buf;
+}
+
+uint64_t metric_value(const char *metrics, const char *name)
+{
+        char key[96];
+        snprintf(key, sizeof(key), "\ntally_collector_%s ", name);
+        const char *at = metrics ? strstr(metrics, key) : NULL;
+        return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
+bool write_file(const char *path, const char *text)
+{
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        bool ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+        close(fd);
+        return ok;
 }
 
 int free_port(void)

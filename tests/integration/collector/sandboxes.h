@@ -1,11 +1,14 @@
 /* sandboxes.h — the collector's integration tests play the vmm's part with real
  * cgroups and real processes: a sandbox is a cgroup (v1 cpuacct + memory, or a
  * child of the unified v2 tree) holding a child that burns a known amount of
- * CPU, plus a registry record written with common/registry.c. Stopping one is
- * what tally-vmm does: kill the processes, read the cgroup's counter
- * independently, rewrite the record as stopped with final_cpu_ns; once the
- * collector made <id>.final, remove the cgroup and the record. The tests then
- * read what the collector published from the broker. */
+ * CPU, plus a registry record written with common/registry.c, with held time
+ * kept as the vmm keeps it (state_since_boot_ns on the boot clock). Stopping
+ * one is what tally-vmm does: kill the processes, rewrite the record as
+ * stopped at that moment; once the collector made <id>.final, the test reads
+ * the cgroup's counter itself from the kernel (the truth every final is
+ * checked against: the record carries no final_cpu_ns, so the collector must
+ * measure it, not pass on the test's number), then removes the cgroup and the
+ * record. The tests then read what the collector published from the broker. */
 #pragma once
 
 #include "event.h"
@@ -20,7 +23,9 @@ struct test_sandbox {
         pid_t child;
         int version;
         char cpu_dir[512], mem_dir[512];
-        uint64_t truth_cpu_ns;   /* the counter read by the test when it stopped */
+        uint64_t truth_cpu_ns;   /* the counter read by the test from the kernel at the end (tsb_remove) */
+        int64_t created_boot, created_mono, created_wall; /* read together when the record was written */
+        int64_t stopped_boot, stopped_wall;                /* read together at the stop */
         bool stopped, removed;
 };
 
@@ -35,20 +40,25 @@ void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, 
 /* Reads the sandbox's CPU counter from the kernel (cpuacct.usage, or cpu.stat usage_usec × 1000). */
 uint64_t tsb_read_cpu(const struct test_sandbox *sb);
 
-/* Stops as the vmm does: kill -9, reap, read the counter, record state stopped + final_cpu_ns. */
+/* Stops as the vmm does: kill -9, reap, record state stopped at that moment
+ * (held time frozen: the time since the current state began added to its
+ * total, so a sandbox never paused has running_ns = stopped_boot - created_boot),
+ * final_cpu_ns 0. */
 void tsb_stop(struct test_sandbox *sb, const char *state_dir);
 
 /* True if <state_dir>/sandboxes/<id>.final exists. */
 bool tsb_final_marked(const struct test_sandbox *sb, const char *state_dir);
 
-/* Removes the cgroup(s) and the record (the vmm's last step). */
+/* Reads truth_cpu_ns from the kernel, then removes the cgroup(s) and the record (the vmm's last step). */
 void tsb_remove(struct test_sandbox *sb, const char *state_dir);
 
 /* What the collector published, read from the broker. */
 struct published {
         char sandbox[EVENT_ID_MAX + 1];
         uint64_t epoch, seq, cpu_ns;
-        int64_t wall_ns;
+        int64_t wall_ns, mono_ns;
+        bool held_known;
+        uint64_t running_ns, paused_ns;
         enum sandbox_state state;
         bool final;
         uint64_t mem_bytes, mem_peak_bytes;
@@ -80,6 +90,12 @@ struct private_broker {
 void private_broker_start(struct private_broker *b, const char *dir);
 void private_broker_ctl(struct private_broker *b, const char *cmd);
 void private_broker_stop(struct private_broker *b);
+
+/* tally_collector_<name>'s value in a /metrics answer; 0 if missing. */
+uint64_t metric_value(const char *metrics, const char *name);
+
+/* Writes text to a file (a cgroup's control file); false on failure. */
+bool write_file(const char *path, const char *text);
 
 /* Sleeps ms milliseconds. */
 void msleep(int ms);

@@ -148,6 +148,7 @@ int main(void)
         cgroup_scan_free(s);
         tsb_cgroup_parent_remove();
         free(dir);
-        printf("ok: the cgroup walk equals the kernel's files\n");
-        return 0;
+        if (test_failures == 0)
+                printf("ok: the cgroup walk equals the kernel's files\n");
+        return test_result();
 }

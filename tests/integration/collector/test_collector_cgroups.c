@@ -8,6 +8,7 @@
  * Run twice: with the BPF cgroup walk (TALLY_CGROUP_READER=scan) and with files. */
 #include "sandboxes.h"
 #include "support.h"
+#include "timeutil.h"
 
 #include <fcntl.h>
 #include <inttypes.h>
@@ -57,13 +58,79 @@ static void wait_marker_and_remove(struct test_sandbox *sb, const char *state)
         tsb_remove(sb, state);
 }
 
-/* A tally_collector_ metric's value in a /metrics answer; 0 if it is missing. */
-static uint64_t metric_value(const char *metrics, const char *name)
+/* Held time (docs/events.md): every sample of a running sandbox carries
+ * running_ns = (the reading's instant - the creation) on the boot clock. The
+ * test took the creation on the boot and monotonic clocks together, and the
+ * collector stamps mono_ns with the boot clock it computes held time from, so
+ * mono_ns - running_ns must be the creation's monotonic instant: 1 ms allows
+ * for the reads of the two clocks on both sides, and a suspended host. */
+/* Per sandbox, in the order published: epochs never go down; within one, counters never go
+ * down and seq always goes up. */
+static void check_order(struct consumer *c)
 {
-        char key[96];
-        snprintf(key, sizeof(key), "\ntally_collector_%s ", name);
-        const char *at = metrics ? strstr(metrics, key) : NULL;
-        return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+        size_t n;
+        const struct published *p = consumer_items(c, &n);
+        for (size_t i = 0; i < n; i++)
+                for (size_t j = i + 1; j < n; j++) {
+                        if (strcmp(p[i].sandbox, p[j].sandbox) != 0)
+                                continue;
+                        CHECK(p[j].epoch >= p[i].epoch, "%s: epoch %" PRIu64 " after %" PRIu64, p[i].sandbox,
+                              p[j].epoch, p[i].epoch);
+                        if (p[i].epoch != p[j].epoch)
+                                continue;
+                        CHECK(p[j].cpu_ns >= p[i].cpu_ns, "%s: counter went down within epoch %" PRIu64,
+                              p[i].sandbox, p[i].epoch);
+                        CHECK(p[j].seq > p[i].seq, "%s: seq did not increase", p[i].sandbox);
+                }
+}
+
+static void check_held(struct consumer *c, const struct test_sandbox *sb)
+{
+        size_t n;
+        const struct published *p = consumer_items(c, &n);
+        uint64_t last = 0;
+        int seen = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(p[i].sandbox, sb->rec.id) != 0 || p[i].state != STATE_RUNNING)
+                        continue;
+                seen++;
+                int before = test_failures; /* one report per sandbox, not one per sample */
+                CHECK(p[i].held_known && p[i].paused_ns == 0, "%s: a running sample without held time", sb->rec.id);
+                CHECK(p[i].running_ns >= last, "%s: running_ns went back from %" PRIu64 " to %" PRIu64, sb->rec.id,
+                      last, p[i].running_ns);
+                last = p[i].running_ns;
+                int64_t created = p[i].mono_ns - (int64_t)p[i].running_ns;
+                CHECK(created - sb->created_mono < 1000000 && sb->created_mono - created < 1000000,
+                      "%s: running_ns %" PRIu64 " at mono %" PRId64 " puts the creation at %" PRId64
+                      ", the test created it at %" PRId64,
+                      sb->rec.id, p[i].running_ns, p[i].mono_ns, created, sb->created_mono);
+                if (test_failures > before)
+                        break;
+        }
+        CHECK(seen > 0, "%s: no running samples", sb->rec.id);
+}
+
+/* The final sample of a stopped sandbox: its held time is the life the test measured by hand
+ * (stop - creation on the boot clock), and it is dated at the stop, within the 10 ms rule. */
+static void check_final_held(struct consumer *c, const struct test_sandbox *sb)
+{
+        size_t n;
+        const struct published *p = consumer_items(c, &n);
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(p[i].sandbox, sb->rec.id) != 0 || !p[i].final)
+                        continue;
+                /* tsb_stop added the time since the last state change to that state's total, by hand. */
+                CHECK(p[i].held_known && p[i].running_ns == sb->rec.running_ns && p[i].paused_ns == sb->rec.paused_ns,
+                      "%s: final held running %" PRIu64 " paused %" PRIu64 ", the test measured %" PRIu64 " and %" PRIu64,
+                      sb->rec.id, p[i].running_ns, p[i].paused_ns, sb->rec.running_ns, sb->rec.paused_ns);
+                CHECK(sb->rec.running_ns + sb->rec.paused_ns == (uint64_t)(sb->stopped_boot - sb->created_boot),
+                      "%s: the test's totals do not add up to its life", sb->rec.id);
+                int64_t off = p[i].wall_ns - sb->stopped_wall;
+                CHECK(off < 10000000 && off > -10000000, "%s: final dated %" PRId64 " ns from the stop", sb->rec.id,
+                      off);
+                return;
+        }
+        CHECK(0, "%s: no final sample", sb->rec.id);
 }
 
 int main(void)
@@ -153,6 +220,11 @@ int main(void)
         struct test_sandbox again;
         struct sandbox_record keep = gone.rec;
         tsb_create(&again, state, gone.rec.id, "acct_cg3", 1, 20);
+        /* The same sandbox's life goes on (held time never restarts within it; docs/events.md). */
+        again.created_boot = gone.created_boot;
+        again.created_mono = gone.created_mono;
+        again.rec.state_since_boot_ns = gone.created_boot;
+        CHECK(registry_write(state, &again.rec) == 0, "could not rewrite the record");
         (void)keep;
         uint64_t again_cpu = tsb_read_cpu(&again);
         CHECK(again_cpu < gone_first, "the recreated cgroup's counter %" PRIu64 " is not below %" PRIu64, again_cpu,
@@ -172,29 +244,94 @@ int main(void)
         CHECK(first_epoch >= 1 && new_epoch > first_epoch,
               "counter went back from %" PRIu64 " to %" PRIu64 " but the epoch went %" PRIu64 " -> %" PRIu64,
               gone_first, again_cpu, first_epoch, new_epoch);
-        /* Within each epoch, counters never go down and seq always goes up. */
-        for (size_t i = 0; i < n; i++)
-                for (size_t j = i + 1; j < n; j++)
-                        if (strcmp(p[i].sandbox, p[j].sandbox) == 0 && p[i].epoch == p[j].epoch) {
-                                CHECK(p[j].cpu_ns >= p[i].cpu_ns, "%s: counter went down within epoch %" PRIu64,
-                                      p[i].sandbox, p[i].epoch);
-                                CHECK(p[j].seq > p[i].seq, "%s: seq did not increase", p[i].sandbox);
-                        }
+        check_order(c);
+        check_held(c, &v1);
+        check_held(c, &v2);
 
-        /* Stop all as the vmm does; each final sample carries the counter the test read itself. */
+        /* v2 paused, recorded as the vmm does at that moment (its burner already holds still):
+         * its samples keep running_ns at the pause and count paused_ns from it. */
+        int64_t pause_boot = time_boot_ns(), pause_mono = time_mono_ns();
+        uint64_t ran = (uint64_t)(pause_boot - v2.created_boot);
+        v2.rec.running_ns = ran;
+        v2.rec.state_since_boot_ns = pause_boot;
+        v2.rec.state = STATE_PAUSED;
+        CHECK(registry_write(state, &v2.rec) == 0, "could not write the paused record");
+        int paused_seen = 0;
+        for (int waited = 0; waited < 20000 && paused_seen < 3; waited += 200) {
+                consumer_poll(c, prefix, 200);
+                p = consumer_items(c, &n);
+                paused_seen = 0;
+                for (size_t i = 0; i < n; i++)
+                        paused_seen += strcmp(p[i].sandbox, v2.rec.id) == 0 && p[i].state == STATE_PAUSED;
+        }
+        CHECK(paused_seen >= 3, "only %d paused samples of v2", paused_seen);
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(p[i].sandbox, v2.rec.id) != 0 || p[i].state != STATE_PAUSED)
+                        continue;
+                /* A tick between the pause and the record (microseconds here) may run ahead of it: 1 ms. */
+                CHECK(p[i].held_known && p[i].running_ns >= ran && p[i].running_ns - ran < 1000000,
+                      "v2 paused: running_ns %" PRIu64 ", %" PRIu64 " at the pause", p[i].running_ns, ran);
+                int64_t paused_at = p[i].mono_ns - (int64_t)p[i].paused_ns;
+                CHECK(paused_at - pause_mono < 1000000 && pause_mono - paused_at < 1000000,
+                      "v2 paused: paused_ns %" PRIu64 " at mono %" PRId64 " puts the pause at %" PRId64 ", it was at %" PRId64,
+                      p[i].paused_ns, p[i].mono_ns, paused_at, pause_mono);
+                if (test_failures)
+                        break;
+        }
+
+        /* Tampering: the v1 sandbox's counter written back to 0 in the same cgroup (what a
+         * sandbox with write access to cpuacct.usage can do). Loud: a warning and a metric;
+         * and a new epoch, so the counter is billed again from zero rather than not at all. */
+        metrics = http_get_metrics(metrics_port);
+        uint64_t backwards_before = metric_value(metrics, "counter_backwards_total");
+        free(metrics);
+        CHECK(backwards_before == 0, "%" PRIu64 " counters went backwards before any was reset (a recreated cgroup "
+              "is not tampering)", backwards_before);
+        char usage[600];
+        snprintf(usage, sizeof(usage), "%s/cpuacct.usage", v1.cpu_dir);
+        CHECK(write_file(usage, "0"), "could not reset %s: %m", usage);
+        uint64_t reset = tsb_read_cpu(&v1);
+        CHECK(reset < truth1, "the reset counter %" PRIu64 " is not below %" PRIu64, reset, truth1);
+        CHECK(wait_running_sample(c, prefix, v1.rec.id, reset, 20000), "no sample of the reset counter %" PRIu64, reset);
+        p = consumer_items(c, &n);
+        uint64_t epoch_before = 0, epoch_after = 0;
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(p[i].sandbox, v1.rec.id) == 0) {
+                        if (p[i].cpu_ns == truth1)
+                                epoch_before = p[i].epoch;
+                        if (p[i].cpu_ns == reset)
+                                epoch_after = p[i].epoch;
+                }
+        CHECK(epoch_after > epoch_before && epoch_before >= 1, "the reset counter went out under epoch %" PRIu64
+              " after %" PRIu64, epoch_after, epoch_before);
+        metrics = http_get_metrics(metrics_port);
+        CHECK(metric_value(metrics, "counter_backwards_total") == 1, "counter_backwards_total is %" PRIu64
+              " after one reset", metric_value(metrics, "counter_backwards_total"));
+        free(metrics);
+        char *logtext = test_read_file(log), want[200];
+        snprintf(want, sizeof(want), "possible tampering; new epoch\" sandbox=%s account=acct_cg1 previous_cpu_ns=%" PRIu64
+                 " cpu_ns=%" PRIu64, v1.rec.id, truth1, reset);
+        CHECK(logtext && strstr(logtext, want), "the log does not say: %s", want);
+        free(logtext);
+
+        /* Stop all as the vmm does (the records carry no final counter); each final sample must
+         * carry the counter the test reads itself from the kernel once the collector is done. */
         struct test_sandbox *all[] = { &v1, &v2, &again };
         for (int i = 0; i < 3; i++)
                 tsb_stop(all[i], state);
         for (int i = 0; i < 3; i++) {
                 uint64_t fin = 0;
                 CHECK(wait_final(c, prefix, all[i]->rec.id, &fin, 20000), "no final sample of %s", all[i]->rec.id);
+                wait_marker_and_remove(all[i], state);
                 CHECK(fin == all[i]->truth_cpu_ns, "%s: final counter %" PRIu64 ", the kernel said %" PRIu64,
                       all[i]->rec.id, fin, all[i]->truth_cpu_ns);
-                wait_marker_and_remove(all[i], state);
+                check_final_held(c, all[i]);
         }
         /* Killing a process costs it a little CPU too, so the final counter is the running one or more. */
-        CHECK(v1.truth_cpu_ns >= truth1 && v2.truth_cpu_ns >= truth2, "counters went down when the burners died");
+        CHECK(v1.truth_cpu_ns >= reset && v2.truth_cpu_ns >= truth2, "counters went down when the burners died");
 
+        consumer_poll(c, prefix, 500);
+        check_order(c);
         CHECK(collector_stop(collector) == 0, "the collector did not stop cleanly on SIGTERM");
         char spool[700];
         snprintf(spool, sizeof(spool), "%s/collector/spool/%s.json", state, v1.rec.id);

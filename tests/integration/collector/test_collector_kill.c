@@ -2,8 +2,11 @@
  * restart: no sandbox's final counter is missing. Three groups of sandboxes:
  * stopped and acknowledged before the kill; stopped while the (private)
  * broker was down, so their finals sat unacknowledged in the spool at the
- * kill; stopped while the collector was dead. Sequence numbers keep
- * increasing across the restart within each epoch. */
+ * kill; stopped while the collector was dead, which it comes back to 3 s
+ * late: their finals are dated at the stop and carry the life the test
+ * measured, not the 3 s more a collector that stamps its own tick would bill.
+ * Every final counter is the cgroup's, read by the test from the kernel.
+ * Sequence numbers keep increasing across the restart within each epoch. */
 #include "sandboxes.h"
 #include "support.h"
 
@@ -19,11 +22,15 @@
 #define PER_GROUP 3
 #define SANDBOXES (3 * PER_GROUP)
 
+/* Waits for <id>.final; a timeout is a failure. */
 static void wait_marked(struct test_sandbox *sb, const char *state)
 {
         for (int waited = 0; waited < 10000 && !tsb_final_marked(sb, state); waited += 50)
                 msleep(50);
+        CHECK(tsb_final_marked(sb, state), "%s: no .final after 10 s", sb->rec.id);
 }
+
+#define LATE_MS 3000
 
 int main(void)
 {
@@ -84,6 +91,7 @@ int main(void)
         /* Group 3: stopped while no collector runs; the vmm keeps their records and cgroups. */
         for (int i = 2 * PER_GROUP; i < SANDBOXES; i++)
                 tsb_stop(&sb[i], state);
+        msleep(LATE_MS);
 
         collector = collector_start(state, b.bootstrap, log2, extra);
         for (int i = 2 * PER_GROUP; i < SANDBOXES; i++) {
@@ -108,6 +116,23 @@ int main(void)
                 CHECK(finals == 0 || cpu == sb[i].truth_cpu_ns, "%s: final counter %" PRIu64 ", the kernel said %" PRIu64,
                       sb[i].rec.id, cpu, sb[i].truth_cpu_ns);
         }
+        /* Every final, and above all those taken late: dated at the stop (10 ms rule), held time =
+         * the life the test measured on the boot clock (stop - creation), to the nanosecond. */
+        const struct published *f = consumer_items(c, &n);
+        for (int i = 0; i < SANDBOXES; i++)
+                for (size_t k = 0; k < n; k++) {
+                        if (!f[k].final || strcmp(f[k].sandbox, sb[i].rec.id) != 0)
+                                continue;
+                        int64_t off = f[k].wall_ns - sb[i].stopped_wall;
+                        CHECK(off < 10000000 && off > -10000000,
+                              "%s (group %d): final dated %" PRId64 " ms from the stop", sb[i].rec.id,
+                              i / PER_GROUP + 1, off / 1000000);
+                        uint64_t life = (uint64_t)(sb[i].stopped_boot - sb[i].created_boot);
+                        CHECK(f[k].held_known && f[k].running_ns == life && f[k].paused_ns == 0,
+                              "%s (group %d): final held running %" PRIu64 " ns, it lived %" PRIu64, sb[i].rec.id,
+                              i / PER_GROUP + 1, f[k].running_ns, life);
+                        break;
+                }
         /* Across the restart: within an epoch, a later sample never has a lower seq or counter;
          * a repeated final (re-sent from the spool) is the same sample again. */
         const struct published *p = consumer_items(c, &n);

@@ -222,6 +222,8 @@ int main(void)
                                         break;
                                 }
         }
+        CHECK(done == SANDBOXES, "after 120 s only %d of %d sandboxes published their counter taken during the outage",
+              done, SANDBOXES);
         consumer_poll(c, prefix, 2000); /* and whatever follows, for the order checks */
 
         size_t n;

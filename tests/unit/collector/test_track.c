@@ -10,6 +10,8 @@
 
 #include "track.h"
 
+#include <errno.h>
+
 #define SEC INT64_C(1000000000)
 
 static void epoch_follows_counter(void **state)
@@ -75,6 +77,84 @@ static void seq_increases_across_generations(void **state)
         assert_true(seq_make(INT32_MAX, UINT32_MAX) < (UINT64_C(1) << 63));
 }
 
+/* A host's persisted generation, as state.c keeps it; fail makes the next raise fail. */
+struct host {
+        uint32_t stored;
+        int raises;
+        int fail;
+};
+
+static int raise_gen(void *ctx, uint32_t next)
+{
+        struct host *h = ctx;
+        if (h->fail)
+                return -h->fail;
+        h->stored = next;
+        h->raises++;
+        return 0;
+}
+
+static void seq_wraps_into_a_new_generation(void **state)
+{
+        struct host h = { .stored = 7 };
+        uint32_t gen = 7;
+        /* Injected near 2^32: a sandbox whose n is about to run out, and one far from it. */
+        struct seq_track a = { 7, UINT32_MAX - 2 }, b = { 7, 5 };
+        uint64_t seq, last = 0;
+        for (int i = 0; i < 2; i++) {
+                assert_int_equal(seq_next(&a, &gen, raise_gen, &h, &seq), 0);
+                assert_true(seq > last);
+                last = seq;
+        }
+        assert_true(seq == seq_make(7, UINT32_MAX));
+        assert_int_equal(h.raises, 0);
+        /* n would pass 2^32 - 1: the generation is raised and persisted first, n restarts at 1. */
+        assert_int_equal(seq_next(&a, &gen, raise_gen, &h, &seq), 0);
+        assert_true(seq == seq_make(8, 1));
+        assert_true(seq > last);
+        assert_int_equal(gen, 8);
+        assert_int_equal(h.stored, 8);
+        assert_int_equal(h.raises, 1);
+        /* The other sandbox goes on under the raised generation: still increasing. */
+        uint64_t b_before = seq_make(7, 5);
+        assert_int_equal(seq_next(&b, &gen, raise_gen, &h, &seq), 0);
+        assert_true(seq == seq_make(8, 6) && seq > b_before);
+        /* A second sandbox running out after the host's generation moved on needs no new raise. */
+        struct seq_track c = { 7, UINT32_MAX };
+        assert_int_equal(seq_next(&c, &gen, raise_gen, &h, &seq), 0);
+        assert_true(seq == seq_make(8, 1) && seq > seq_make(7, UINT32_MAX));
+        assert_int_equal(h.raises, 1);
+        /* Every seq of one sandbox over 2^32 + 10 samples increases: checked across the wrap. */
+        struct seq_track d = { 8, UINT32_MAX - 5 };
+        last = seq_make(8, UINT32_MAX - 5);
+        for (int i = 0; i < 10; i++) {
+                assert_int_equal(seq_next(&d, &gen, raise_gen, &h, &seq), 0);
+                assert_true(seq > last);
+                last = seq;
+        }
+        assert_int_equal(gen, 9);
+}
+
+static void seq_failed_raise_publishes_nothing(void **state)
+{
+        struct host h = { .stored = 3, .fail = EROFS };
+        uint32_t gen = 3;
+        struct seq_track a = { 3, UINT32_MAX };
+        uint64_t seq = 42;
+        /* A generation that is not on disk is never used: a restart would reuse it. */
+        assert_int_equal(seq_next(&a, &gen, raise_gen, &h, &seq), -EROFS);
+        assert_int_equal(gen, 3);
+        assert_true(a.generation == 3 && a.n == UINT32_MAX);
+        assert_true(seq == 42);
+        h.fail = 0;
+        assert_int_equal(seq_next(&a, &gen, raise_gen, &h, &seq), 0);
+        assert_true(seq == seq_make(4, 1));
+        /* Past 2^31 - 1 the seq would leave int64: refused. */
+        uint32_t top = SEQ_GENERATION_MAX;
+        struct seq_track z = { SEQ_GENERATION_MAX, UINT32_MAX };
+        assert_int_equal(seq_next(&z, &top, raise_gen, &h, &seq), -EOVERFLOW);
+}
+
 static void wall_clock_steps(void **state)
 {
         struct wall_guard g = { 0 };
@@ -115,6 +195,8 @@ int main(void)
                 cmocka_unit_test(epoch_follows_vmm),
                 cmocka_unit_test(epoch_survives_restart),
                 cmocka_unit_test(seq_increases_across_generations),
+                cmocka_unit_test(seq_wraps_into_a_new_generation),
+                cmocka_unit_test(seq_failed_raise_publishes_nothing),
                 cmocka_unit_test(wall_clock_steps),
                 cmocka_unit_test(tick_overrun),
         };
