@@ -932,6 +932,12 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         rd_kafka_conf_set_error_cb(conf, on_error);
         rd_kafka_conf_set_opaque(conf, c);
+        if (kafka_conf_set_client(conf, opt->kafka, kerr, sizeof(kerr)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
         c->rk = kafka_producer_new(opt->brokers, conf, pairs, kerr, sizeof(kerr));
         if (!c->rk) {
                 snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);

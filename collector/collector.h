@@ -10,6 +10,8 @@
  * unreachable; beyond that each sandbox keeps only its newest sample. */
 #pragma once
 
+#include "kafka.h"
+
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 
 struct collector_options {
         const char *brokers;
+        const struct kafka_client_settings *kafka; /* TLS/SASL for the producer; may be NULL */
         const char *state_dir;
         const char *host_id;          /* used when a record names no host */
         int64_t tick_ms;

@@ -12,6 +12,7 @@
 
 struct collector_config {
         char *kafka_brokers;
+        struct kafka_client_settings kafka;
         char *state_dir;
         char *host_id;
         int64_t tick_ms;
@@ -29,6 +30,7 @@ struct collector_config {
 
 static const struct setting settings[] = {
         SETTING_KAFKA_BROKERS(struct collector_config, kafka_brokers),
+        SETTING_KAFKA_CLIENT(struct collector_config, kafka),
         SETTING_STATE_DIR(struct collector_config, state_dir),
         { "host_id", SETTING_STRING, "", false, offsetof(struct collector_config, host_id), 0, 0,
           "This host's id in samples when a registry record names none (default: the hostname)" },
@@ -80,6 +82,12 @@ int main(int argc, char **argv)
                 config_free(settings, &cfg);
                 return 2;
         }
+        char kerr[512];
+        if (kafka_client_settings_check(&cfg.kafka, kerr, sizeof(kerr)) < 0) {
+                fprintf(stderr, "tally-collector: invalid value for kafka_settings: %s\n", kerr);
+                config_free(settings, &cfg);
+                return 2;
+        }
         daemon_handle_signals();
 
         int status = 1;
@@ -87,7 +95,7 @@ int main(int argc, char **argv)
         struct collector *c = NULL;
         struct metrics_server *ms = NULL;
         struct collector_options opt = {
-                .brokers = cfg.kafka_brokers, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
+                .brokers = cfg.kafka_brokers, .kafka = &cfg.kafka, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
                 .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
                 .cgroup_reader = cfg.cgroup_reader, .seq_start = (uint32_t)cfg.seq_start,

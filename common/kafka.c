@@ -53,6 +53,14 @@ int kafka_conf_set_client(rd_kafka_conf_t *conf, const struct kafka_client_setti
         return r;
 }
 
+int kafka_client_settings_check(const struct kafka_client_settings *s, char *err, size_t errlen)
+{
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        int r = kafka_conf_set_client(conf, s, err, errlen);
+        rd_kafka_conf_destroy(conf);
+        return r;
+}
+
 static rd_kafka_t *client_new(rd_kafka_type_t type, const char *const *base, const char *brokers,
                               rd_kafka_conf_t *conf, const char *const *pairs, char *err, size_t errlen)
 {

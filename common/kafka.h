@@ -26,6 +26,11 @@ int kafka_conf_set_list(rd_kafka_conf_t *conf, const char *list, char *err, size
 /* Applies s (may be NULL) to conf. Returns 0 or -EINVAL with the reason in err. */
 int kafka_conf_set_client(rd_kafka_conf_t *conf, const struct kafka_client_settings *s, char *err, size_t errlen);
 
+/* Checks s against a throwaway conf, for a daemon to refuse bad settings at
+ * start (exit status 2, like any bad setting). Returns 0 or -EINVAL with the
+ * reason in err. */
+int kafka_client_settings_check(const struct kafka_client_settings *s, char *err, size_t errlen);
+
 /* Sets each "name=value" of pairs (NULL-terminated, may be NULL) on conf.
  * Returns 0, or -EINVAL with librdkafka's reason in err. */
 int kafka_conf_set_all(rd_kafka_conf_t *conf, const char *const *pairs, char *err, size_t errlen);
