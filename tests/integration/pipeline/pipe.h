@@ -75,7 +75,8 @@ int pipe_stop_with_truth(struct pipeline *p, struct sb *s);
 int64_t pipe_cgroup_cpu_ns(const char *cpu_dir);
 
 /* Waits until the vmm removed the sandbox's record (its stop is acknowledged
- * and its final counter safe), up to timeout_ms. Returns 0 or -1 (checked). */
+ * and its final counter safe) and the collector's spool no longer holds its
+ * final sample (the broker has it), up to timeout_ms. Returns 0 or -1 (checked). */
 int pipe_wait_removed(struct pipeline *p, const char *id, int timeout_ms);
 /* Waits until the aggregator committed every message in the usage topic, up
  * to timeout_ms. Returns 0 or -1 (checked). */

@@ -38,7 +38,6 @@ int main(void)
         int64_t restarted = time_boot_ns();
         pipe_collector_start(&P);
         pipe_wait_removed(&P, s.id, 15000);
-        pipe_sleep_ms(2 * TICK_MS + 300); /* the final sample leaves after its .final */
         pipe_wait_caught_up(&P, 15000);
 
         struct billed b = pipe_billed(&P, s.id, MEM_BYTES);

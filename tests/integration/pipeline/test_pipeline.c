@@ -49,7 +49,6 @@ static void conservation(void)
         CHECK(s.truth_cpu_ns >= (uint64_t)seen, "final counter %" PRIu64 " below an earlier reading %" PRId64,
               s.truth_cpu_ns, seen);
         pipe_wait_removed(&P, s.id, 10000);
-        pipe_sleep_ms(2 * TICK_MS + 300); /* the collector's final sample leaves after its .final */
         pipe_wait_caught_up(&P, 15000);
 
         struct billed b = pipe_billed(&P, s.id, MEM_BYTES);

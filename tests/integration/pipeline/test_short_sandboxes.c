@@ -84,7 +84,6 @@ int main(void)
                 pipe_wait_removed(&P, s[i].id, 10000);
         if (pr_ok)
                 pipe_wait_removed(&P, pr.id, 10000);
-        pipe_sleep_ms(2 * TICK_MS + 300); /* final samples leave after their .final */
         pipe_wait_caught_up(&P, 20000);
 
         /* The 50 short sandboxes. */
