@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 #include <dirent.h>
+#include <ftw.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
@@ -426,15 +427,15 @@ int pipe_wait_caught_up(struct pipeline *p, int timeout_ms)
         return -1;
 }
 
-struct billed pipe_billed(struct pipeline *p, const char *id, uint64_t mem_size_bytes)
+struct billed pipe_billed(struct pipeline *p, const char *id, uint64_t mem_size_bytes, uint64_t storage_bytes)
 {
         struct billed b = { 0 };
-        char sql[700];
+        char sql[800];
         snprintf(sql, sizeof(sql),
                  "SELECT count(*) || ' ' || coalesce(sum(cpu_ns), 0) || ' ' || div(coalesce(sum(mem_byte_ns), 0), %" PRIu64
                  ") || ' ' || mod(coalesce(sum(mem_byte_ns), 0), %" PRIu64 ") || ' ' || div(coalesce(sum(storage_byte_ns), 0), %" PRIu64
                  ") || ' ' || mod(coalesce(sum(storage_byte_ns), 0), %" PRIu64 ") FROM usage_hourly WHERE sandbox_id = '%s'",
-                 mem_size_bytes, mem_size_bytes, mem_size_bytes, mem_size_bytes, id);
+                 mem_size_bytes, mem_size_bytes, storage_bytes, storage_bytes, id);
         char *v = pipe_query(p, sql);
         long long rows = 0;
         if (v && sscanf(v, "%lld %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64, &rows, &b.cpu_ns, &b.mem_ns,
@@ -442,4 +443,34 @@ struct billed pipe_billed(struct pipeline *p, const char *id, uint64_t mem_size_
                 b.found = rows > 0;
         free(v);
         return b;
+}
+
+static uint64_t blocks_total;
+static int add_blocks(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+        (void)path, (void)ftw;
+        if (type == FTW_F)
+                blocks_total += (uint64_t)st->st_blocks * 512;
+        return 0;
+}
+
+int64_t pipe_disk_bytes(struct pipeline *p, const char *id)
+{
+        char path[800];
+        snprintf(path, sizeof(path), "%s/sandboxes/%s.json", p->state_dir, id);
+        json_t *rec = json_load_file(path, 0, NULL);
+        const char *disk = rec ? json_string_value(json_object_get(rec, "disk_path")) : NULL;
+        struct stat st;
+        int64_t bytes = -1;
+        if (disk && *disk && lstat(disk, &st) == 0) {
+                if (S_ISREG(st.st_mode))
+                        bytes = (int64_t)st.st_blocks * 512;
+                else if (S_ISDIR(st.st_mode)) {
+                        blocks_total = 0;
+                        bytes = nftw(disk, add_blocks, 16, FTW_PHYS) == 0 ? (int64_t)blocks_total : -1;
+                }
+        }
+        CHECK(bytes >= 0, "could not measure sandbox %s's disk (%s)", id, disk ? disk : "no disk_path in its record");
+        json_decref(rec);
+        return bytes;
 }

@@ -82,15 +82,20 @@ int pipe_wait_removed(struct pipeline *p, const char *id, int timeout_ms);
  * to timeout_ms. Returns 0 or -1 (checked). */
 int pipe_wait_caught_up(struct pipeline *p, int timeout_ms);
 
-/* What the ledger billed a sandbox: CPU ns, held byte-ns while running, and
- * byte-ns while paused (numeric text in the ledger; here as integers). */
+/* What the ledger billed a sandbox: CPU ns, held byte-ns while running over
+ * mem_size_bytes, and byte-ns while paused over storage_bytes (the memory
+ * size plus the disk bytes used: docs/events.md), as whole ns and remainders. */
 struct billed {
         int64_t cpu_ns;
         int64_t mem_ns, mem_rem;         /* sum(mem_byte_ns) / mem_size, remainder */
         int64_t storage_ns, storage_rem; /* sum(storage_byte_ns) / mem_size, remainder */
         bool found;
 };
-struct billed pipe_billed(struct pipeline *p, const char *id, uint64_t mem_size_bytes);
+struct billed pipe_billed(struct pipeline *p, const char *id, uint64_t mem_size_bytes, uint64_t storage_bytes);
+/* The bytes the sandbox's disk (its record's disk_path) uses, measured by the
+ * test: blocks of a file, or of every file under a folder; -1 (checked) when
+ * it cannot tell. */
+int64_t pipe_disk_bytes(struct pipeline *p, const char *id);
 
 char *pipe_query(struct pipeline *p, const char *sql);
 void pipe_exec_sql(struct pipeline *p, const char *sql);

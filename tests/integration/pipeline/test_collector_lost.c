@@ -48,7 +48,7 @@ int main(void)
         pipe_wait_removed(&P, s.id, 10000);
         pipe_wait_caught_up(&P, 15000);
 
-        struct billed b = pipe_billed(&P, s.id, MEM_BYTES);
+        struct billed b = pipe_billed(&P, s.id, MEM_BYTES, MEM_BYTES);
         int64_t lo = s.stop.start - s.create.end, hi = s.stop.end - s.create.start;
         CHECK(b.found && (uint64_t)b.cpu_ns == s.truth_cpu_ns,
               "billed CPU %" PRId64 " ns, the cgroup's final counter read by the test %" PRIu64

@@ -51,7 +51,7 @@ static void conservation(void)
         pipe_wait_removed(&P, s.id, 10000);
         pipe_wait_caught_up(&P, 15000);
 
-        struct billed b = pipe_billed(&P, s.id, MEM_BYTES);
+        struct billed b = pipe_billed(&P, s.id, MEM_BYTES, MEM_BYTES);
         CHECK(b.found && (uint64_t)b.cpu_ns == s.truth_cpu_ns,
               "billed CPU %" PRId64 " ns, the cgroup's counter read by the test %" PRIu64 " ns (off by %" PRId64 ")",
               b.cpu_ns, s.truth_cpu_ns, b.cpu_ns - (int64_t)s.truth_cpu_ns);
