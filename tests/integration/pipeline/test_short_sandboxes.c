@@ -90,6 +90,8 @@ int main(void)
                                 s[i].id, b.cpu_ns, s[i].truth_cpu_ns, b.mem_ns, b.mem_rem, lo, hi, b.storage_ns);
         }
         CHECK(made == CYCLES, "only %d of %d sandboxes were made", made, CYCLES);
+        CHECK(longest < TICK_MS * NS_PER_MS, "a short sandbox lived up to %" PRId64 " ns, not shorter than a %d ms tick:"
+              " the test would not test what it says", longest, TICK_MS);
         CHECK(bad_cpu == 0, "%d of %d short sandboxes billed CPU other than their cgroup's final counter", bad_cpu,
               made);
         CHECK(bad_mem == 0, "%d of %d short sandboxes billed held memory outside their life (%d billed none);"
