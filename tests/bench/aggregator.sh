@@ -111,7 +111,7 @@ say "commit latency at a steady 50,000 samples/s, on fresh samples"
 LAT_SANDBOXES=5000
 LAT_BEFORE=$(billed bench-lat)
 [ "$LAT_BEFORE" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $LAT_BEFORE"
-"$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info 2>"$WORK/agg.lat.log" &
+"$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
 AGG_PID=$!
 wait_log "$WORK/agg.lat.log" "partition assigned" 30
 sleep 1
@@ -123,6 +123,10 @@ LAT_WANT=$(want_billed "$LAT_SANDBOXES")
 say "latency phase billed (sandboxes cpu_ns mem_byte_ns): $LAT_BILLED (want $LAT_WANT)"
 [ "$LAT_BILLED" = "$LAT_WANT" ] || die "the latency phase's samples were not all billed: $LAT_BILLED, want $LAT_WANT"
 LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-%'")
+# The batches behind the latency: how many, how big, how long (the aggregator's debug lines).
+LAT_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.lat.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
+  awk '$1 > 0 { n++; m += $1; t += $2; if ($2 > mx) mx = $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms each on average, longest %d ms", n, m / n, t / n, mx }')
+say "latency phase: $LAT_BATCHES"
 LAT=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.log")
 P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$LAT")
 P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$LAT")
