@@ -145,7 +145,12 @@ VMM_PARENT=tally-bench-aggregator-$$
 "$TALLY_BUILD/vmm/tally-vmm" --state-dir "$WORK/vmm" --kafka-brokers "$TALLY_TEST_BROKERS" --backend process \
   --cgroup-parent "$VMM_PARENT" --final-wait-ms 200 2>"$WORK/vmm.log" &
 VMM_PID=$!
-until [ -S "$WORK/vmm/vmm.sock" ]; do kill -0 $VMM_PID || die "tally-vmm exited: $(tail -3 "$WORK/vmm.log")"; sleep 0.1; done
+SOCK_END=$(( $(date +%s) + 30 ))
+until [ -S "$WORK/vmm/vmm.sock" ]; do
+  kill -0 $VMM_PID || die "tally-vmm exited: $(tail -3 "$WORK/vmm.log")"
+  [ "$(date +%s)" -lt "$SOCK_END" ] || die "tally-vmm opened no socket in 30 s: $(tail -3 "$WORK/vmm.log")"
+  sleep 0.1
+done
 wait_log "$WORK/vmm.log" "control topic assigned" 30
 "$BENCH" freeze "$TALLY_TEST_BROKERS" "$TRIALS" "$TALLY_BUILD/vmm/tally-vmm" "$WORK/vmm" "$VMM_PARENT" >"$WORK/freeze.txt"
 kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
