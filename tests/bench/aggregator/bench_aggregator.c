@@ -1,6 +1,9 @@
 /* bench-aggregator — the programs behind tests/bench/aggregator.sh.
  *
- *   produce BROKERS SANDBOXES SAMPLES RATE  produce SANDBOXES x SAMPLES usage samples (RATE per second, 0: flat out)
+ *   produce BROKERS SANDBOXES SAMPLES RATE [PREFIX]
+ *                                            produce SANDBOXES x SAMPLES usage samples (RATE per second, 0: flat
+ *                                            out) of sandboxes PREFIX-0.. (default bench-sb): a prefix not used
+ *                                            before gives sandboxes the aggregator has never billed
  *   fold SAMPLES                             the fold stage alone, one core: samples folded per second
  *   freeze BROKERS TRIALS VMM STATE PARENT   limit crossed -> pause command -> a tally-vmm sandbox's
  *                                            freezer cgroup FROZEN; prints one latency (ms) per trial
@@ -53,27 +56,29 @@ static void produce(rd_kafka_t *p, const struct usage_event *ev)
                 rd_kafka_poll(p, 5);
 }
 
-static struct usage_event sample(int sandbox, int k, int64_t t0)
+static struct usage_event sample(const char *prefix, int sandbox, int k, int64_t t0)
 {
         struct usage_event ev = { .type = EVENT_SAMPLE, .epoch = 1, .seq = (uint64_t)k + 1,
                                   .wall_ns = t0 + (int64_t)k * NS_PER_SEC, .state = STATE_RUNNING,
                                   .cpu_ns = (uint64_t)k * 700 * NS_PER_MS, .mem_bytes = GiB, .mem_size_bytes = 4 * GiB,
-                                  .vcpus = 2 };
+                                  .vcpus = 2,
+                                  /* held time as the vmm keeps it (docs/events.md), matching wall_ns */
+                                  .held_known = true, .running_ns = (uint64_t)k * NS_PER_SEC };
         snprintf(ev.host, sizeof(ev.host), "bench-host");
-        snprintf(ev.sandbox, sizeof(ev.sandbox), "bench-sb-%d", sandbox);
+        snprintf(ev.sandbox, sizeof(ev.sandbox), "%s-%d", prefix, sandbox);
         snprintf(ev.account, sizeof(ev.account), "bench-acct-%d", sandbox % 97);
         snprintf(ev.key, sizeof(ev.key), "bench-key-%d", sandbox % 97);
         return ev;
 }
 
-static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate)
+static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix)
 {
         rd_kafka_t *p = producer(brokers);
         int64_t t0 = time_hour_start(time_wall_ns()) - NS_PER_HOUR, start = time_mono_ns();
         long n = 0;
         for (int k = 0; k < samples; k++)
                 for (int s = 0; s < sandboxes; s++) {
-                        struct usage_event ev = sample(s, k, t0);
+                        struct usage_event ev = sample(prefix, s, k, t0);
                         produce(p, &ev);
                         n++;
                         if (rate > 0 && n % 1000 == 0) {
@@ -205,12 +210,12 @@ static int cmd_freeze(const char *brokers, int trials, const char *vmm, const ch
 int main(int argc, char **argv)
 {
         if (argc >= 6 && strcmp(argv[1], "produce") == 0)
-                return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+                return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc >= 7 ? argv[6] : "bench-sb");
         if (argc >= 3 && strcmp(argv[1], "fold") == 0)
                 return cmd_fold(atol(argv[2]));
         if (argc >= 7 && strcmp(argv[1], "freeze") == 0)
                 return cmd_freeze(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
-        fprintf(stderr, "Usage: bench-aggregator produce BROKERS SANDBOXES SAMPLES RATE | fold SAMPLES | "
+        fprintf(stderr, "Usage: bench-aggregator produce BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
                         "freeze BROKERS TRIALS VMM STATE_DIR CGROUP_PARENT\n");
         return 2;
 }

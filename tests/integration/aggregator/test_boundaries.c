@@ -41,14 +41,15 @@ int main(void)
         aggtest_produce(&t, &b);
 
         /* A gap of 3.5 hours between samples (22:15 -> 01:45 across midnight
-         * Dec 31 -> Jan 1), 7000 CPU-s: the hours get 45 min, 60, 60, 45 of it:
+         * Dec 31 -> Jan 1; a past year end, as the aggregator checks sample times
+         * against its own clock), 7000 CPU-s: the hours get 45 min, 60, 60, 45 of it:
          * 1500, 2000, 2000, 1500 CPU-s. Paused the whole time: storage of
          * (1 GiB + 1e9 disk bytes) for each piece. */
-        struct usage_event c = aggtest_sample("acct", "key", "sb-gap", 1, 1, aggtest_utc(2026, 12, 31, 22, 15, 0),
+        struct usage_event c = aggtest_sample("acct", "key", "sb-gap", 1, 1, aggtest_utc(2025, 12, 31, 22, 15, 0),
                                               STATE_PAUSED, 0, GiB, 1000000000, 2);
         struct usage_event d = c;
         d.seq = 9;
-        d.wall_ns = aggtest_utc(2027, 1, 1, 1, 45, 0);
+        d.wall_ns = aggtest_utc(2026, 1, 1, 1, 45, 0);
         d.cpu_ns = 7000 * NS_PER_SEC;
         aggtest_produce(&t, &c);
         aggtest_produce(&t, &d);
@@ -66,17 +67,17 @@ int main(void)
                "2026-05-31 23=1800000000000/3865470566400000000000 2026-06-01 00=1800000000000/3865470566400000000000",
                "midnight split");
         expect(&t, "SELECT string_agg(to_char(month, 'YYYY-MM') || ':' || quantity, ' ' ORDER BY month)"
-                   " FROM invoice_lines WHERE meter = 'cpu' AND month < '2026-12-01'",
+                   " FROM invoice_lines WHERE meter = 'cpu' AND month >= '2026-05-01'",
                "2026-05:1800000000000 2026-06:1800000000000", "each month's invoice gets its share");
         expect(&t, "SELECT string_agg(day || '=' || cpu_rated, ' ' ORDER BY day) FROM spend_daily"
                    " WHERE day IN ('2026-05-31', '2026-06-01')",
                "2026-05-31=45000000000000000000 2026-06-01=45000000000000000000", "each day's spend gets its share");
         expect(&t, "SELECT string_agg(to_char(hour, 'YYYY-MM-DD HH24') || '=' || cpu_ns || '/' || storage_byte_ns || '/'"
                    " || mem_byte_ns, ' ' ORDER BY hour) FROM usage_hourly WHERE sandbox_id = 'sb-gap'",
-               "2026-12-31 22=1500000000000/5599102924800000000000/0 "
-               "2026-12-31 23=2000000000000/7465470566400000000000/0 "
-               "2027-01-01 00=2000000000000/7465470566400000000000/0 "
-               "2027-01-01 01=1500000000000/5599102924800000000000/0",
+               "2025-12-31 22=1500000000000/5599102924800000000000/0 "
+               "2025-12-31 23=2000000000000/7465470566400000000000/0 "
+               "2026-01-01 00=2000000000000/7465470566400000000000/0 "
+               "2026-01-01 01=1500000000000/5599102924800000000000/0",
                "a gap is covered by the next counter, hour by hour");
         CHECK(aggtest_terminate(agg) == 0, "unclean stop");
         aggtest_stop(&t);

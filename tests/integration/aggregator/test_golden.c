@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define GiB (UINT64_C(1) << 30)
 
@@ -42,19 +43,27 @@ int main(void)
                          "INSERT INTO api_keys (id, account_id, key_hash) VALUES"
                          " ('kb', 'busy', sha256('kb')), ('kw', 'waiting', sha256('kw')), ('kt', 'tasks', sha256('kt'))");
 
+        /* Sample times are checked against the aggregator's clock, so the usage is
+         * recent: last month (UTC), whichever it is; every month has room for the
+         * 1,000 tasks below (25.7 days of starts). */
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        int year = tm.tm_mon == 0 ? tm.tm_year + 1900 - 1 : tm.tm_year + 1900, mon = tm.tm_mon == 0 ? 12 : tm.tm_mon;
+        int64_t month0 = aggtest_utc(year, mon, 1, 0, 0, 0), day2_10h = aggtest_utc(year, mon, 2, 10, 0, 0);
+
         /* "2 vCPU, 4 GiB, both CPUs busy: $0.08 an hour." */
-        one_hour(&t, "busy", "kb", "sb-busy", aggtest_utc(2026, 3, 2, 10, 0, 0), 2000);
+        one_hour(&t, "busy", "kb", "sb-busy", day2_10h, 2000);
         /* "Same sandbox waiting on its model (0.05 vCPU): $0.03125 an hour." */
-        one_hour(&t, "waiting", "kw", "sb-wait", aggtest_utc(2026, 3, 2, 10, 0, 0), 50);
+        one_hour(&t, "waiting", "kw", "sb-wait", day2_10h, 50);
 
         /* "1,000 tasks a month, each a 2 vCPU / 4 GiB sandbox running 30 minutes with
          * 300 CPU-seconds: CPU $2.08, memory $15.00, total $17.08." Starts spread
-         * over April so many tasks cross an hour boundary. */
-        int64_t april = aggtest_utc(2026, 4, 1, 0, 0, 0);
+         * over the month so many tasks cross an hour boundary. */
         for (int i = 0; i < 1000; i++) {
                 char id[32];
                 snprintf(id, sizeof(id), "task-%04d", i);
-                int64_t start = april + (int64_t)i * 37 * 60 * NS_PER_SEC;
+                int64_t start = month0 + (int64_t)i * 37 * 60 * NS_PER_SEC;
                 for (int s = 0; s <= 6; s++) {
                         struct usage_event ev = aggtest_sample("tasks", "kt", id, 1, (uint64_t)s + 1,
                                                                start + s * 5 * 60 * NS_PER_SEC,
@@ -79,7 +88,7 @@ int main(void)
         for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
                 aggtest_produce_raw(&t, "busy", bad[i], strlen(bad[i]));
         /* Valid JSON, impossible usage: 10^18 ns of CPU from 1 vCPU in a minute. */
-        struct usage_event ok = aggtest_sample("other", "ko", "sb-crazy", 1, 1, aggtest_utc(2026, 3, 2, 10, 0, 0),
+        struct usage_event ok = aggtest_sample("other", "ko", "sb-crazy", 1, 1, day2_10h,
                                                STATE_RUNNING, 0, GiB, 0, 1);
         struct usage_event crazy = ok;
         crazy.seq = 2;
@@ -89,7 +98,7 @@ int main(void)
         aggtest_produce(&t, &crazy);
 
         /* The created event arrives after the samples it describes. */
-        struct usage_event created = { .type = EVENT_CREATED, .wall_ns = aggtest_utc(2026, 3, 2, 10, 0, 0),
+        struct usage_event created = { .type = EVENT_CREATED, .wall_ns = day2_10h,
                                        .mem_size_bytes = 4 * GiB, .vcpus = 2, .disk_size_bytes = 10 * GiB };
         strcpy(created.host, "host-1");
         strcpy(created.sandbox, "sb-busy");
@@ -117,7 +126,7 @@ int main(void)
         CHECK(q_int(&t, "SELECT total_cents FROM invoices WHERE account_id = 'tasks'") == 1708,
               "1,000 tasks: total want $17.08");
         CHECK(q_int(&t, "SELECT count(*) FROM invoices WHERE account_id = 'tasks'") == 1,
-              "1,000 tasks in April: one invoice");
+              "1,000 tasks in a month: one invoice");
         CHECK(q_int(&t, "SELECT sum(cpu_ns) FROM usage_hourly WHERE account_id = 'tasks'") == 300000000000000,
               "1,000 tasks: 300,000 CPU-seconds");
 
