@@ -375,7 +375,7 @@ static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgro
         pid_t pid = -1;
         int r;
         if (spec->image && *spec->image) {
-                snprintf(why, whylen, "the process backend has one root file system and no images "
+                snprintf(why, whylen, "the process backend has no images (its root holds the host's /usr, read-only) "
                          "(image \"%.64s\"); use the qemu backend", spec->image);
                 free(sb);
                 return -EINVAL;
