@@ -51,6 +51,28 @@ static bool use_kvm(const char *dir)
         return kvm;
 }
 
+/* Removes the probe's scratch folder: its files and QEMU's folders in it
+ * (qemu/ with the console log, the jail's empty mount point). */
+static void remove_scratch(const char *dir, int depth)
+{
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                        continue;
+                if (de->d_type == DT_DIR && depth < 2) {
+                        char sub[4096];
+                        if (snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name) < (int)sizeof(sub))
+                                remove_scratch(sub, depth + 1);
+                } else {
+                        unlinkat(dirfd(d), de->d_name, 0);
+                }
+        }
+        if (d)
+                closedir(d);
+        rmdir(dir);
+}
+
 /* For "auto": probes KVM once, in a scratch folder removed afterwards. */
 static bool qemu_backend_accelerated(void)
 {
@@ -60,14 +82,7 @@ static bool qemu_backend_accelerated(void)
         if (!mkdtemp(dir))
                 return false;
         bool kvm = use_kvm(dir);
-        DIR *d = opendir(dir);
-        struct dirent *de;
-        while (d && (de = readdir(d)))
-                if (de->d_name[0] != '.')
-                        unlinkat(dirfd(d), de->d_name, 0);
-        if (d)
-                closedir(d);
-        rmdir(dir);
+        remove_scratch(dir, 0);
         return kvm;
 }
 
