@@ -357,12 +357,31 @@ int qemu_jail_prepare(struct qemu_jail *j, const char *binary, const char *workd
                         snprintf(what, sizeof(what), "%s", optional[i]);
                         goto fail;
                 }
-        const char *devs[] = { "/dev/null", "/dev/zero", "/dev/urandom", kvm ? "/dev/kvm" : NULL };
-        for (size_t i = 0; i < 4 && devs[i]; i++)
+        const char *devs[] = { "/dev/null", "/dev/zero", "/dev/urandom" };
+        for (size_t i = 0; i < 3; i++)
                 if ((r = expose(j, devs[i], JAIL_BIND_DEV, 0)) < 0) {
                         snprintf(what, sizeof(what), "%s", devs[i]);
                         goto fail;
                 }
+        /* The host's /dev/kvm is root's (Debian: 0660 root:kvm): the jail
+         * gets a node of its own for the same device, QEMU's uid's alone, as
+         * Firecracker's jailer makes it. */
+        if (kvm) {
+                struct stat st;
+                snprintf(what, sizeof(what), "/dev/kvm");
+                if (stat("/dev/kvm", &st) < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+                if (!S_ISCHR(st.st_mode)) {
+                        r = -ENODEV;
+                        goto fail;
+                }
+                if ((r = add_op(j, JAIL_NODE, true, "/dev/kvm", NULL)) < 0)
+                        goto fail;
+                j->ops[j->nops - 1].rdev = st.st_rdev;
+                j->nodes = true;
+        }
         if ((r = expose(j, j->run_dir, JAIL_BIND_RW, 0)) < 0) {
                 snprintf(what, sizeof(what), "%s", j->run_dir);
                 goto fail;
@@ -425,7 +444,8 @@ int qemu_jail_enter(const struct qemu_jail *j, int keep_fd, int *ret_step, int *
                 FAIL(JAIL_STEP_UNSHARE);
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
                 FAIL(JAIL_STEP_PRIVATE);
-        if (mount("tally-qemu-jail", j->root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=256k,nr_inodes=512") < 0)
+        if (mount("tally-qemu-jail", j->root, "tmpfs", MS_NOSUID | (j->nodes ? 0 : MS_NODEV),
+                  "mode=0755,size=256k,nr_inodes=512") < 0)
                 FAIL(JAIL_STEP_TMPFS);
         for (size_t i = 0; i < j->nops; i++) {
                 const struct jail_op *o = &j->ops[i];
@@ -434,6 +454,8 @@ int qemu_jail_enter(const struct qemu_jail *j, int keep_fd, int *ret_step, int *
                         r = mkdir(o->full, 0755) < 0 && errno != EEXIST ? -errno : 0;
                 else if (o->kind == JAIL_SYMLINK)
                         r = symlink(o->target, o->full) < 0 ? -errno : 0;
+                else if (o->kind == JAIL_NODE)
+                        r = mknod(o->full, S_IFCHR | 0600, o->rdev) < 0 || chown(o->full, id, id) < 0 ? -errno : 0;
                 else
                         r = bind_one(o);
                 if (r < 0) {
@@ -445,7 +467,7 @@ int qemu_jail_enter(const struct qemu_jail *j, int keep_fd, int *ret_step, int *
         if (chdir(j->root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 ||
             chdir("/") < 0)
                 FAIL(JAIL_STEP_PIVOT);
-        if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+        if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (j->nodes ? 0 : MS_NODEV), NULL) < 0)
                 FAIL(JAIL_STEP_READONLY);
 
         /* A write past the limit fails with EFBIG instead of killing QEMU. */

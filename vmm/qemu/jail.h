@@ -26,7 +26,7 @@
  * printing to its console without end cannot fill the host's disk. */
 #define QEMU_JAIL_FSIZE_MAX (UINT64_C(16) << 20)
 
-enum jail_op_kind { JAIL_MKDIR, JAIL_SYMLINK, JAIL_BIND_RO, JAIL_BIND_RW, JAIL_BIND_DEV };
+enum jail_op_kind { JAIL_MKDIR, JAIL_SYMLINK, JAIL_BIND_RO, JAIL_BIND_RW, JAIL_BIND_DEV, JAIL_NODE };
 
 struct jail_op {
         enum jail_op_kind kind;
@@ -34,6 +34,7 @@ struct jail_op {
         char *path;                  /* the path inside the jail, which is the host's path */
         char *full;                  /* root + path: where it is made before pivot_root */
         char *target;                /* JAIL_SYMLINK: the link's text */
+        dev_t rdev;                  /* JAIL_NODE: a character device made for QEMU's uid alone */
 };
 
 struct qemu_jail {
@@ -45,6 +46,7 @@ struct qemu_jail {
         uint32_t uid_base;
         uint64_t fsize_max;
         int cap_last;
+        bool nodes;                  /* the root holds a JAIL_NODE, so it is not mounted nodev */
         struct jail_op *ops;
         size_t nops, cap;
 };

@@ -1210,6 +1210,19 @@ int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const cha
                 set_why(why, whylen, "could not create a socket pair: %m");
                 return r;
         }
+        /* The copy's end must not be 0, 1 or 2 (a daemon started with closed
+         * stdio), which the child replaces with /dev/null and its log. */
+        if (sv[1] <= 2) {
+                int moved = fcntl(sv[1], F_DUPFD_CLOEXEC, 3);
+                int r = moved < 0 ? -errno : 0;
+                close(sv[1]);
+                sv[1] = moved;
+                if (r < 0) {
+                        close(sv[0]);
+                        set_why(why, whylen, "could not move a descriptor: %s", strerror(-r));
+                        return r;
+                }
+        }
         /* The copy is the same machine: size, kernel and initramfs are the
          * source's. It starts first, waiting for the state on its end of the
          * pair, while the source still runs. */
