@@ -602,9 +602,45 @@ static void test_fork(struct qemu_vm *vm, const struct test_cgroup *cg_copy)
               "the source saw the copy's write or stopped answering: '%s'", res.out ? res.out : "");
         qemu_exec_result_clear(&res);
         CHECK(cgroup_cpu_ns(cg_copy) > 0, "the copy's cgroup counted no CPU");
+
+        /* Stop a frozen copy: on cgroup v1 a frozen process does not die of
+         * SIGKILL until thawed, and stop must say it failed (within its
+         * bounded wait) rather than hang or report a live QEMU as stopped;
+         * on v2 SIGKILL ends a frozen process and stop succeeds. */
+        char frz[600], frz_procs[700], frz_state[700];
+        if (v2) {
+                snprintf(frz, sizeof(frz), "%s", cg_copy->cpu);
+                snprintf(frz_state, sizeof(frz_state), "%s/cgroup.freeze", frz);
+        } else {
+                snprintf(frz, sizeof(frz), CGROOT "/freezer/%s", cg_copy->name);
+                snprintf(frz_state, sizeof(frz_state), "%s/freezer.state", frz);
+        }
+        snprintf(frz_procs, sizeof(frz_procs), "%s/cgroup.procs", frz);
+        char num[32];
+        snprintf(num, sizeof(num), "%d", (int)cpid);
+        bool frozen = (v2 || (mkdir(frz, 0755) == 0 && write_file(frz_procs, num) == 0)) &&
+                      write_file(frz_state, v2 ? "1" : "FROZEN") == 0;
+        CHECK(frozen, "could not freeze the copy through %s", frz_state);
+        if (frozen) {
+                int64_t t_stop = mono_ms();
+                int sr = qemu_vm_stop(copy, 300);
+                int64_t took = mono_ms() - t_stop;
+                fprintf(stderr, "stop of a frozen copy: %s after %lld ms\n", sr < 0 ? strerror(-sr) : "stopped",
+                        (long long)took);
+                if (v2)
+                        CHECK(sr == 0, "stop of a frozen copy on cgroup v2: %s", strerror(-sr));
+                else
+                        CHECK(sr == -ETIMEDOUT && kill(cpid, 0) == 0 && qemu_vm_pid(copy) == cpid,
+                              "stop of a frozen copy returned %d (QEMU %s)", sr,
+                              kill(cpid, 0) == 0 ? "still there" : "gone");
+                CHECK(took < 8000, "stop of a frozen copy took %lld ms", (long long)took);
+                CHECK(write_file(frz_state, v2 ? "0" : "THAWED") == 0, "could not thaw the copy");
+        }
         CHECK(qemu_vm_stop(copy, 5000) == 0, "could not stop the copy");
         CHECK(waitpid(cpid, NULL, WNOHANG) == cpid || kill(cpid, 0) < 0, "the copy's QEMU is still there");
         qemu_vm_free(copy);
+        if (!v2 && frozen)
+                CHECK(rmdir(frz) == 0, "could not remove %s: %s", frz, strerror(errno));
         free(copy_dir);
 }
 
