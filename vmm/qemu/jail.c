@@ -213,9 +213,13 @@ static int expose(struct qemu_jail *j, const char *host_path, enum jail_op_kind 
                         return expose(j, next, kind, depth + 1);
                 }
                 if (last) {
-                        if (find_op(j, cur))
-                                return 0;
-                        return add_op(j, kind, !S_ISDIR(st.st_mode), cur, NULL);
+                        const struct jail_op *o = find_op(j, cur);
+                        if (!o)
+                                return add_op(j, kind, !S_ISDIR(st.st_mode), cur, NULL);
+                        /* Already a folder on the way to something else: binding
+                         * over it now would hide what was made inside. Callers
+                         * expose folders before what lies in them. */
+                        return o->kind == kind ? 0 : -EEXIST;
                 }
                 if (!S_ISDIR(st.st_mode))
                         return -ENOTDIR;
@@ -343,18 +347,19 @@ int qemu_jail_prepare(struct qemu_jail *j, const char *binary, const char *workd
                         goto fail;
                 }
         }
-        const char *need[] = { j->exe, kernel, initrd };
-        for (size_t i = 0; i < 3; i++)
-                if ((r = expose(j, need[i], JAIL_BIND_RO, 0)) < 0) {
-                        snprintf(what, sizeof(what), "%s", need[i]);
-                        goto fail;
-                }
-        /* Firmware and option ROMs (QEMU's configured data folders), and the
-         * loader's cache: wherever they exist. */
+        /* Folders before the files that may lie in them: firmware and option
+         * ROMs (QEMU's configured data folders) and the loader's cache,
+         * wherever they exist; then the binary, the kernel, the initramfs. */
         const char *optional[] = { "/etc/ld.so.cache", "/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe" };
         for (size_t i = 0; i < sizeof(optional) / sizeof(optional[0]); i++)
                 if (access(optional[i], F_OK) == 0 && (r = expose(j, optional[i], JAIL_BIND_RO, 0)) < 0) {
                         snprintf(what, sizeof(what), "%s", optional[i]);
+                        goto fail;
+                }
+        const char *need[] = { j->exe, kernel, initrd };
+        for (size_t i = 0; i < 3; i++)
+                if ((r = expose(j, need[i], JAIL_BIND_RO, 0)) < 0) {
+                        snprintf(what, sizeof(what), "%s", need[i]);
                         goto fail;
                 }
         const char *devs[] = { "/dev/null", "/dev/zero", "/dev/urandom" };
