@@ -237,7 +237,11 @@ static int qemu_backend_fork(struct backend_sandbox *src, const struct sandbox_s
 
 static int qemu_backend_stop(struct backend_sandbox *sb)
 {
-        return qemu_vm_stop(sb->vm, STOP_GRACE_MS);
+        pid_t pid = qemu_vm_pid(sb->vm);
+        int r = qemu_vm_stop(sb->vm, STOP_GRACE_MS);
+        if (r < 0)
+                log_warn("could not stop QEMU", "pid=%d error=\"%s\"", (int)pid, strerror(-r));
+        return r;
 }
 
 static int qemu_backend_recover(const struct sandbox_record *rec, const struct sandbox_cgroup *cg, const char *dir,

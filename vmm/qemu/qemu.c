@@ -1353,6 +1353,9 @@ void qemu_vm_free(struct qemu_vm *vm)
 {
         if (!vm)
                 return;
+        /* A QEMU whose stop timed out (frozen) and that has died since is reaped here. */
+        if (vm->child && vm->pid > 0)
+                waitpid(vm->pid, NULL, WNOHANG);
         if (vm->qmp >= 0)
                 close(vm->qmp);
         if (vm->agent >= 0)
