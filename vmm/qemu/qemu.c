@@ -7,6 +7,7 @@
  * QEMU or its guest runs outside the cgroup. The child only makes
  * async-signal-safe calls: the daemon that calls us has threads. */
 #include "qemu.h"
+#include "jail.h"
 #include "protocol.h"
 
 #include <errno.h>
@@ -31,6 +32,8 @@
 #define QMP_TIMEOUT_MS 5000
 /* How long past the command's own timeout the host waits for the agent's answer. */
 #define EXEC_SLACK_MS 10000
+/* How long stop waits for QEMU to go after SIGKILL. */
+#define STOP_KILL_WAIT_MS 5000
 
 struct qemu_vm {
         pid_t pid;
@@ -47,6 +50,9 @@ struct qemu_vm {
         bool stopped;                /* stop was called (atomic) */
         pthread_mutex_t qmp_lock;    /* one QMP exchange at a time */
         char log_path[4096];
+        char qmp_path[4096];         /* the sockets QEMU connects to (in its own folder) */
+        char agent_path[4096];
+        uint64_t log_max_bytes;
         /* What a copy must be started with (fork): the same machine. */
         uint32_t vcpus;
         uint64_t mem_mib;
@@ -368,6 +374,43 @@ static int qmp_command(struct qemu_vm *vm, const char *command)
         return qmp_call(vm, buf, NULL);
 }
 
+/* Hands fd to QEMU under name (QMP getfd: the descriptor travels with the
+ * command as SCM_RIGHTS over the QMP socket). */
+static int qmp_send_fd(struct qemu_vm *vm, const char *name, int fd)
+{
+        if (vm->qmp < 0 || __atomic_load_n(&vm->stopped, __ATOMIC_ACQUIRE))
+                return -ESRCH;
+        char cmd[256];
+        int len = snprintf(cmd, sizeof(cmd), "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}\n", name);
+        if (len < 0 || (size_t)len >= sizeof(cmd))
+                return -EINVAL;
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        memset(&u, 0, sizeof(u));
+        struct iovec iov = { cmd, (size_t)len };
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        pthread_mutex_lock(&vm->qmp_lock);
+        int64_t deadline = now_ms() + QMP_TIMEOUT_MS;
+        ssize_t w;
+        do
+                w = sendmsg(vm->qmp, &msg, MSG_NOSIGNAL);
+        while (w < 0 && errno == EINTR);
+        int r = w < 0 ? -errno : 0;
+        if (r >= 0 && w < len)
+                r = write_all(vm->qmp, cmd + w, (size_t)(len - w), deadline);
+        if (r >= 0)
+                r = qmp_wait_value(vm, "return", deadline, NULL);
+        pthread_mutex_unlock(&vm->qmp_lock);
+        return r;
+}
+
 /* --- start --- */
 
 /* In the forked child: decimal pid without stdio. */
@@ -386,13 +429,14 @@ static size_t format_pid(char *buf, pid_t pid)
 }
 
 struct child_failure {
-        int stage;                   /* index of the cgroup file, or -1: exec */
+        int stage;                   /* index of the cgroup file; -1: exec; -2 - n: jail step n */
         int err;
+        int op;                      /* the jail's op that failed, or -1 */
 };
 
-static void child_fail(int fd, int stage, int err)
+static void child_fail(int fd, int stage, int err, int op)
 {
-        struct child_failure f = { stage, err };
+        struct child_failure f = { stage, err, op };
         ssize_t ignored = write(fd, &f, sizeof(f));
         (void)ignored;
         _exit(127);
@@ -418,9 +462,9 @@ static void log_tail(const char *path, char *buf, size_t len)
 
 #define ARGV_MAX 48
 
-/* Starts QEMU for spec; with incoming set, QEMU loads a running VM's state
- * from that migration URI instead of booting (fork). */
-static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, const char *incoming,
+/* Starts QEMU for spec, jailed (jail.h); with incoming_fd >= 0, QEMU loads a
+ * running VM's state from that descriptor instead of booting (fork). */
+static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, int incoming_fd,
                     struct qemu_vm **ret, char *why, size_t whylen)
 {
         if (spec->vcpus < 1 || spec->vcpus > 16) {
@@ -444,11 +488,14 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 set_why(why, whylen, "KVM was asked for but /dev/kvm cannot be opened: %m");
                 return -ENODEV;
         }
-        const char *kernel = spec->kernel ? spec->kernel : qemu_default_kernel();
-        const char *initrd = spec->initrd ? spec->initrd : qemu_default_initrd();
-        if (access(kernel, R_OK) < 0 || access(initrd, R_OK) < 0) {
+        /* Absolute and free of links: the jail mirrors them at these paths. */
+        const char *kernel_arg = spec->kernel ? spec->kernel : qemu_default_kernel();
+        const char *initrd_arg = spec->initrd ? spec->initrd : qemu_default_initrd();
+        char kernel[4096], initrd[4096];
+        if (!realpath(kernel_arg, kernel) || !realpath(initrd_arg, initrd) || access(kernel, R_OK) < 0 ||
+            access(initrd, R_OK) < 0) {
                 int r = -errno;
-                set_why(why, whylen, "guest kernel %s or initramfs %s is missing", kernel, initrd);
+                set_why(why, whylen, "guest kernel %s or initramfs %s is missing", kernel_arg, initrd_arg);
                 return r;
         }
 
@@ -461,21 +508,28 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
         vm->boot_timeout_ms = spec->boot_timeout_ms > 0 ? spec->boot_timeout_ms : 120000;
         vm->vcpus = spec->vcpus;
         vm->mem_mib = spec->mem_mib;
+        vm->log_max_bytes = spec->log_max_bytes;
         snprintf(vm->kernel, sizeof(vm->kernel), "%s", kernel);
         snprintf(vm->initrd, sizeof(vm->initrd), "%s", initrd);
 
-        char qmp_path[4096], agent_path[4096], console_path[4096], smp[32], mem[32];
-        char qmp_dev[4200], agent_dev[4200], console_dev[4200];
+        /* QEMU's sockets and console log are in its own folder, <workdir>/qemu,
+         * the one folder of the host it can write; its stderr goes to
+         * <workdir>/qemu.log, which it cannot see (the descriptor is opened here). */
+        char console_path[4200], smp[32], mem[32], incoming[32];
+        char qmp_dev[4200], agent_dev[4200], console_dev[4300];
         int r, qmp_l = -1, agent_l = -1, logfd = -1, errpipe[2] = { -1, -1 };
-        snprintf(qmp_path, sizeof(qmp_path), "%s/qmp.sock", spec->workdir);
-        snprintf(agent_path, sizeof(agent_path), "%s/agent.sock", spec->workdir);
-        snprintf(console_path, sizeof(console_path), "%s/console.log", spec->workdir);
+        struct qemu_jail jail;
+        bool jailed = false;
+        snprintf(vm->qmp_path, sizeof(vm->qmp_path), "%s/qemu/qmp.sock", spec->workdir);
+        snprintf(vm->agent_path, sizeof(vm->agent_path), "%s/qemu/agent.sock", spec->workdir);
+        snprintf(console_path, sizeof(console_path), "%s/qemu/console.log", spec->workdir);
         snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", spec->workdir);
         snprintf(smp, sizeof(smp), "%u", spec->vcpus);
         snprintf(mem, sizeof(mem), "%llu", (unsigned long long)spec->mem_mib);
-        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s,reconnect=1", qmp_path);
-        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s,reconnect=1", agent_path);
+        snprintf(qmp_dev, sizeof(qmp_dev), "socket,id=qmp,path=%s,reconnect=1", vm->qmp_path);
+        snprintf(agent_dev, sizeof(agent_dev), "socket,id=agent,path=%s,reconnect=1", vm->agent_path);
         snprintf(console_dev, sizeof(console_dev), "file:%s", console_path);
+        snprintf(incoming, sizeof(incoming), "fd:%d", incoming_fd);
 
         /* microvm with the legacy PIT and PIC, and without ACPI: with ACPI on,
          * the kernel routes the PIT's interrupt to the wrong IOAPIC pin, never
@@ -483,13 +537,17 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
          * table QEMU writes without ACPI routes it right. The console (ttyS0)
          * goes to a file; the agent has ttyS1 to itself. TCG's translation
          * cache is held to 64 MiB (QEMU's default is 1 GiB), so QEMU's own
-         * memory stays small beside the guest's in the sandbox's cgroup. */
+         * memory stays small beside the guest's in the sandbox's cgroup.
+         * -sandbox: QEMU's seccomp filter, with everything it can deny denied
+         * (no exec or fork, no setuid, no scheduler or priority changes, no
+         * obsolete calls); it applies to all of QEMU's threads. */
         const char *qemu = spec->qemu_binary ? spec->qemu_binary : QEMU_DEFAULT_BINARY;
         const char *argv[ARGV_MAX] = {
                 qemu, "-M", "microvm,isa-serial=on,rtc=on,pit=on,pic=on,acpi=off",
                 "-accel", spec->kvm ? "kvm" : "tcg,tb-size=64", "-cpu", spec->kvm ? "host" : "max",
                 "-smp", smp, "-m", mem,
                 "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
                 "-kernel", kernel, "-initrd", initrd,
                 "-append", "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init tsc=reliable",
                 "-serial", console_dev,
@@ -498,7 +556,7 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 NULL, NULL, NULL,
         };
         snprintf(vm->qemu, sizeof(vm->qemu), "%s", qemu);
-        if (incoming) {
+        if (incoming_fd >= 0) {
                 size_t n = 0;
                 while (argv[n])
                         n++;
@@ -506,19 +564,37 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 argv[n + 1] = incoming;
         }
 
-        qmp_l = listen_unix(qmp_path);
+        char qemu_dir[4200];
+        snprintf(qemu_dir, sizeof(qemu_dir), "%s/qemu", spec->workdir);
+        if (mkdir(qemu_dir, 0700) < 0 && errno != EEXIST) {
+                r = -errno;
+                set_why(why, whylen, "could not create %s: %s", qemu_dir, strerror(-r));
+                goto fail;
+        }
+        /* A console log left by an earlier QEMU (another uid) would be refused to this one. */
+        unlink(console_path);
+        qmp_l = listen_unix(vm->qmp_path);
         if (qmp_l < 0) {
                 r = qmp_l;
-                set_why(why, whylen, "could not listen on %s: %s", qmp_path, strerror(-r));
+                set_why(why, whylen, "could not listen on %s: %s", vm->qmp_path, strerror(-r));
                 goto fail;
         }
-        agent_l = listen_unix(agent_path);
+        agent_l = listen_unix(vm->agent_path);
         if (agent_l < 0) {
                 r = agent_l;
-                set_why(why, whylen, "could not listen on %s: %s", agent_path, strerror(-r));
+                set_why(why, whylen, "could not listen on %s: %s", vm->agent_path, strerror(-r));
                 goto fail;
         }
-        logfd = open(vm->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        r = qemu_jail_prepare(&jail, qemu, spec->workdir, kernel, initrd, spec->kvm, vm->qmp_path, vm->agent_path,
+                              why, whylen);
+        if (r < 0)
+                goto fail;
+        jailed = true;
+        if (spec->log_max_bytes)
+                jail.fsize_max = spec->log_max_bytes;
+        argv[0] = jail.exe;
+        snprintf(vm->qemu, sizeof(vm->qemu), "%s", jail.exe);
+        logfd = open(vm->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (logfd < 0 || pipe2(errpipe, O_CLOEXEC) < 0) {
                 r = -errno;
                 set_why(why, whylen, "could not create %s: %m", vm->log_path);
@@ -532,22 +608,29 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 goto fail;
         }
         if (pid == 0) {
+                /* The cgroup first: every instruction from here on is counted there. */
                 char num[16];
                 size_t n = format_pid(num, getpid());
                 for (int i = 0; cgroup_procs_files && cgroup_procs_files[i]; i++) {
                         int fd = open(cgroup_procs_files[i], O_WRONLY | O_CLOEXEC);
                         if (fd < 0 || write(fd, num, n) != (ssize_t)n)
-                                child_fail(errpipe[1], i, errno);
+                                child_fail(errpipe[1], i, errno, -1);
                         close(fd);
                 }
                 int null = open("/dev/null", O_RDONLY);
                 if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
-                        child_fail(errpipe[1], -1, errno);
+                        child_fail(errpipe[1], -1, errno, -1);
+                if (null > 2)
+                        close(null);
+                int step = 0, op = -1;
+                int jr = qemu_jail_enter(&jail, incoming_fd, &step, &op);
+                if (jr < 0)
+                        child_fail(errpipe[1], -2 - step, -jr, op);
                 sigset_t none;
                 sigemptyset(&none);
                 sigprocmask(SIG_SETMASK, &none, NULL);
-                execvp(qemu, (char *const *)argv);
-                child_fail(errpipe[1], -1, errno);
+                execve(jail.exe, (char *const *)argv, jail.env);
+                child_fail(errpipe[1], -1, errno, -1);
         }
         vm->pid = pid;
         vm->child = true;
@@ -565,8 +648,14 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
                 if (f.stage >= 0)
                         set_why(why, whylen, "could not put QEMU into cgroup file %s: %s", cgroup_procs_files[f.stage],
                                 strerror(f.err));
-                else
+                else if (f.stage == -1)
                         set_why(why, whylen, "could not run %s: %s", qemu, strerror(f.err));
+                else if (f.op >= 0 && (size_t)f.op < jail.nops)
+                        set_why(why, whylen, "could not jail QEMU: could not make %s in its jail: %s",
+                                jail.ops[f.op].path, strerror(f.err));
+                else
+                        set_why(why, whylen, "could not jail QEMU: could not %s: %s", qemu_jail_step_name(-2 - f.stage),
+                                strerror(f.err));
                 goto fail;
         }
 
@@ -590,10 +679,11 @@ static int vm_spawn(const struct qemu_vm_spec *spec, const char *const *cgroup_p
         }
         close(qmp_l);
         close(agent_l);
-        unlink(qmp_path);
-        unlink(agent_path);
+        unlink(vm->qmp_path);
+        unlink(vm->agent_path);
         close(logfd);
         close(errpipe[0]);
+        qemu_jail_clear(&jail);
         *ret = vm;
         return 0;
 
@@ -604,11 +694,11 @@ fail:
         }
         if (qmp_l >= 0) {
                 close(qmp_l);
-                unlink(qmp_path);
+                unlink(vm->qmp_path);
         }
         if (agent_l >= 0) {
                 close(agent_l);
-                unlink(agent_path);
+                unlink(vm->agent_path);
         }
         if (logfd >= 0)
                 close(logfd);
@@ -616,6 +706,8 @@ fail:
                 close(errpipe[0]);
         if (errpipe[1] >= 0)
                 close(errpipe[1]);
+        if (jailed)
+                qemu_jail_clear(&jail);
         vm->pid = 0;
         qemu_vm_free(vm);
         return r;
@@ -624,14 +716,32 @@ fail:
 int qemu_vm_start(const struct qemu_vm_spec *spec, const char *const *cgroup_procs_files, struct qemu_vm **ret,
                   char *why, size_t whylen)
 {
-        return vm_spawn(spec, cgroup_procs_files, NULL, ret, why, whylen);
+        return vm_spawn(spec, cgroup_procs_files, -1, ret, why, whylen);
 }
 
-/* Whether /proc/<pid>/cmdline is a QEMU started with qmp_path (guards
- * against a recycled pid); *ret_kvm says whether it runs on KVM. */
-static bool is_our_qemu(pid_t pid, const char *qmp_path, bool *ret_kvm, struct qemu_vm *vm)
+/* The path in a "socket,id=ID,path=PATH,..." argument, into buf. */
+static bool socket_arg_path(const char *arg, const char *id, char *buf, size_t size)
 {
-        char p[64], buf[8192];
+        char key[64];
+        snprintf(key, sizeof(key), "socket,id=%s,path=", id);
+        if (strncmp(arg, key, strlen(key)) != 0)
+                return false;
+        const char *p = arg + strlen(key);
+        size_t n = strcspn(p, ",");
+        if (n >= size)
+                return false;
+        memcpy(buf, p, n);
+        buf[n] = 0;
+        return true;
+}
+
+/* Whether /proc/<pid>/cmdline is the QEMU of workdir: its QMP socket is
+ * workdir's (<workdir>/qemu/qmp.sock; <workdir>/qmp.sock for a QEMU started
+ * before the jail). Guards against a recycled pid. Fills vm's machine and
+ * socket paths; *ret_kvm says whether it runs on KVM. */
+static bool is_our_qemu(pid_t pid, const char *workdir, bool *ret_kvm, struct qemu_vm *vm)
+{
+        char p[64], buf[16384];
         snprintf(p, sizeof(p), "/proc/%d/cmdline", (int)pid);
         int fd = open(p, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
@@ -641,10 +751,14 @@ static bool is_our_qemu(pid_t pid, const char *qmp_path, bool *ret_kvm, struct q
         if (n <= 0)
                 return false;
         buf[n] = 0;
+        char jailed[4200], old[4200];
+        snprintf(jailed, sizeof(jailed), "%s/qemu/qmp.sock", workdir);
+        snprintf(old, sizeof(old), "%s/qmp.sock", workdir);
         bool ours = false, kvm = false;
         for (char *a = buf; a < buf + n; a += strlen(a) + 1) {
-                if (strstr(a, "id=qmp,path=") && strstr(a, qmp_path))
-                        ours = true;
+                if (socket_arg_path(a, "qmp", vm->qmp_path, sizeof(vm->qmp_path)))
+                        ours = strcmp(vm->qmp_path, jailed) == 0 || strcmp(vm->qmp_path, old) == 0;
+                socket_arg_path(a, "agent", vm->agent_path, sizeof(vm->agent_path));
                 if (strcmp(a, "kvm") == 0)
                         kvm = true;
                 const char *next = a + strlen(a) + 1;
@@ -662,7 +776,31 @@ static bool is_our_qemu(pid_t pid, const char *qmp_path, bool *ret_kvm, struct q
                         copy_str(vm->initrd, sizeof(vm->initrd), next);
         }
         *ret_kvm = kvm;
-        return ours;
+        return ours && vm->agent_path[0];
+}
+
+/* The real uid and gid of pid (its jail's), from /proc. */
+static int process_ids(pid_t pid, uid_t *ret_uid, gid_t *ret_gid)
+{
+        char p[64], line[256];
+        snprintf(p, sizeof(p), "/proc/%d/status", (int)pid);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return -errno;
+        unsigned long uid = 0, gid = 0;
+        int found = 0;
+        while (fgets(line, sizeof(line), f)) {
+                if (sscanf(line, "Uid: %lu", &uid) == 1)
+                        found |= 1;
+                else if (sscanf(line, "Gid: %lu", &gid) == 1)
+                        found |= 2;
+        }
+        fclose(f);
+        if (found != 3)
+                return -EIO;
+        *ret_uid = (uid_t)uid;
+        *ret_gid = (gid_t)gid;
+        return 0;
 }
 
 static int agent_ping(struct qemu_vm *vm)
@@ -673,14 +811,11 @@ static int agent_ping(struct qemu_vm *vm)
 
 int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *why, size_t whylen)
 {
-        char qmp_path[4096], agent_path[4096];
-        snprintf(qmp_path, sizeof(qmp_path), "%s/qmp.sock", workdir);
-        snprintf(agent_path, sizeof(agent_path), "%s/agent.sock", workdir);
         bool kvm = false;
         struct qemu_vm *vm = calloc(1, sizeof(*vm));
         if (!vm)
                 return -ENOMEM;
-        if (pid <= 0 || !is_our_qemu(pid, qmp_path, &kvm, vm)) {
+        if (pid <= 0 || !is_our_qemu(pid, workdir, &kvm, vm)) {
                 set_why(why, whylen, "no QEMU of this sandbox runs as pid %d", (int)pid);
                 free(vm);
                 return -ESRCH;
@@ -689,14 +824,28 @@ int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *w
         vm->child = false;
         vm->qmp = vm->agent = -1;
         pthread_mutex_init(&vm->qmp_lock, NULL);
-        pthread_mutex_init(&vm->qmp_lock, NULL);
         vm->accel = kvm ? "kvm" : "tcg";
         vm->boot_timeout_ms = 120000;
         snprintf(vm->log_path, sizeof(vm->log_path), "%s/qemu.log", workdir);
-        int r, qmp_l = listen_unix(qmp_path), agent_l = listen_unix(agent_path);
+        uid_t uid = 0;
+        gid_t gid = 0;
+        int r = process_ids(pid, &uid, &gid);
+        if (r < 0) {
+                set_why(why, whylen, "could not read QEMU %d's uid: %s", (int)pid, strerror(-r));
+                qemu_vm_free(vm);
+                return r;
+        }
+        int qmp_l = listen_unix(vm->qmp_path), agent_l = listen_unix(vm->agent_path);
         if (qmp_l < 0 || agent_l < 0) {
                 r = qmp_l < 0 ? qmp_l : agent_l;
                 set_why(why, whylen, "could not listen in %s: %s", workdir, strerror(-r));
+                goto out;
+        }
+        /* The jailed QEMU connects as its own uid, to sockets only it (and root) may use. */
+        if (uid != 0 && (chown(vm->qmp_path, uid, gid) < 0 || chmod(vm->qmp_path, 0600) < 0 ||
+                         chown(vm->agent_path, uid, gid) < 0 || chmod(vm->agent_path, 0600) < 0)) {
+                r = -errno;
+                set_why(why, whylen, "could not give QEMU %d its sockets: %s", (int)pid, strerror(-r));
                 goto out;
         }
         /* QEMU retries its connections every second (reconnect=1). */
@@ -721,8 +870,8 @@ out:
                 close(qmp_l);
         if (agent_l >= 0)
                 close(agent_l);
-        unlink(qmp_path);
-        unlink(agent_path);
+        unlink(vm->qmp_path);
+        unlink(vm->agent_path);
         if (r < 0) {
                 qemu_vm_free(vm);
                 return r;
@@ -943,8 +1092,11 @@ int qemu_vm_resume(struct qemu_vm *vm)
         return r;
 }
 
-/* Writes src's state to path with QMP migrate, leaving src paused. */
-static int save_state(struct qemu_vm *src, const char *path, char *why, size_t whylen)
+/* Sends src's whole state down fd (one end of a socket pair whose other end
+ * a copy's QEMU reads with -incoming) with QMP migrate, leaving src paused.
+ * The state never touches the disk, and the jailed QEMU needs neither a
+ * shell nor a file to write it to (its seccomp filter forbids spawning one). */
+static int send_state(struct qemu_vm *src, int fd, char *why, size_t whylen)
 {
         int r = qmp_command(src, "stop");
         if (r < 0) {
@@ -955,16 +1107,12 @@ static int save_state(struct qemu_vm *src, const char *path, char *why, size_t w
          * would make a copy of a large VM take seconds per GiB. */
         r = qmp_call(src, "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":1099511627776}}",
                      NULL);
-        json_t *cmd = json_pack("{s:s, s:{s:s++}}", "execute", "migrate", "arguments", "uri", "exec:cat > '", path, "'");
-        char *text = cmd ? json_dumps(cmd, JSON_COMPACT) : NULL;
-        json_decref(cmd);
-        if (!text)
-                return -ENOMEM;
         if (r >= 0)
-                r = qmp_call(src, text, NULL);
-        free(text);
+                r = qmp_send_fd(src, "tally-fork", fd);
+        if (r >= 0)
+                r = qmp_call(src, "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"fd:tally-fork\"}}", NULL);
         if (r < 0) {
-                set_why(why, whylen, "QEMU refused to save the VM's state: %s", strerror(-r));
+                set_why(why, whylen, "QEMU refused to send the VM's state: %s", strerror(-r));
                 return r;
         }
         int64_t deadline = now_ms() + 120000;
@@ -986,11 +1134,11 @@ static int save_state(struct qemu_vm *src, const char *path, char *why, size_t w
                 if (done)
                         return 0;
                 if (failed) {
-                        set_why(why, whylen, "saving the VM's state failed: %s", *detail ? detail : "(no detail)");
+                        set_why(why, whylen, "sending the VM's state failed: %s", *detail ? detail : "(no detail)");
                         return -EIO;
                 }
                 if (now_ms() >= deadline) {
-                        set_why(why, whylen, "saving the VM's state took over 120 s");
+                        set_why(why, whylen, "sending the VM's state took over 120 s");
                         return -ETIMEDOUT;
                 }
                 usleep(20000);
@@ -1056,15 +1204,47 @@ int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const cha
                 set_why(why, whylen, "the VM's machine is not known, so it cannot be copied");
                 return -EOPNOTSUPP;
         }
-        char state[4200], incoming[4300];
-        snprintf(state, sizeof(state), "%s/fork.state", spec->workdir);
-        if (strchr(state, '\'')) {
-                set_why(why, whylen, "the copy's folder name holds a quote");
-                return -EINVAL;
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+                int r = -errno;
+                set_why(why, whylen, "could not create a socket pair: %m");
+                return r;
         }
-        snprintf(incoming, sizeof(incoming), "exec:cat '%s'", state);
+        /* The copy's end must not be 0, 1 or 2 (a daemon started with closed
+         * stdio), which the child replaces with /dev/null and its log. */
+        if (sv[1] <= 2) {
+                int moved = fcntl(sv[1], F_DUPFD_CLOEXEC, 3);
+                int r = moved < 0 ? -errno : 0;
+                close(sv[1]);
+                sv[1] = moved;
+                if (r < 0) {
+                        close(sv[0]);
+                        set_why(why, whylen, "could not move a descriptor: %s", strerror(-r));
+                        return r;
+                }
+        }
+        /* The copy is the same machine: size, kernel and initramfs are the
+         * source's. It starts first, waiting for the state on its end of the
+         * pair, while the source still runs. */
+        struct qemu_vm_spec copy = *spec;
+        copy.vcpus = src->vcpus;
+        copy.mem_mib = src->mem_mib;
+        copy.kernel = src->kernel;
+        copy.initrd = src->initrd;
+        copy.kvm = strcmp(src->accel, "kvm") == 0;
+        copy.qemu_binary = src->qemu[0] ? src->qemu : NULL;
+        if (!copy.log_max_bytes)
+                copy.log_max_bytes = src->log_max_bytes;
+        struct qemu_vm *vm = NULL;
+        int r = vm_spawn(&copy, cgroup_procs_files, sv[1], &vm, why, whylen);
+        close(sv[1]);
+        if (r < 0) {
+                close(sv[0]);
+                return r;
+        }
         bool was_paused = __atomic_load_n(&src->paused, __ATOMIC_ACQUIRE);
-        int r = save_state(src, state, why, whylen);
+        r = send_state(src, sv[0], why, whylen);
+        close(sv[0]);
         /* The source goes on whatever happened to the copy. */
         if (!was_paused) {
                 int c = qmp_command(src, "cont");
@@ -1073,40 +1253,22 @@ int qemu_vm_fork(struct qemu_vm *src, const struct qemu_vm_spec *spec, const cha
                         r = c;
                 }
         }
-        if (r < 0) {
-                unlink(state);
-                return r;
-        }
-        /* The copy is the same machine: size, kernel and initramfs are the source's. */
-        struct qemu_vm_spec copy = *spec;
-        copy.vcpus = src->vcpus;
-        copy.mem_mib = src->mem_mib;
-        copy.kernel = src->kernel;
-        copy.initrd = src->initrd;
-        copy.kvm = strcmp(src->accel, "kvm") == 0;
-        copy.qemu_binary = src->qemu[0] ? src->qemu : NULL;
-        struct qemu_vm *vm = NULL;
-        r = vm_spawn(&copy, cgroup_procs_files, incoming, &vm, why, whylen);
-        if (r >= 0) {
-                /* The copy's agent sits where the source's was, between commands.
-                 * Bytes sent to it before the state is loaded would be lost with
-                 * the serial port's old state, so the ping waits for "running". */
+        /* The copy's agent sits where the source's was, between commands.
+         * Bytes sent to it before the state is loaded would be lost with the
+         * serial port's old state, so the ping waits for "running". */
+        if (r >= 0)
                 r = wait_running(vm, 60000, why, whylen);
-                if (r >= 0)
-                        r = agent_ping(vm);
-                if (r >= 0)
-                        r = qemu_vm_wait_ready(vm, 60000, why, whylen);
-                if (r >= 0 && was_paused)
-                        r = qemu_vm_pause(vm);
-                if (r < 0) {
-                        qemu_vm_stop(vm, 1000);
-                        qemu_vm_free(vm);
-                        vm = NULL;
-                }
-        }
-        unlink(state);
-        if (r < 0)
+        if (r >= 0)
+                r = agent_ping(vm);
+        if (r >= 0)
+                r = qemu_vm_wait_ready(vm, 60000, why, whylen);
+        if (r >= 0 && was_paused)
+                r = qemu_vm_pause(vm);
+        if (r < 0) {
+                qemu_vm_stop(vm, 1000);
+                qemu_vm_free(vm);
                 return r;
+        }
         *ret = vm;
         return 0;
 }
@@ -1157,12 +1319,15 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
         while (!(dead = gone(vm)) && now_ms() < deadline)
                 usleep(20000);
         if (!dead) {
+                /* A QEMU in a frozen cgroup (v1) does not die of SIGKILL until
+                 * thawed: the wait is bounded, and its end is an error, so a
+                 * caller never takes a live QEMU for stopped. */
                 kill(vm->pid, SIGKILL);
-                if (vm->child)
-                        waitpid(vm->pid, NULL, 0);
-                else
-                        for (int i = 0; i < 500 && !gone(vm); i++)
-                                usleep(10000);
+                deadline = now_ms() + STOP_KILL_WAIT_MS;
+                while (!(dead = gone(vm)) && now_ms() < deadline)
+                        usleep(10000);
+                if (!dead)
+                        return -ETIMEDOUT;
         }
         vm->pid = 0;
         /* Shut down, not closed: an exec in another thread may still be reading;
@@ -1188,6 +1353,9 @@ void qemu_vm_free(struct qemu_vm *vm)
 {
         if (!vm)
                 return;
+        /* A QEMU whose stop timed out (frozen) and that has died since is reaped here. */
+        if (vm->child && vm->pid > 0)
+                waitpid(vm->pid, NULL, WNOHANG);
         if (vm->qmp >= 0)
                 close(vm->qmp);
         if (vm->agent >= 0)

@@ -8,6 +8,12 @@
  * its boot CPU are counted there. Pause and resume go through QMP (stop/cont);
  * the caller applies the cgroup freezer around them.
  *
+ * QEMU runs jailed (jail.h, docs/qemu.md "The jail"): as uid and gid
+ * QEMU_JAIL_UID_BASE + its pid, with no capabilities, in its own mount,
+ * network, IPC, UTS and cgroup namespaces whose root holds only what it
+ * needs, under QEMU's seccomp filter (-sandbox on, everything denied that
+ * can be). The caller must be root.
+ *
  * This module knows nothing of the daemon: it takes the cgroup as a list of
  * files to write QEMU's pid into (v1 cgroup.procs or tasks of every hierarchy,
  * or the v2 folder's cgroup.procs). Errors are negative errno; where a
@@ -30,10 +36,13 @@ struct qemu_vm_spec {
         uint64_t mem_mib;            /* -m; at least 64 */
         const char *kernel;          /* NULL: qemu_default_kernel() */
         const char *initrd;          /* NULL: qemu_default_initrd() */
-        const char *workdir;         /* exists; gets qmp.sock, agent.sock (while starting), console.log, qemu.log */
+        const char *workdir;         /* exists; gets qemu/ (QEMU's own folder: qmp.sock and agent.sock
+                                      * while connecting, console.log), jail/ (its root's mount point),
+                                      * qemu.log (QEMU's stderr) */
         bool kvm;                    /* true: -accel kvm (fails where /dev/kvm cannot be used); false: TCG */
         const char *qemu_binary;     /* NULL: qemu-system-x86_64 from PATH */
         int64_t boot_timeout_ms;     /* how long the first exec waits for the agent; 0: 120 s */
+        uint64_t log_max_bytes;      /* the largest file QEMU may write (console log); 0: 16 MiB */
 };
 
 /* One command for the guest agent; argv[0] is looked up in the guest's PATH. */
