@@ -19,6 +19,8 @@ struct aggregator_config {
         int64_t batch_messages;  /* commit after this many messages... */
         int64_t batch_ms;        /* ...or this long after the batch's first */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
+        int64_t metrics_port;    /* /metrics on this port; 0: off */
+        char *metrics_address;   /* IPv4 address /metrics listens on */
         char *log_level;
 };
 

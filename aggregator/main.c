@@ -21,6 +21,10 @@ static const struct setting settings[] = {
         { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
           offsetof(struct aggregator_config, consumer_settings), 0, 0,
           "Further librdkafka consumer settings, name=value separated by commas" },
+        { "metrics_port", SETTING_INT, "0", false, offsetof(struct aggregator_config, metrics_port), 0, 65535,
+          "Serve Prometheus /metrics on this port (0: off)" },
+        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct aggregator_config, metrics_address),
+          0, 0, "IPv4 address /metrics listens on" },
         SETTING_LOG_LEVEL(struct aggregator_config, log_level),
         SETTINGS_END,
 };
