@@ -513,9 +513,9 @@ static const char *const apply_sql =
         "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
         "INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
         " SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id),"
-        "        sum(CASE WHEN cpu = 0 THEN 0 ELSE cpu * rate_required(plan, 'cpu', hour) END),"
-        "        sum(CASE WHEN mem = 0 THEN 0 ELSE mem * rate_required(plan, 'memory', hour) END),"
-        "        sum(CASE WHEN sto = 0 THEN 0 ELSE sto * rate_required(plan, 'storage', hour) END)"
+        "        sum(cpu * coalesce(rate_at(plan, 'cpu', hour), 0)),"
+        "        sum(mem * coalesce(rate_at(plan, 'memory', hour), 0)),"
+        "        sum(sto * coalesce(rate_at(plan, 'storage', hour), 0))"
         "   FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
         "                sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
         "           FROM stage_usage GROUP BY key_id, account_id, hour) g"
@@ -527,6 +527,19 @@ static const char *const apply_sql =
         " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold WHERE sync"
         " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now()"
         "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host;";
+
+/* Usage of the batch its plan has no rate for: recorded once per (account,
+ * meter, hour) and returned, so the aggregator can say so loudly. Spend
+ * counts it as nothing (coalesce above); invoices price it when read. */
+static const char *const rating_gaps_sql =
+        "INSERT INTO rating_gaps (account_id, plan_id, meter, hour)"
+        " SELECT account_id, plan, meter, hour FROM"
+        "  (SELECT account_id, account_plan(account_id) AS plan, hour, sum(cpu_ns)::numeric AS cpu,"
+        "          sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto FROM stage_usage GROUP BY account_id, hour) g"
+        "  CROSS JOIN LATERAL (VALUES ('cpu', g.cpu), ('memory', g.mem), ('storage', g.sto)) AS m(meter, q)"
+        " WHERE m.q > 0 AND rate_at(g.plan, m.meter, g.hour) IS NULL"
+        " ON CONFLICT DO NOTHING"
+        " RETURNING account_id, plan_id, meter, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI\"Z\"')";
 
 /* After the usage: alerts once per (key, day, threshold), and the block at
  * 100%. Returns the keys newly blocked. */
@@ -1022,6 +1035,17 @@ static int commit_batch(struct agg *a)
         r = query_ok(a, res, PGRES_TUPLES_OK, "fold state");
         if (r == 0 && strtoull(PQgetvalue(res, 0, 0), NULL, 10) != a->ndirty)
                 r = -EBUSY; /* another aggregator moved a sandbox on: ours is stale */
+        PQclear(res);
+        if (r < 0)
+                goto rollback;
+        res = PQexec(a->db, rating_gaps_sql);
+        r = query_ok(a, res, PGRES_TUPLES_OK, "rating gaps");
+        for (int i = 0; r == 0 && i < PQntuples(res); i++) {
+                log_error("usage without a rate: kept, not rated; add the plan's rate",
+                          "account=%s plan=%s meter=%s hour=%s", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+                          PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+                atomic_fetch_add_explicit(&a->metrics->rating_gaps, 1, memory_order_relaxed);
+        }
         PQclear(res);
         if (r < 0)
                 goto rollback;

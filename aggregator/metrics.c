@@ -93,6 +93,7 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
                 C(batch_splits, "tally_aggregator_batch_splits_total", "Times a batch that kept failing was halved to find the message at fault"),
                 C(offset_gaps, "tally_aggregator_offset_gaps_total", "Stored offsets no longer in the broker (recorded in offset_gaps)"),
                 C(offsets_lost, "tally_aggregator_offsets_lost_total", "Messages lost to those gaps, never billed"),
+                C(rating_gaps, "tally_aggregator_rating_gaps_total", "Account-meter-hours with usage and no rate in the plan (rating_gaps)"),
                 C(sandboxes_fenced, "tally_aggregator_sandbox_fence_total", "Commits refused: a sandbox's fold state was moved on by another aggregator"),
                 C(sandboxes_loaded, "tally_aggregator_sandboxes_loaded_total", "Sandboxes whose fold state was read from the ledger"),
                 C(sandboxes_evicted, "tally_aggregator_sandboxes_evicted_total", "Sandboxes dropped from memory after their last reading"),

@@ -32,6 +32,7 @@ struct agg_metrics {
         _Atomic uint64_t dead_letters[AGG_DEAD_CAUSES];
         _Atomic uint64_t batch_splits;          /* times a failing batch was halved */
         _Atomic uint64_t offset_gaps, offsets_lost;
+        _Atomic uint64_t rating_gaps;           /* (account, meter, hour) with usage and no rate (rating_gaps) */
         _Atomic uint64_t sandboxes_fenced;      /* commits refused: a sandbox's fold state moved on elsewhere */
         _Atomic uint64_t sandboxes_loaded, sandboxes_evicted;
         _Atomic uint64_t sandboxes_in_memory;   /* gauge */

@@ -89,19 +89,19 @@ SELECT s.host,
  GROUP BY s.host, h.last_sample_at
 HAVING coalesce(h.last_sample_at, min(s.updated_at)) < now() - metering_gap_threshold();
 
--- The rate of a plan's meter in force at a moment, refusing loudly when the
--- plan has none: usage must never be rated as NULL (which made the whole
--- batch fail with "null value in column storage_rated") nor as free. The
--- aggregator calls it only for a nonzero quantity; the error isolates the
--- message (docs/billing.md, "Dead letters").
-CREATE FUNCTION rate_required(p_plan text, p_meter text, p_at timestamptz) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    r bigint := rate_at(p_plan, p_meter, p_at);
-BEGIN
-    IF r IS NULL THEN
-        RAISE EXCEPTION 'no % rate in plan % in force at %', p_meter, p_plan, p_at
-              USING ERRCODE = 'P0001', HINT = 'add a plan_rates row; the usage is billed when its sandbox sends its next sample';
-    END IF;
-    RETURN r;
-END $$;
+-- Usage a plan has no rate for (an account on a plan missing a meter's
+-- rate, or an hour before the plan's first rate). The usage itself is kept
+-- exactly in usage_hourly — the message is not at fault, the plan is — but it
+-- cannot be rated: it counts as nothing toward spend_daily and the limits, the
+-- aggregator logs it at error, counts it in /metrics and records one row per
+-- (account, plan, meter, hour) here. Invoices rate usage_hourly when they are
+-- read, so adding the missing plan_rates row prices it there; spend_daily of
+-- the days already past is not rewritten.
+CREATE TABLE rating_gaps (
+    account_id  text NOT NULL,
+    plan_id     text NOT NULL,
+    meter       text NOT NULL,
+    hour        timestamptz NOT NULL,
+    first_seen  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (account_id, meter, hour)
+);

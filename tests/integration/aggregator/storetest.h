@@ -1,0 +1,19 @@
+/* storetest.h — what the store's integration tests (test_store_*.c) add to
+ * aggtest: reading an aggregator's log and its /metrics page. */
+#pragma once
+
+#include "aggtest.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Does aggregator number n's log (aggregator.N.log) contain what? */
+bool store_log_has(struct aggtest *t, int n, const char *what);
+/* A free-ish TCP port on 127.0.0.1 for --metrics-port (bound and released). */
+int store_free_port(void);
+/* GET http://127.0.0.1:port/metrics; returns the body (malloc'd) or NULL. */
+char *store_metrics(int port);
+/* The value of one sample line ("name" or "name{labels}") on a metrics page, or -1. */
+int64_t store_metric(const char *page, const char *series);
+/* Runs a query returning one integer (NULL reads as -1). */
+int64_t store_int(struct aggtest *t, const char *sql);
