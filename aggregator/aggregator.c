@@ -131,7 +131,7 @@ struct agg {
         int64_t split_limit;    /* 0, or the batch size while a failing batch is being split */
         int64_t split_left;     /* messages to commit before batches grow back */
 
-        int64_t last_sweep_ns, last_gap_check_ns;
+        int64_t last_sweep_ns, last_gap_check_ns, last_gap_log_ns;
         struct agg_metrics *metrics;
 };
 
@@ -1533,15 +1533,18 @@ static void offset_reset(struct agg *a, const rd_kafka_message_t *m)
                           pn, kind, from, to, lost, lo);
                 p->position = lo;
         }
-        rd_kafka_topic_partition_list_t *seek = rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(seek, TOPIC_USAGE, pn)->offset = p->position;
-        rd_kafka_error_t *se = rd_kafka_seek_partitions(a->consumer, seek, 10000);
-        rd_kafka_topic_partition_list_destroy(seek);
+        /* After the error the partition fetches nothing until assigned again
+         * (a seek does not restart it): assign what we own at our positions,
+         * which equal the ledger's (the batch was committed above). */
+        rd_kafka_topic_partition_list_t *assign = rd_kafka_topic_partition_list_new(a->nparts > 0 ? a->nparts : 1);
+        for (int32_t i = 0; i < a->nparts; i++)
+                if (a->parts[i].owned)
+                        rd_kafka_topic_partition_list_add(assign, TOPIC_USAGE, i)->offset = a->parts[i].position;
+        rd_kafka_resp_err_t ae = rd_kafka_assign(a->consumer, assign);
+        rd_kafka_topic_partition_list_destroy(assign);
         a->seek_gen++;
-        if (se) {
-                log_error("could not seek", "partition=%d error=\"%s\"", pn, rd_kafka_error_string(se));
-                rd_kafka_error_destroy(se);
-        }
+        if (ae)
+                log_error("could not resume the partitions", "partition=%d error=\"%s\"", pn, rd_kafka_err2str(ae));
 }
 
 /* Hosts with running sandboxes and no recent sample (the metering_gaps
@@ -1556,7 +1559,12 @@ static void check_metering_gaps(struct agg *a)
                                       " FROM metering_gaps ORDER BY host");
         if (query_ok(a, res, PGRES_TUPLES_OK, "metering gaps") == 0) {
                 int n = PQntuples(res);
-                for (int i = 0; i < n; i++)
+                /* A line per host when the set of gaps grows, then once a minute. */
+                uint64_t before = atomic_load_explicit(&a->metrics->metering_gap_hosts, memory_order_relaxed);
+                bool say = (uint64_t)n > before || time_mono_ns() - a->last_gap_log_ns >= 60 * NS_PER_SEC;
+                if (say && n)
+                        a->last_gap_log_ns = time_mono_ns();
+                for (int i = 0; say && i < n; i++)
                         log_warn("metering gap: a host with running sandboxes sends no samples",
                                  "host=%s running_sandboxes=%s silent_s=%s last_sample=%s", PQgetvalue(res, i, 0),
                                  PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));

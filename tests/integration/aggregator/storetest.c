@@ -1,6 +1,7 @@
 /* storetest.c — see storetest.h. */
 #include "storetest.h"
 
+#include "kafka.h"
 #include "support.h"
 
 #include <arpa/inet.h>
@@ -95,4 +96,35 @@ int64_t store_int(struct aggtest *t, const char *sql)
         int64_t x = v && *v ? strtoll(v, NULL, 10) : -1;
         free(v);
         return x;
+}
+
+void store_produce_raw_to(struct aggtest *t, int32_t partition, const char *account, const void *buf, size_t len)
+{
+        rd_kafka_resp_err_t e;
+        while ((e = rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_PARTITION(partition),
+                                      RD_KAFKA_V_KEY(account, strlen(account)), RD_KAFKA_V_VALUE((void *)buf, len),
+                                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END)) ==
+               RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                rd_kafka_poll(t->producer, 10);
+        CHECK(e == 0, "produce: %s", rd_kafka_err2str(e));
+        rd_kafka_poll(t->producer, 0);
+}
+
+void store_produce_to(struct aggtest *t, int32_t partition, const struct usage_event *ev)
+{
+        char buf[8192];
+        int n = event_encode(ev, buf, sizeof(buf));
+        CHECK(n > 0, "encode");
+        if (n > 0)
+                store_produce_raw_to(t, partition, ev->account, buf, (size_t)n);
+}
+
+void store_log_dump(struct aggtest *t, int n, size_t bytes)
+{
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/aggregator.%d.log", t->dir, n);
+        char *text = test_read_file(path);
+        size_t len = text ? strlen(text) : 0;
+        fprintf(stderr, "--- %s (last %zu bytes)\n%s\n---\n", path, bytes, text ? text + (len > bytes ? len - bytes : 0) : "");
+        free(text);
 }

@@ -17,3 +17,8 @@ char *store_metrics(int port);
 int64_t store_metric(const char *page, const char *series);
 /* Runs a query returning one integer (NULL reads as -1). */
 int64_t store_int(struct aggtest *t, const char *sql);
+/* Produces ev (encoded) or raw bytes (ev NULL) to one partition of usage, keyed by account. */
+void store_produce_to(struct aggtest *t, int32_t partition, const struct usage_event *ev);
+void store_produce_raw_to(struct aggtest *t, int32_t partition, const char *account, const void *buf, size_t len);
+/* Prints the last `bytes` of aggregator n's log to stderr (for a failure). */
+void store_log_dump(struct aggtest *t, int n, size_t bytes);

@@ -24,20 +24,6 @@
 #define ACCOUNTS 8
 #define MIB (UINT64_C(1) << 20)
 
-static void produce_to(struct aggtest *t, int32_t partition, const struct usage_event *ev)
-{
-        char buf[8192];
-        int n = event_encode(ev, buf, sizeof(buf));
-        CHECK(n > 0, "encode");
-        rd_kafka_resp_err_t e;
-        while ((e = rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_PARTITION(partition),
-                                      RD_KAFKA_V_KEY(ev->account, strlen(ev->account)),
-                                      RD_KAFKA_V_VALUE(buf, (size_t)n), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                      RD_KAFKA_V_END)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-                rd_kafka_poll(t->producer, 10);
-        CHECK(e == 0, "produce: %s", rd_kafka_err2str(e));
-}
-
 /* Sample seq (1-based) of account i: every 60 s, 50 CPU-s more each time. */
 static void sample(struct aggtest *t, int i, int seq, int partitions, int64_t t0)
 {
@@ -47,7 +33,7 @@ static void sample(struct aggtest *t, int i, int seq, int partitions, int64_t t0
         snprintf(sb, sizeof(sb), "sb_rp%d", i);
         struct usage_event ev = aggtest_sample(acct, key, sb, 1, (uint64_t)seq, t0 + (seq - 1) * 60 * NS_PER_SEC,
                                                STATE_RUNNING, (uint64_t)(seq - 1) * 50 * NS_PER_SEC, 512 * MIB, 0, 2);
-        produce_to(t, i % partitions, &ev);
+        store_produce_to(t, i % partitions, &ev);
 }
 
 int main(void)
