@@ -1317,12 +1317,11 @@ static void prefetch(struct agg *a, rd_kafka_message_t **msgs, size_t n)
         free(ids);
 }
 
-/* Memory stays bounded: a sandbox leaves memory a minute after a commit that
- * left it stopped (its final reading), any other after 15 idle minutes. Its
- * fold state stays in the ledger; a later message reads it back by id. Only
- * between batches (the batch points at sandboxes). */
-#define SANDBOX_STOPPED_KEEP_NS (60 * NS_PER_SEC)
-#define SANDBOX_IDLE_KEEP_NS    (15 * 60 * NS_PER_SEC)
+/* Memory stays bounded: a sandbox leaves memory keep_stopped_ms (default a
+ * minute) after a commit that left it stopped (its final reading), any other
+ * after keep_idle_ms (15 minutes) without one. Its fold state stays in the
+ * ledger; a later message reads it back by id. Only between batches (the
+ * batch points at sandboxes). */
 
 static void sandboxes_sweep(struct agg *a)
 {
@@ -1333,8 +1332,8 @@ static void sandboxes_sweep(struct agg *a)
                 while (*pp) {
                         struct sandbox *s = *pp;
                         int64_t idle = now - s->used_ns;
-                        if (!s->dirty && (idle > SANDBOX_IDLE_KEEP_NS ||
-                                          (s->fold.state == STATE_STOPPED && idle > SANDBOX_STOPPED_KEEP_NS))) {
+                        if (!s->dirty && (idle > a->cfg->keep_idle_ms * NS_PER_MS ||
+                                          (s->fold.state == STATE_STOPPED && idle > a->cfg->keep_stopped_ms * NS_PER_MS))) {
                                 *pp = s->next;
                                 free(s);
                                 a->nsandboxes--;
@@ -1778,7 +1777,9 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                         commit_batch(&a);
                 rd_kafka_poll(a.producer, 0);
                 int64_t now_mono = time_mono_ns();
-                if (!a.messages && now_mono - a.last_sweep_ns >= 5 * NS_PER_SEC) {
+                int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC
+                                              ? cfg->keep_stopped_ms * NS_PER_MS : 5 * NS_PER_SEC;
+                if (!a.messages && now_mono - a.last_sweep_ns >= sweep_every) {
                         a.last_sweep_ns = now_mono;
                         sandboxes_sweep(&a);
                 }

@@ -20,6 +20,8 @@ struct aggregator_config {
         int64_t batch_ms;        /* ...or this long after the batch's first */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
         int64_t metrics_port;    /* /metrics on this port; 0: off */
+        int64_t keep_stopped_ms; /* a stopped sandbox leaves memory this long after its last commit */
+        int64_t keep_idle_ms;    /* any sandbox leaves memory after this long without a commit */
         char *metrics_address;   /* IPv4 address /metrics listens on */
         char *log_level;
 };

@@ -25,6 +25,10 @@ static const struct setting settings[] = {
           "Serve Prometheus /metrics on this port (0: off)" },
         { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct aggregator_config, metrics_address),
           0, 0, "IPv4 address /metrics listens on" },
+        { "keep_stopped_ms", SETTING_INT, "60000", false, offsetof(struct aggregator_config, keep_stopped_ms), 0,
+          86400000, "A stopped sandbox's state leaves memory this long after its final reading (read back by id)" },
+        { "keep_idle_ms", SETTING_INT, "900000", false, offsetof(struct aggregator_config, keep_idle_ms), 0,
+          86400000, "Any sandbox's state leaves memory after this long without a reading" },
         SETTING_LOG_LEVEL(struct aggregator_config, log_level),
         SETTINGS_END,
 };

@@ -71,8 +71,9 @@ CREATE TABLE hosts (
 );
 
 -- The threshold after which a host with running sandboxes and no sample is a
--- metering gap (the collector samples about once a second).
-CREATE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql IMMUTABLE AS $$
+-- metering gap (the collector samples about once a second). To change it,
+-- CREATE OR REPLACE this function.
+CREATE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE AS $$
     SELECT interval '30 seconds'
 $$;
 
