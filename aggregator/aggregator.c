@@ -1608,13 +1608,17 @@ static int64_t batch_limit(const struct agg *a)
 /* Keeps a whole copy of the batch's first message (see dead_letter_alone). */
 static void keep_first(struct agg *a, const rd_kafka_message_t *m)
 {
-        a->first_raw = a->first_raw && a->first_cap >= m->len ? a->first_raw : realloc(a->first_raw, m->len + 1);
-        if (!a->first_raw) {
-                a->first_cap = a->first_len = 0;
-                return;
-        }
-        if (a->first_cap < m->len + 1)
+        if (a->first_cap < m->len + 1) {
+                char *b = realloc(a->first_raw, m->len + 1);
+                if (!b) {
+                        free(a->first_raw);
+                        a->first_raw = NULL;
+                        a->first_cap = a->first_len = 0;
+                        return; /* then a refused batch of one is retried, not set aside */
+                }
+                a->first_raw = b;
                 a->first_cap = m->len + 1;
+        }
         if (m->len)
                 memcpy(a->first_raw, m->payload, m->len);
         a->first_len = m->len;
