@@ -484,10 +484,11 @@ static const char *const session_sql =
 
 /* The fold state of the batch's sandboxes, fenced per sandbox: a row is
  * written only where its version is still the one this aggregator read, so
- * the count tells whether another owner moved any of them on meanwhile. */
+ * the count tells whether another owner moved any of them on meanwhile.
+ * In id order: two aggregators sharing sandboxes lock their rows in one order. */
 static const char *const fold_sql =
         "WITH w AS (INSERT INTO fold_state AS f (sandbox_id, account_id, key_id, fold, version, stopped)"
-        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold"
+        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold ORDER BY sandbox_id"
         "  ON CONFLICT (sandbox_id) DO UPDATE SET account_id = EXCLUDED.account_id, key_id = EXCLUDED.key_id,"
         "   fold = EXCLUDED.fold, version = EXCLUDED.version, stopped = EXCLUDED.stopped, updated_at = now()"
         "   WHERE f.version = EXCLUDED.version - 1 RETURNING 1)"
