@@ -77,6 +77,10 @@ CREATE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE AS
     SELECT interval '30 seconds'
 $$;
 
+-- Every aggregator reads metering_gaps every few seconds: only running
+-- sandboxes are looked at.
+CREATE INDEX sandboxes_running_host ON sandboxes (host) WHERE state = 'running';
+
 -- Hosts that have running sandboxes (per the ledger) and no sample committed
 -- for longer than metering_gap_threshold(): their sandboxes are not being
 -- metered. A host never sampled counts from its sandboxes' rows.
