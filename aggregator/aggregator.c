@@ -512,33 +512,35 @@ static const char *const apply_sql =
         "  mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,"
         "  storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,"
         "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
-        "INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
-        " SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id),"
-        "        sum(cpu * coalesce(rate_at(plan, 'cpu', hour), 0)),"
-        "        sum(mem * coalesce(rate_at(plan, 'memory', hour), 0)),"
-        "        sum(sto * coalesce(rate_at(plan, 'storage', hour), 0))"
-        "   FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
-        "                sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
-        "           FROM stage_usage GROUP BY key_id, account_id, hour) g"
-        "  GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
-        " ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
-        "  memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
-        "  storage_rated = s.storage_rated + EXCLUDED.storage_rated;"
         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state)"
         " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold WHERE sync"
         " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now()"
         "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host;";
 
-/* Usage of the batch its plan has no rate for: recorded once per (account,
- * meter, hour) and returned, so the aggregator can say so loudly. Spend
- * counts it as nothing (coalesce above); invoices price it when read. */
-static const char *const rating_gaps_sql =
-        "INSERT INTO rating_gaps (account_id, plan_id, meter, hour)"
-        " SELECT account_id, plan, meter, hour FROM"
-        "  (SELECT account_id, account_plan(account_id) AS plan, hour, sum(cpu_ns)::numeric AS cpu,"
-        "          sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto FROM stage_usage GROUP BY account_id, hour) g"
-        "  CROSS JOIN LATERAL (VALUES ('cpu', g.cpu), ('memory', g.mem), ('storage', g.sto)) AS m(meter, q)"
-        " WHERE m.q > 0 AND rate_at(g.plan, m.meter, g.hour) IS NULL"
+/* Rating, in one statement that looks each rate up once: spend per key and
+ * UTC day (the exact sums of quantity x rate), and the usage its plan has no
+ * rate for, recorded once per (account, meter, hour) in rating_gaps and
+ * returned so the aggregator can say so loudly. Such usage adds nothing to
+ * spend (docs/billing.md, "Dead letters"); invoices price it when read. */
+static const char *const rate_sql =
+        "WITH g AS ("
+        "  SELECT key_id, account_id, hour, plan, cpu, mem, sto, rate_at(plan, 'cpu', hour) AS rc,"
+        "         rate_at(plan, 'memory', hour) AS rm, rate_at(plan, 'storage', hour) AS rs"
+        "    FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
+        "                 sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
+        "            FROM stage_usage GROUP BY key_id, account_id, hour) x),"
+        " spend AS ("
+        "  INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
+        "  SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id), sum(cpu * coalesce(rc, 0)),"
+        "         sum(mem * coalesce(rm, 0)), sum(sto * coalesce(rs, 0))"
+        "    FROM g GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
+        "  ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
+        "   memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
+        "   storage_rated = s.storage_rated + EXCLUDED.storage_rated)"
+        " INSERT INTO rating_gaps (account_id, plan_id, meter, hour)"
+        " SELECT DISTINCT account_id, plan, m.meter, hour FROM g"
+        "  CROSS JOIN LATERAL (VALUES ('cpu', cpu, rc), ('memory', mem, rm), ('storage', sto, rs)) AS m(meter, q, r)"
+        " WHERE m.q > 0 AND m.r IS NULL"
         " ON CONFLICT DO NOTHING"
         " RETURNING account_id, plan_id, meter, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI\"Z\"')";
 
@@ -1039,19 +1041,19 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
-        res = PQexec(a->db, rating_gaps_sql);
-        r = query_ok(a, res, PGRES_TUPLES_OK, "rating gaps");
+        res = PQexec(a->db, apply_sql);
+        r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
+        PQclear(res);
+        if (r < 0)
+                goto rollback;
+        res = PQexec(a->db, rate_sql);
+        r = query_ok(a, res, PGRES_TUPLES_OK, "rate");
         for (int i = 0; r == 0 && i < PQntuples(res); i++) {
                 log_error("usage without a rate: kept, not rated; add the plan's rate",
                           "account=%s plan=%s meter=%s hour=%s", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
                           PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
                 atomic_fetch_add_explicit(&a->metrics->rating_gaps, 1, memory_order_relaxed);
         }
-        PQclear(res);
-        if (r < 0)
-                goto rollback;
-        res = PQexec(a->db, apply_sql);
-        r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
         PQclear(res);
         if (r < 0)
                 goto rollback;
@@ -1772,7 +1774,9 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                                 rd_kafka_message_destroy(held[i]);
                         n = 0;
                 }
-                bool drained = n < HOLD_MAX;
+                /* Drained: nothing came within the first poll's wait (as
+                 * before holding), not merely an empty queue between fetches. */
+                bool drained = n == 0;
                 take_held(&a, held, n);
                 /* Commit when the batch is full, old enough, or nothing more is
                  * waiting: under load batches grow while the previous one
