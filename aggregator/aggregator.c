@@ -1354,6 +1354,9 @@ static void sandboxes_sweep(struct agg *a)
 
 /* ---- ownership ---- */
 
+static int record_gap(struct agg *a, int32_t pn, int64_t generation, int64_t pos, int64_t lo, int64_t hi,
+                      const char *found, int64_t *ret_next);
+
 /* Claims partitions: bumps their generation and reads their next offsets.
  * Fold state is not read here: it follows each sandbox, read by id when one
  * of its messages arrives. What memory holds of sandboxes last seen on these
@@ -1388,6 +1391,14 @@ static int claim(struct agg *a, rd_kafka_topic_partition_list_t *parts)
                         p->owned = true;
                         p->position = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
                         p->generation = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+                        /* Offsets lost while nobody consumed: found before
+                         * fetching (else the fetch reports them, offset_reset). */
+                        int64_t lo, hi, next;
+                        if (rd_kafka_query_watermark_offsets(a->consumer, tp->topic, tp->partition, &lo, &hi, 5000) ==
+                                    0 &&
+                            record_gap(a, tp->partition, p->generation, p->position, lo, hi, "at_assignment",
+                                       &next) == 0)
+                                p->position = next;
                         tp->offset = p->position;
                         load[tp->partition] = true;
                         log_info("partition assigned", "partition=%d next_offset=%" PRId64 " generation=%" PRId64,
@@ -1479,11 +1490,58 @@ static void release(struct agg *a, const rd_kafka_topic_partition_list_t *parts)
 
 /* ---- gaps ---- */
 
-/* The consumer's stored position in a partition is no longer in the broker
- * (auto.offset.reset=error reports it). Retention or a broker's memory limit
- * removed messages never billed: that is recorded in offset_gaps with the
- * range, in the same transaction that moves the offset to the partition's
- * first offset, logged at error and counted; never a silent reset. */
+/* The next offset the ledger holds for partition pn (pos) against what the
+ * broker still has [lo, hi): when it is outside, messages were lost never
+ * billed (retention, or a broker's memory limit). That is recorded in
+ * offset_gaps with the range, in the same transaction that moves the offset
+ * to lo, logged at error and counted; never a silent reset. Fills *ret_next
+ * with where to consume from. Returns 0, or -errno when nothing moved
+ * (fenced, or the ledger refused). */
+static int record_gap(struct agg *a, int32_t pn, int64_t generation, int64_t pos, int64_t lo, int64_t hi,
+                      const char *found, int64_t *ret_next)
+{
+        const char *kind = pos < lo ? "behind" : pos > hi ? "ahead" : NULL;
+        if (!kind) {
+                *ret_next = pos;
+                return 0;
+        }
+        int64_t from = pos < lo ? pos : hi, to = pos < lo ? lo - 1 : pos - 1;
+        char g[32], ps[16], f[32], t[32], next[32], cur[32];
+        snprintf(ps, sizeof(ps), "%d", pn);
+        snprintf(g, sizeof(g), "%" PRId64, generation);
+        snprintf(f, sizeof(f), "%" PRId64, from);
+        snprintf(t, sizeof(t), "%" PRId64, to);
+        snprintf(next, sizeof(next), "%" PRId64, lo);
+        snprintf(cur, sizeof(cur), "%" PRId64, pos);
+        const char *params[] = { a->cfg->group, ps, f, t, kind, next, cur, g };
+        /* One statement, one transaction: the gap row only if the offset moved. */
+        PGresult *res = PQexecParams(a->db,
+                                     "WITH moved AS (UPDATE consumer_offsets SET next_offset = $6, updated_at = now()"
+                                     "  WHERE group_id = $1 AND topic = 'usage' AND partition = $2"
+                                     "    AND next_offset = $7 AND generation = $8 RETURNING 1)"
+                                     " INSERT INTO offset_gaps (group_id, topic, partition, from_offset, to_offset, kind)"
+                                     " SELECT $1, 'usage', $2, $3, $4, $5 FROM moved",
+                                     8, NULL, params, NULL, NULL, 0);
+        int r = query_ok(a, res, PGRES_COMMAND_OK, "offset gap");
+        if (r == 0 && atoi(PQcmdTuples(res)) != 1)
+                r = -ESTALE;
+        PQclear(res);
+        if (r < 0)
+                return r;
+        uint64_t lost = pos < lo ? (uint64_t)(lo - pos) : 0;
+        atomic_fetch_add_explicit(&a->metrics->offset_gaps, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->offsets_lost, lost, memory_order_relaxed);
+        log_error("offsets lost: the stored offset is no longer in the broker; messages never billed",
+                  "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRIu64
+                  " next_offset=%" PRId64 " found=%s",
+                  pn, kind, from, to, lost, lo, found);
+        *ret_next = lo;
+        return 0;
+}
+
+/* While consuming, the stored position was no longer in the broker
+ * (auto.offset.reset=error reports it): record the gap and go on from the
+ * partition's first offset. (At assignment, claim checks first.) */
 static void offset_reset(struct agg *a, const rd_kafka_message_t *m)
 {
         int32_t pn = m->partition;
@@ -1492,49 +1550,18 @@ static void offset_reset(struct agg *a, const rd_kafka_message_t *m)
                 return;
         if (commit_batch(a) < 0)
                 return; /* resynced: the error comes again from the ledger's position */
-        int64_t lo = -1, hi = -1;
+        int64_t lo = -1, hi = -1, next;
         rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(a->consumer, TOPIC_USAGE, pn, &lo, &hi, 10000);
         if (e) {
                 log_error("could not read a partition's offsets", "partition=%d error=\"%s\"", pn, rd_kafka_err2str(e));
                 resync(a);
                 return;
         }
-        int64_t pos = p->position;
-        const char *kind = pos < lo ? "behind" : pos > hi ? "ahead" : NULL;
-        if (kind) {
-                int64_t from = pos < lo ? pos : hi, to = pos < lo ? lo - 1 : pos - 1;
-                char g[32], ps[16], f[32], t[32], next[32], cur[32];
-                snprintf(ps, sizeof(ps), "%d", pn);
-                snprintf(g, sizeof(g), "%" PRId64, p->generation);
-                snprintf(f, sizeof(f), "%" PRId64, from);
-                snprintf(t, sizeof(t), "%" PRId64, to);
-                snprintf(next, sizeof(next), "%" PRId64, lo);
-                snprintf(cur, sizeof(cur), "%" PRId64, pos);
-                const char *params[] = { a->cfg->group, ps, f, t, kind, next, cur, g };
-                /* One statement, one transaction: the gap row only if the offset moved. */
-                PGresult *res = PQexecParams(a->db,
-                                             "WITH moved AS (UPDATE consumer_offsets SET next_offset = $6, updated_at = now()"
-                                             "  WHERE group_id = $1 AND topic = 'usage' AND partition = $2"
-                                             "    AND next_offset = $7 AND generation = $8 RETURNING 1)"
-                                             " INSERT INTO offset_gaps (group_id, topic, partition, from_offset, to_offset, kind)"
-                                             " SELECT $1, 'usage', $2, $3, $4, $5 FROM moved",
-                                             8, NULL, params, NULL, NULL, 0);
-                int r = query_ok(a, res, PGRES_COMMAND_OK, "offset gap");
-                bool moved = r == 0 && atoi(PQcmdTuples(res)) == 1;
-                PQclear(res);
-                if (!moved) {
-                        resync(a);
-                        return;
-                }
-                uint64_t lost = pos < lo ? (uint64_t)(lo - pos) : 0;
-                atomic_fetch_add_explicit(&a->metrics->offset_gaps, 1, memory_order_relaxed);
-                atomic_fetch_add_explicit(&a->metrics->offsets_lost, lost, memory_order_relaxed);
-                log_error("offsets lost: the stored offset is no longer in the broker; messages never billed",
-                          "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRIu64
-                          " next_offset=%" PRId64,
-                          pn, kind, from, to, lost, lo);
-                p->position = lo;
+        if (record_gap(a, pn, p->generation, p->position, lo, hi, "while_consuming", &next) < 0) {
+                resync(a);
+                return;
         }
+        p->position = next;
         /* After the error the partition fetches nothing until assigned again
          * (a seek does not restart it): assign what we own at our positions,
          * which equal the ledger's (the batch was committed above). */
