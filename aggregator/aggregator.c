@@ -18,6 +18,7 @@
 #include "fold.h"
 #include "kafka.h"
 #include "log.h"
+#include "metrics.h"
 #include "timeutil.h"
 
 #include <errno.h>
@@ -30,8 +31,8 @@
 #include <time.h>
 
 /* Schema this aggregator writes: 002_ledger and up to what it knows. */
-#define SCHEMA_NEED  2
-#define SCHEMA_KNOWN 2
+#define SCHEMA_NEED  3
+#define SCHEMA_KNOWN 3
 
 #define LAG_BUCKETS 60000 /* 1 ms each: commit latency histogram up to 60 s */
 
@@ -48,6 +49,8 @@ struct sandbox {
          * its host there: the row is only written when they change. */
         int db_state;
         char db_host[EVENT_ID_MAX + 1];
+        int64_t version;        /* fold_state.version it was read or last written at; 0: no row */
+        int64_t used_ns;        /* monotonic time of its last commit, for eviction */
         struct sandbox *next;   /* hash chain */
 };
 
@@ -109,13 +112,30 @@ struct agg {
         uint64_t *lag_hist;
         uint64_t committed_messages, committed_batches, fenced, dead_total;
 
-        /* The fold's counts (for /metrics): readings whose wall time was out
-         * of bounds of the aggregator's clock, counters that went back within
-         * an epoch (taken as restarts), held counters that went back, and
-         * `stopped` events folded. */
-        uint64_t clock_ahead, clock_behind, counter_resets, held_back, stops_folded;
+        /* Rate limits of the fold's notes in the log (its counts are in metrics). */
         int64_t note_logged_ns[3];
         uint64_t note_suppressed[3];
+        /* Sandboxes a prefetch looked up and the ledger has no row for
+         * (sorted): new, so sandbox_add need not ask again. */
+        char (*absent)[EVENT_ID_MAX + 1];
+        size_t nabsent, capabsent;
+        uint64_t seek_gen;      /* +1 whenever positions are reset (claim, resync): held messages are stale */
+
+        /* The batch's first message, kept whole: a batch of one that the
+         * database keeps refusing becomes a dead letter. */
+        int32_t first_partition;
+        int64_t first_offset;
+        char *first_raw;
+        size_t first_len, first_cap;
+
+        /* Poison isolation (docs/billing.md, "Dead letters"). */
+        char last_error[256];   /* SQLSTATE and message of the last refused statement */
+        char fail_reason[256];  /* the reason the previous commit failed for, "" if it did not */
+        int64_t split_limit;    /* 0, or the batch size while a failing batch is being split */
+        int64_t split_left;     /* messages to commit before batches grow back */
+
+        int64_t last_sweep_ns, last_gap_check_ns, last_gap_log_ns;
+        struct agg_metrics *metrics;
 };
 
 /* ---- small helpers ---- */
@@ -141,6 +161,61 @@ static uint64_t hash_id(const char *s)
         for (; *s; s++)
                 h = (h ^ (unsigned char)*s) * 1099511628211ULL;
         return h;
+}
+
+/* Length of the valid UTF-8 character at s (RFC 3629: no overlong forms,
+ * no surrogates, nothing above U+10FFFF), or 0. */
+static size_t utf8_char(const unsigned char *s)
+{
+        if (s[0] < 0x80)
+                return 1;
+        size_t n;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (s[0] >= 0xC2 && s[0] <= 0xDF)
+                n = 2;
+        else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+                n = 3;
+                lo = s[0] == 0xE0 ? 0xA0 : 0x80;
+                hi = s[0] == 0xED ? 0x9F : 0xBF;
+        } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+                n = 4;
+                lo = s[0] == 0xF0 ? 0x90 : 0x80;
+                hi = s[0] == 0xF4 ? 0x8F : 0xBF;
+        } else
+                return 0;
+        if (s[1] < lo || s[1] > hi)
+                return 0;
+        for (size_t i = 2; i < n; i++)
+                if (s[i] < 0x80 || s[i] > 0xBF)
+                        return 0;
+        return n;
+}
+
+/* Copies src into dst (size bytes with the NUL) as valid UTF-8: cut on a
+ * character boundary, never inside one, and any byte that starts no valid
+ * character (a reason cut mid-character by whoever wrote it) becomes '?'.
+ * The ledger refuses text that is not UTF-8. */
+static void utf8_copy(char *dst, size_t size, const char *src)
+{
+        const unsigned char *s = (const unsigned char *)src;
+        size_t o = 0;
+        while (*s && size) {
+                size_t n = utf8_char(s);
+                if (n == 0) {
+                        if (o + 1 >= size)
+                                break;
+                        dst[o++] = '?';
+                        s++;
+                        continue;
+                }
+                if (o + n >= size)
+                        break;
+                memcpy(dst + o, s, n);
+                o += n;
+                s += n;
+        }
+        if (size)
+                dst[o] = '\0';
 }
 
 static char *u128_str(u128 v, char *buf, size_t size)
@@ -199,7 +274,7 @@ static int sandbox_rehash(struct agg *a, size_t n)
         return 0;
 }
 
-static struct sandbox *sandbox_add(struct agg *a, const char *id)
+static struct sandbox *sandbox_new(struct agg *a, const char *id)
 {
         if (a->nsandboxes + 1 > a->nbuckets && sandbox_rehash(a, a->nbuckets ? a->nbuckets * 2 : 4096) < 0)
                 return NULL;
@@ -211,13 +286,37 @@ static struct sandbox *sandbox_add(struct agg *a, const char *id)
         s->next = a->buckets[h];
         a->buckets[h] = s;
         a->nsandboxes++;
+        s->used_ns = time_mono_ns();
+        atomic_store_explicit(&a->metrics->sandboxes_in_memory, a->nsandboxes, memory_order_relaxed);
         return s;
 }
 
+static bool absent_has(const struct agg *a, const char *id);
+static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n);
+
+/* A sandbox not in memory: its fold state is read from the ledger by id
+ * (whatever partition it arrives on), unless a prefetch already found it has
+ * none. NULL when the ledger cannot be read: the caller drops the batch and
+ * reads it again, never billing from an empty state a row exists for. */
+static struct sandbox *sandbox_add(struct agg *a, const char *id)
+{
+        if (!absent_has(a, id)) {
+                char ids[1][EVENT_ID_MAX + 1];
+                snprintf(ids[0], sizeof(ids[0]), "%s", id);
+                if (load_sandboxes(a, ids, 1) < 0)
+                        return NULL;
+                struct sandbox *s = sandbox_find(a, id);
+                if (s)
+                        return s;
+        }
+        return sandbox_new(a, id);
+}
+
 /* Drops the state of every sandbox of partitions for which drop[p] is set
- * (drop NULL: all). */
+ * (drop NULL: all). Also forgets which sandboxes the ledger had no row for. */
 static void sandboxes_drop(struct agg *a, const bool *drop)
 {
+        a->nabsent = 0;
         for (size_t i = 0; i < a->nbuckets; i++) {
                 struct sandbox **pp = &a->buckets[i];
                 while (*pp) {
@@ -226,6 +325,9 @@ static void sandboxes_drop(struct agg *a, const bool *drop)
                                 *pp = s->next;
                                 free(s);
                                 a->nsandboxes--;
+                                if (a->metrics)
+                                        atomic_store_explicit(&a->metrics->sandboxes_in_memory, a->nsandboxes,
+                                                              memory_order_relaxed);
                         } else {
                                 pp = &s->next;
                         }
@@ -296,7 +398,7 @@ static int add_dead(struct agg *a, int32_t partition, int64_t offset, const void
         d->len = len;
         d->partition = partition;
         d->offset = offset;
-        snprintf(d->reason, sizeof(d->reason), "%s", why);
+        utf8_copy(d->reason, sizeof(d->reason), why);
         a->ndead++;
         return 0;
 }
@@ -321,7 +423,7 @@ static void count_notes(struct agg *a, const struct usage_event *ev, unsigned no
 {
         uint64_t suppressed;
         if (notes & FOLD_NOTE_CLOCK_AHEAD) {
-                a->clock_ahead++;
+                atomic_fetch_add_explicit(&a->metrics->clock_ahead, 1, memory_order_relaxed);
                 if (note_log_due(a, 0, &suppressed))
                         log_warn("reading dated ahead of the aggregator's clock; placed at the aggregator's clock",
                                  "sandbox=%s host=%s type=%s wall_ns=%" PRId64 " aggregator_ns=%" PRId64
@@ -329,7 +431,7 @@ static void count_notes(struct agg *a, const struct usage_event *ev, unsigned no
                                  ev->sandbox, ev->host, event_type_name(ev->type), ev->wall_ns, now, suppressed);
         }
         if (notes & FOLD_NOTE_CLOCK_BEHIND) {
-                a->clock_behind++;
+                atomic_fetch_add_explicit(&a->metrics->clock_behind, 1, memory_order_relaxed);
                 if (note_log_due(a, 1, &suppressed))
                         log_warn("reading dated too far behind the aggregator's clock; placed at the aggregator's clock",
                                  "sandbox=%s host=%s type=%s wall_ns=%" PRId64 " aggregator_ns=%" PRId64
@@ -337,7 +439,7 @@ static void count_notes(struct agg *a, const struct usage_event *ev, unsigned no
                                  ev->sandbox, ev->host, event_type_name(ev->type), ev->wall_ns, now, suppressed);
         }
         if (notes & FOLD_NOTE_HELD_BACK) {
-                a->held_back++;
+                atomic_fetch_add_explicit(&a->metrics->held_back, 1, memory_order_relaxed);
                 if (note_log_due(a, 2, &suppressed))
                         log_warn("held counters went back; billed only beyond the highest",
                                  "sandbox=%s host=%s running_ns=%" PRIu64 " paused_ns=%" PRIu64
@@ -400,7 +502,7 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
                 why = buf;
                 break;
         case FOLD_COUNTER_RESET:
-                a->counter_resets++;
+                atomic_fetch_add_explicit(&a->metrics->counter_resets, 1, memory_order_relaxed);
                 log_warn("counter went back within an epoch: taken as a restart, billed from zero",
                          "sandbox=%s host=%s epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64
                          " billed_cpu_ns=%" PRIu64,
@@ -414,7 +516,7 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
                 return add_dead(a, m->partition, m->offset, m->payload, m->len, why);
         }
         if (ev.type == EVENT_STOPPED)
-                a->stops_folded++;
+                atomic_fetch_add_explicit(&a->metrics->stops_folded, 1, memory_order_relaxed);
         if (ev.host[0])
                 snprintf(sb->host, sizeof(sb->host), "%s", ev.host);
         if (ev.vcpus)
@@ -474,9 +576,29 @@ static const char *const session_sql =
         "CREATE TEMP TABLE IF NOT EXISTS stage_usage (sandbox_id text, hour timestamptz, account_id text,"
         " key_id text, cpu_ns bigint, mem_byte_ns numeric, storage_byte_ns numeric, mem_peak_bytes bigint)"
         " ON COMMIT DELETE ROWS;"
-        "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, partition integer, account_id text,"
-        " key_id text, host text, vcpus integer, epoch bigint, seq bigint, cpu_ns bigint, wall_ns bigint,"
-        " state text, mem_size_bytes bigint, disk_bytes bigint, sync boolean) ON COMMIT DELETE ROWS;";
+        "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
+        " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"
+        " wall timestamptz, sync boolean) ON COMMIT DELETE ROWS;";
+
+/* The fold state of the batch's sandboxes, fenced per sandbox: a row is
+ * written only where its version is still the one this aggregator read, so
+ * the count tells whether another owner moved any of them on meanwhile.
+ * In id order: two aggregators sharing sandboxes lock their rows in one order. */
+static const char *const fold_sql =
+        "WITH w AS (INSERT INTO fold_state AS f (sandbox_id, account_id, key_id, fold, version, stopped)"
+        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold ORDER BY sandbox_id"
+        "  ON CONFLICT (sandbox_id) DO UPDATE SET account_id = EXCLUDED.account_id, key_id = EXCLUDED.key_id,"
+        "   fold = EXCLUDED.fold, version = EXCLUDED.version, stopped = EXCLUDED.stopped, updated_at = now()"
+        "   WHERE f.version = EXCLUDED.version - 1 RETURNING 1)"
+        " SELECT count(*) FROM w";
+
+/* Per host, when a sample of it was last committed (in host order, so that
+ * aggregators sharing a host lock its row in one order). */
+static const char *const hosts_sql =
+        "INSERT INTO hosts AS h (host, last_sample_at, last_sample_wall)"
+        " SELECT host, now(), max(wall) FROM stage_fold WHERE host <> '' GROUP BY host ORDER BY host"
+        " ON CONFLICT (host) DO UPDATE SET last_sample_at = EXCLUDED.last_sample_at,"
+        "  last_sample_wall = greatest(h.last_sample_wall, EXCLUDED.last_sample_wall)";
 
 /* Everything a batch writes from its staging tables, in one round trip. */
 static const char *const apply_sql =
@@ -488,28 +610,37 @@ static const char *const apply_sql =
         "  mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,"
         "  storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,"
         "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
-        "INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
-        " SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id),"
-        "        sum(cpu * rate_at(plan, 'cpu', hour)), sum(mem * rate_at(plan, 'memory', hour)),"
-        "        sum(sto * rate_at(plan, 'storage', hour))"
-        "   FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
-        "                sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
-        "           FROM stage_usage GROUP BY key_id, account_id, hour) g"
-        "  GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
-        " ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
-        "  memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
-        "  storage_rated = s.storage_rated + EXCLUDED.storage_rated;"
-        "INSERT INTO fold_state AS f (sandbox_id, partition, account_id, key_id, epoch, seq, cpu_ns, wall_ns,"
-        "  state, mem_size_bytes, disk_bytes)"
-        " SELECT sandbox_id, partition, account_id, key_id, epoch, seq, cpu_ns, wall_ns, state, mem_size_bytes,"
-        "        disk_bytes FROM stage_fold"
-        " ON CONFLICT (sandbox_id) DO UPDATE SET partition = EXCLUDED.partition, epoch = EXCLUDED.epoch,"
-        "  seq = EXCLUDED.seq, cpu_ns = EXCLUDED.cpu_ns, wall_ns = EXCLUDED.wall_ns, state = EXCLUDED.state,"
-        "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_bytes = EXCLUDED.disk_bytes;"
         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state)"
         " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold WHERE sync"
         " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now()"
         "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host;";
+
+/* Rating, in one statement that looks each rate up once: spend per key and
+ * UTC day (the exact sums of quantity x rate), and the usage its plan has no
+ * rate for, recorded once per (account, meter, hour) in rating_gaps and
+ * returned so the aggregator can say so loudly. Such usage adds nothing to
+ * spend (docs/billing.md, "Dead letters"); invoices price it when read. */
+static const char *const rate_sql =
+        "WITH g AS ("
+        "  SELECT key_id, account_id, hour, plan, cpu, mem, sto, rate_at(plan, 'cpu', hour) AS rc,"
+        "         rate_at(plan, 'memory', hour) AS rm, rate_at(plan, 'storage', hour) AS rs"
+        "    FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
+        "                 sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
+        "            FROM stage_usage GROUP BY key_id, account_id, hour) x),"
+        " spend AS ("
+        "  INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
+        "  SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id), sum(cpu * coalesce(rc, 0)),"
+        "         sum(mem * coalesce(rm, 0)), sum(sto * coalesce(rs, 0))"
+        "    FROM g GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
+        "  ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
+        "   memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
+        "   storage_rated = s.storage_rated + EXCLUDED.storage_rated)"
+        " INSERT INTO rating_gaps (account_id, plan_id, meter, hour)"
+        " SELECT DISTINCT account_id, plan, m.meter, hour FROM g"
+        "  CROSS JOIN LATERAL (VALUES ('cpu', cpu, rc), ('memory', mem, rm), ('storage', sto, rs)) AS m(meter, q, r)"
+        " WHERE m.q > 0 AND m.r IS NULL"
+        " ON CONFLICT DO NOTHING"
+        " RETURNING account_id, plan_id, meter, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI\"Z\"')";
 
 /* After the usage: alerts once per (key, day, threshold), and the block at
  * 100%. Returns the keys newly blocked. */
@@ -585,6 +716,14 @@ static int query_ok(struct agg *a, PGresult *res, ExecStatusType want, const cha
                 if (*c == '\n' || *c == '"')
                         *c = *c == '\n' ? ' ' : '\'';
         log_error("ledger statement failed", "what=%s error=\"%s\"", what, msg);
+        /* What the poison rule compares and a dead letter keeps: the SQLSTATE
+         * and the primary message (no statement text, no line numbers). */
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+        char e[sizeof(a->last_error)];
+        snprintf(e, sizeof(e), "%s %s: %s", state ? state : "?????", what,
+                 primary ? primary : PQerrorMessage(a->db));
+        utf8_copy(a->last_error, sizeof(a->last_error), e);
         return -EIO;
 }
 
@@ -681,11 +820,17 @@ static int stage_fold(struct agg *a, struct text *t)
                 const struct sandbox *s = a->dirty[i];
                 const struct fold_state *f = &s->fold;
                 bool sync = s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0;
-                if (text_add(t, "%s\t%d\t%s\t%s\t%s\t%u\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRId64 "\t%s\t%" PRIu64
-                                "\t%" PRIu64 "\t%s\n",
-                             s->id, s->partition, s->account, s->key, s->host, s->vcpus, f->epoch, f->seq, f->cpu_ns,
-                             f->wall_ns, sandbox_state_name(f->state), f->mem_size_bytes, f->disk_bytes,
-                             sync ? "t" : "f") < 0)
+                char fold[FOLD_STATE_TEXT_MAX], wall[64];
+                if (fold_state_format(f, fold, sizeof(fold)) < 0)
+                        return -ENOBUFS;
+                for (char *c = fold; *c; c++) /* one COPY field: no tab, newline or backslash */
+                        if (*c == '\t' || *c == '\n' || *c == '\\')
+                                *c = ' ';
+                format_ts(wall, sizeof(wall), f->wall_ns);
+                if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\n", s->id,
+                             s->account, s->key, s->host, s->vcpus, fold, s->version,
+                             f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
+                             wall, sync ? "t" : "f") < 0)
                         return -ENOMEM;
         }
         return copy_rows(a, "COPY stage_fold FROM STDIN", t->buf, t->len);
@@ -742,9 +887,11 @@ static int store_dead(struct agg *a, const struct dead_letter *d)
         PGresult *res = PQexecPrepared(a->db, "dead_letter", 4, params, lens, fmts, 0);
         int r = query_ok(a, res, PGRES_COMMAND_OK, "dead letter");
         PQclear(res);
-        if (r == 0)
-                log_warn("message dead-lettered", "partition=%d offset=%" PRId64 " reason=\"%s\"", d->partition,
-                         d->offset, d->reason);
+        if (r == 0) {
+                char q[600];
+                log_warn("message dead-lettered", "partition=%d offset=%" PRId64 " reason=%s", d->partition,
+                         d->offset, log_quote(q, sizeof(q), d->reason));
+        }
         return r;
 }
 
@@ -841,6 +988,7 @@ static void record_latency(struct agg *a)
                 if (lag < 0)
                         lag = 0;
                 a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1]++;
+                agg_histogram_add(&a->metrics->lag_ms, lag);
         }
 }
 
@@ -862,8 +1010,107 @@ static int64_t lag_quantile(const struct agg *a, uint64_t num, uint64_t den)
 
 static int resync(struct agg *a);
 
+/* Is the last failure one the database would repeat for the same batch (its
+ * content), rather than the connection, a deadlock, a serialization conflict
+ * or the server's resources? Only those are searched for a poison message. */
+static bool content_error(const struct agg *a, int r)
+{
+        if (r != -EIO || !a->db || PQstatus(a->db) != CONNECTION_OK || !a->last_error[0])
+                return false;
+        static const char *const transient[] = { "08", "40", "53", "55", "57", "58", "XX", "??" };
+        for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
+                if (strncmp(a->last_error, transient[i], 2) == 0)
+                        return false;
+        return true;
+}
+
+/* The batch was one message and the database refused it twice for the same
+ * reason: it goes to dead_letters with that reason, and its partition's
+ * offset moves past it, in one transaction (fenced like any commit). */
+static int dead_letter_alone(struct agg *a, const char *reason)
+{
+        struct partition *p = part(a, a->first_partition);
+        if (!p || !p->owned)
+                return -ESTALE;
+        struct dead_letter d = { .partition = a->first_partition, .offset = a->first_offset, .raw = a->first_raw,
+                                 .len = a->first_len };
+        char why[sizeof(d.reason)];
+        snprintf(why, sizeof(why), "database refused: %s", reason);
+        utf8_copy(d.reason, sizeof(d.reason), why);
+        PGresult *res = PQexec(a->db, "BEGIN");
+        int r = query_ok(a, res, PGRES_COMMAND_OK, "begin");
+        PQclear(res);
+        if (r < 0)
+                return r;
+        if ((r = store_dead(a, &d)) == 0) {
+                char pn[16], o[32], next[32], g[32];
+                snprintf(pn, sizeof(pn), "%d", d.partition);
+                snprintf(o, sizeof(o), "%" PRId64, d.offset);
+                snprintf(next, sizeof(next), "%" PRId64, d.offset + 1);
+                snprintf(g, sizeof(g), "%" PRId64, p->generation);
+                const char *params[] = { a->cfg->group, pn, o, next, g };
+                res = PQexecParams(a->db,
+                                   "UPDATE consumer_offsets SET next_offset = $4, updated_at = now()"
+                                   " WHERE group_id = $1 AND topic = 'usage' AND partition = $2 AND next_offset = $3"
+                                   "   AND generation = $5",
+                                   5, NULL, params, NULL, NULL, 0);
+                r = query_ok(a, res, PGRES_COMMAND_OK, "offsets");
+                if (r == 0 && atoi(PQcmdTuples(res)) != 1)
+                        r = -ESTALE;
+                PQclear(res);
+        }
+        res = PQexec(a->db, r == 0 ? "COMMIT" : "ROLLBACK");
+        if (r == 0)
+                r = query_ok(a, res, PGRES_COMMAND_OK, "commit");
+        PQclear(res);
+        if (r == 0) {
+                atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DATABASE], 1, memory_order_relaxed);
+                a->dead_total++;
+        }
+        return r;
+}
+
+/* After a commit the database refused for the batch's content (the poison
+ * rule, docs/billing.md "Dead letters"): the first failure is retried as it
+ * was; a batch that fails again for the same reason is halved, and halved
+ * again while it keeps failing so; a batch of one message that fails for
+ * that reason is the message at fault and becomes a dead letter. Called
+ * before the batch is cleared. */
+static void poison_step(struct agg *a)
+{
+        char reason[sizeof(a->last_error)];
+        memcpy(reason, a->last_error, sizeof(reason));
+        bool same = strcmp(reason, a->fail_reason) == 0;
+        char q[600];
+        if (same && a->messages == 1 && a->first_raw) {
+                int r = dead_letter_alone(a, reason);
+                if (r == 0) {
+                        log_error("message the ledger keeps refusing set aside as a dead letter",
+                                  "partition=%d offset=%" PRId64 " reason=%s", a->first_partition, a->first_offset,
+                                  log_quote(q, sizeof(q), reason));
+                        a->fail_reason[0] = '\0';
+                        a->split_limit = a->split_left = 0;
+                } else {
+                        log_error("could not set a refused message aside", "partition=%d offset=%" PRId64,
+                                  a->first_partition, a->first_offset);
+                }
+                return;
+        }
+        if (same && a->messages > 1) {
+                a->split_limit = (int64_t)a->messages / 2;
+                if (a->split_left < (int64_t)a->messages)
+                        a->split_left = (int64_t)a->messages;
+                atomic_fetch_add_explicit(&a->metrics->batch_splits, 1, memory_order_relaxed);
+                log_warn("batch refused twice for the same reason; splitting it", "messages=%zu next_batch=%" PRId64
+                         " reason=%s", a->messages, a->split_limit, log_quote(q, sizeof(q), reason));
+                return;
+        }
+        memcpy(a->fail_reason, reason, sizeof(a->fail_reason));
+}
+
 /* Commits the batch in one transaction. On failure the batch is dropped and
- * the state read back from the ledger (resync). */
+ * the state read back from the ledger (resync); a failure that repeats is
+ * narrowed down to its message (poison_step). */
 static int commit_batch(struct agg *a)
 {
         if (a->messages == 0)
@@ -874,6 +1121,7 @@ static int commit_batch(struct agg *a)
         int ncmds = 0, r = db_ensure(a);
         size_t rows = 0;
         long fired = 0, blocked = 0;
+        a->last_error[0] = '\0';
         if (r < 0)
                 goto fail;
         PGresult *res = PQexec(a->db, "BEGIN");
@@ -884,8 +1132,26 @@ static int commit_batch(struct agg *a)
         if ((r = stage_usage(a, &t, &rows)) < 0 || (r = stage_fold(a, &t)) < 0)
                 goto rollback;
         int64_t t_staged = time_mono_ns();
+        res = PQexec(a->db, fold_sql);
+        r = query_ok(a, res, PGRES_TUPLES_OK, "fold state");
+        if (r == 0 && strtoull(PQgetvalue(res, 0, 0), NULL, 10) != a->ndirty)
+                r = -EBUSY; /* another aggregator moved a sandbox on: ours is stale */
+        PQclear(res);
+        if (r < 0)
+                goto rollback;
         res = PQexec(a->db, apply_sql);
         r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
+        PQclear(res);
+        if (r < 0)
+                goto rollback;
+        res = PQexec(a->db, rate_sql);
+        r = query_ok(a, res, PGRES_TUPLES_OK, "rate");
+        for (int i = 0; r == 0 && i < PQntuples(res); i++) {
+                log_error("usage without a rate: kept, not rated; add the plan's rate",
+                          "account=%s plan=%s meter=%s hour=%s", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+                          PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+                atomic_fetch_add_explicit(&a->metrics->rating_gaps, 1, memory_order_relaxed);
+        }
         PQclear(res);
         if (r < 0)
                 goto rollback;
@@ -921,6 +1187,12 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        /* Last: the one row aggregators share (per host), held until COMMIT. */
+        res = PQexec(a->db, hosts_sql);
+        r = query_ok(a, res, PGRES_COMMAND_OK, "hosts");
+        PQclear(res);
+        if (r < 0)
+                goto rollback;
         int64_t t_limits = time_mono_ns();
         res = PQexec(a->db, "COMMIT");
         r = query_ok(a, res, PGRES_COMMAND_OK, "commit");
@@ -928,10 +1200,13 @@ static int commit_batch(struct agg *a)
         if (r < 0)
                 goto fail;
 
+        int64_t now_mono = time_mono_ns();
         for (size_t i = 0; i < a->ndirty; i++) {
                 struct sandbox *s = a->dirty[i];
                 s->db_state = (int)s->fold.state + 1;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));
+                s->version++;
+                s->used_ns = now_mono;
         }
         for (size_t i = 0; i < a->nevents; i++) {
                 struct sandbox *s = sandbox_find(a, a->events[i].sandbox);
@@ -939,6 +1214,7 @@ static int commit_batch(struct agg *a)
                         s->db_state = 0; /* the event may have changed the row's state */
         }
         record_latency(a);
+        agg_histogram_add(&a->metrics->commit_ms, (now_mono - t0) / NS_PER_MS);
         int64_t now = time_wall_ns();
         for (int i = 0; i < ncmds; i++)
                 if (blocked || !throttled(a, cmds[i].key, now))
@@ -946,6 +1222,18 @@ static int commit_batch(struct agg *a)
         a->committed_messages += a->messages;
         a->committed_batches++;
         a->dead_total += a->ndead;
+        atomic_fetch_add_explicit(&a->metrics->messages_committed, a->messages, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->batches_committed, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], a->ndead, memory_order_relaxed);
+        if (a->split_limit) {
+                a->split_left -= (int64_t)a->messages;
+                if (a->split_left <= 0) {
+                        a->split_limit = a->split_left = 0;
+                        a->fail_reason[0] = '\0';
+                }
+        } else {
+                a->fail_reason[0] = '\0';
+        }
         if (fired)
                 log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", fired, blocked);
         log_debug("batch committed",
@@ -963,12 +1251,21 @@ rollback:
         res = PQexec(a->db, "ROLLBACK");
         PQclear(res);
 fail:
-        if (r == -ESTALE) {
+        if (r == -ESTALE || r == -EBUSY) {
                 a->fenced++;
-                log_warn("partition fenced: another aggregator owns it now; batch dropped", "messages=%zu", a->messages);
+                atomic_fetch_add_explicit(&a->metrics->batches_fenced, 1, memory_order_relaxed);
+                if (r == -EBUSY)
+                        atomic_fetch_add_explicit(&a->metrics->sandboxes_fenced, 1, memory_order_relaxed);
+                log_warn(r == -ESTALE ? "partition fenced: another aggregator owns it now; batch dropped"
+                                      : "sandbox fenced: another aggregator billed it meanwhile; batch read again",
+                         "messages=%zu", a->messages);
         } else {
+                atomic_fetch_add_explicit(&a->metrics->batches_failed, 1, memory_order_relaxed);
                 log_error("could not commit a batch; it will be read again", "messages=%zu", a->messages);
-                time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
+                if (content_error(a, r))
+                        poison_step(a); /* the database will say the same again: no need to wait */
+                else
+                        time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
         }
         free(t.buf);
         free(cmds);
@@ -977,66 +1274,198 @@ fail:
         return r;
 }
 
-/* ---- ownership ---- */
+/* ---- the store: fold state by sandbox ---- */
 
-static int load_state(struct agg *a, const bool *load)
+static int id_cmp(const void *x, const void *y) { return strcmp(x, y); }
+
+static bool absent_has(const struct agg *a, const char *id)
 {
-        struct text list = { 0 };
-        int n = 0;
-        for (int32_t p = 0; p < a->nparts; p++)
-                if (load[p] && text_add(&list, "%s%d", n++ ? "," : "{", p) < 0)
-                        return -ENOMEM;
+        return a->nabsent && bsearch(id, a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
+}
+
+static bool valid_id(const char *s, size_t n)
+{
+        if (n == 0 || n > EVENT_ID_MAX)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+                      s[i] == '_' || s[i] == '.' || s[i] == ':' || s[i] == '-'))
+                        return false;
+        return true;
+}
+
+/* Reads the fold state of the sandboxes ids (n of them, not in memory) into
+ * memory, in one query; those the ledger has no row for are remembered as
+ * absent (new sandboxes) until the next prefetch. Returns 0, -EIO, -ENOMEM,
+ * or -EPROTO for a row this aggregator cannot read (written by a newer one:
+ * billing it from nothing would bill it twice, so nothing is billed). */
+static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n)
+{
         if (!n)
                 return 0;
-        if (text_add(&list, "}") < 0)
+        if (db_ensure(a) < 0)
+                return -EIO;
+        struct text list = { 0 };
+        for (size_t i = 0; i < n; i++)
+                if (text_add(&list, "%s%s", i ? "," : "{", ids[i]) < 0) {
+                        free(list.buf);
+                        return -ENOMEM;
+                }
+        if (text_add(&list, "}") < 0) {
+                free(list.buf);
                 return -ENOMEM;
+        }
         const char *params[] = { list.buf };
         PGresult *res = PQexecParams(a->db,
-                                     "SELECT f.sandbox_id, f.partition, f.account_id, f.key_id, f.epoch, f.seq,"
-                                     " f.cpu_ns, f.wall_ns, f.state, f.mem_size_bytes, f.disk_bytes,"
+                                     "SELECT f.sandbox_id, f.account_id, f.key_id, f.fold, f.version,"
                                      " coalesce(s.host, ''), coalesce(s.vcpus, 1), coalesce(s.state, '')"
                                      " FROM fold_state f LEFT JOIN sandboxes s ON s.id = f.sandbox_id"
-                                     " WHERE f.partition = ANY($1::int[])",
+                                     " WHERE f.sandbox_id = ANY($1::text[])",
                                      1, NULL, params, NULL, NULL, 0);
         free(list.buf);
         int r = query_ok(a, res, PGRES_TUPLES_OK, "load state");
-        for (int i = 0; r == 0 && i < PQntuples(res); i++) {
+        int rows = r == 0 ? PQntuples(res) : 0;
+        for (int i = 0; r == 0 && i < rows; i++) {
                 const char *id = PQgetvalue(res, i, 0);
-                struct sandbox *s = sandbox_find(a, id);
-                if (!s && !(s = sandbox_add(a, id))) {
+                if (sandbox_find(a, id))
+                        continue; /* memory is the ledger plus the batch: never older */
+                struct fold_state f;
+                if (fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
+                        char q[600];
+                        log_error("could not read a sandbox's fold state; not billing it", "sandbox=%s fold=%s", id,
+                                  log_quote(q, sizeof(q), PQgetvalue(res, i, 3)));
+                        r = -EPROTO;
+                        break;
+                }
+                struct sandbox *s = sandbox_new(a, id);
+                if (!s) {
                         r = -ENOMEM;
                         break;
                 }
-                s->partition = atoi(PQgetvalue(res, i, 1));
-                snprintf(s->account, sizeof(s->account), "%s", PQgetvalue(res, i, 2));
-                snprintf(s->key, sizeof(s->key), "%s", PQgetvalue(res, i, 3));
-                s->fold.known = true;
-                s->fold.epoch = strtoull(PQgetvalue(res, i, 4), NULL, 10);
-                s->fold.seq = strtoull(PQgetvalue(res, i, 5), NULL, 10);
-                s->fold.cpu_ns = strtoull(PQgetvalue(res, i, 6), NULL, 10);
-                s->fold.wall_ns = strtoll(PQgetvalue(res, i, 7), NULL, 10);
-                if (sandbox_state_parse(PQgetvalue(res, i, 8), &s->fold.state) < 0)
-                        s->fold.state = STATE_STOPPED;
-                s->fold.mem_size_bytes = strtoull(PQgetvalue(res, i, 9), NULL, 10);
-                s->fold.disk_bytes = strtoull(PQgetvalue(res, i, 10), NULL, 10);
-                snprintf(s->host, sizeof(s->host), "%s", PQgetvalue(res, i, 11));
-                s->vcpus = (uint32_t)strtoul(PQgetvalue(res, i, 12), NULL, 10);
+                s->fold = f;
+                s->partition = INT32_MAX; /* set by the next message */
+                snprintf(s->account, sizeof(s->account), "%s", PQgetvalue(res, i, 1));
+                snprintf(s->key, sizeof(s->key), "%s", PQgetvalue(res, i, 2));
+                s->version = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+                snprintf(s->host, sizeof(s->host), "%s", PQgetvalue(res, i, 5));
+                s->vcpus = (uint32_t)strtoul(PQgetvalue(res, i, 6), NULL, 10);
                 enum sandbox_state db;
-                s->db_state = sandbox_state_parse(PQgetvalue(res, i, 13), &db) == 0 ? (int)db + 1 : 0;
+                s->db_state = sandbox_state_parse(PQgetvalue(res, i, 7), &db) == 0 ? (int)db + 1 : 0;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));
+                atomic_fetch_add_explicit(&a->metrics->sandboxes_loaded, 1, memory_order_relaxed);
         }
         PQclear(res);
-        return r;
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                if (sandbox_find(a, ids[i]) || absent_has(a, ids[i]))
+                        continue;
+                if (grow((void **)&a->absent, &a->capabsent, a->nabsent + 1, sizeof(*a->absent)) < 0)
+                        return -ENOMEM;
+                memcpy(a->absent[a->nabsent++], ids[i], sizeof(*a->absent));
+                qsort(a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
+        }
+        return 0;
 }
 
-/* Claims partitions: bumps their generation, reads their next offsets and
- * the fold state of their sandboxes. Fills the offsets into parts. */
+/* The sandbox id of a message, read without decoding it, or false. Only a
+ * hint for prefetching: a message it misreads is loaded by sandbox_add. */
+static bool peek_sandbox(const rd_kafka_message_t *m, char *id)
+{
+        static const char needle[] = "\"sandbox\":\"";
+        const char *p = m->payload, *end = p + m->len;
+        const char *hit = m->len ? memmem(p, m->len, needle, sizeof(needle) - 1) : NULL;
+        if (!hit)
+                return false;
+        const char *v = hit + sizeof(needle) - 1, *q = memchr(v, '"', (size_t)(end - v));
+        if (!q || !valid_id(v, (size_t)(q - v)))
+                return false;
+        memcpy(id, v, (size_t)(q - v));
+        id[q - v] = '\0';
+        return true;
+}
+
+/* Before messages are folded: the fold state of every sandbox among them not
+ * in memory, read in one query. A failure is not fatal here: sandbox_add
+ * reads each one again. */
+static void prefetch(struct agg *a, rd_kafka_message_t **msgs, size_t n)
+{
+        a->nabsent = 0;
+        char (*ids)[EVENT_ID_MAX + 1] = NULL;
+        size_t nids = 0, cap = 0;
+        for (size_t i = 0; i < n; i++) {
+                char id[EVENT_ID_MAX + 1];
+                if (msgs[i]->err || !peek_sandbox(msgs[i], id) || sandbox_find(a, id))
+                        continue;
+                bool seen = false;
+                for (size_t j = nids; j-- > 0 && !seen && j + 64 >= nids;) /* neighbours: a sandbox's messages cluster */
+                        seen = strcmp(ids[j], id) == 0;
+                if (seen)
+                        continue;
+                if (grow((void **)&ids, &cap, nids + 1, sizeof(*ids)) < 0)
+                        break;
+                memcpy(ids[nids++], id, sizeof(id));
+        }
+        if (nids) {
+                qsort(ids, nids, sizeof(*ids), id_cmp);
+                size_t u = 0;
+                for (size_t i = 0; i < nids; i++)
+                        if (!u || strcmp(ids[u - 1], ids[i]) != 0)
+                                memmove(ids[u++], ids[i], sizeof(*ids));
+                if (load_sandboxes(a, ids, u) < 0)
+                        a->nabsent = 0;
+        }
+        free(ids);
+}
+
+/* Memory stays bounded: a sandbox leaves memory keep_stopped_ms (default a
+ * minute) after a commit that left it stopped (its final reading), any other
+ * after keep_idle_ms (15 minutes) without one. Its fold state stays in the
+ * ledger; a later message reads it back by id. Only between batches (the
+ * batch points at sandboxes). */
+
+static void sandboxes_sweep(struct agg *a)
+{
+        int64_t now = time_mono_ns();
+        size_t evicted = 0;
+        for (size_t i = 0; i < a->nbuckets; i++) {
+                struct sandbox **pp = &a->buckets[i];
+                while (*pp) {
+                        struct sandbox *s = *pp;
+                        int64_t idle = now - s->used_ns;
+                        if (!s->dirty && (idle > a->cfg->keep_idle_ms * NS_PER_MS ||
+                                          (s->fold.state == STATE_STOPPED && idle > a->cfg->keep_stopped_ms * NS_PER_MS))) {
+                                *pp = s->next;
+                                free(s);
+                                a->nsandboxes--;
+                                evicted++;
+                        } else {
+                                pp = &s->next;
+                        }
+                }
+        }
+        atomic_store_explicit(&a->metrics->sandboxes_in_memory, a->nsandboxes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->sandboxes_evicted, evicted, memory_order_relaxed);
+        if (evicted)
+                log_debug("sandboxes evicted from memory", "evicted=%zu kept=%zu", evicted, a->nsandboxes);
+}
+
+/* ---- ownership ---- */
+
+static int record_gap(struct agg *a, int32_t pn, int64_t generation, int64_t pos, int64_t lo, int64_t hi,
+                      const char *found, int64_t *ret_next);
+
+/* Claims partitions: bumps their generation and reads their next offsets.
+ * Fold state is not read here: it follows each sandbox, read by id when one
+ * of its messages arrives. What memory holds of sandboxes last seen on these
+ * partitions is dropped (another owner may have billed them since). */
 static int claim(struct agg *a, rd_kafka_topic_partition_list_t *parts)
 {
         int r = db_ensure(a);
         if (r < 0)
                 return r;
-        bool *load = calloc((size_t)a->nparts + 65536, sizeof(bool));
+        a->seek_gen++;
+        bool *load = calloc(65536, sizeof(bool));
         if (!load)
                 return -ENOMEM;
         for (int i = 0; i < parts->cnt; i++) {
@@ -1060,6 +1489,14 @@ static int claim(struct agg *a, rd_kafka_topic_partition_list_t *parts)
                         p->owned = true;
                         p->position = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
                         p->generation = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+                        /* Offsets lost while nobody consumed: found before
+                         * fetching (else the fetch reports them, offset_reset). */
+                        int64_t lo, hi, next;
+                        if (rd_kafka_query_watermark_offsets(a->consumer, tp->topic, tp->partition, &lo, &hi, 5000) ==
+                                    0 &&
+                            record_gap(a, tp->partition, p->generation, p->position, lo, hi, "at_assignment",
+                                       &next) == 0)
+                                p->position = next;
                         tp->offset = p->position;
                         load[tp->partition] = true;
                         log_info("partition assigned", "partition=%d next_offset=%" PRId64 " generation=%" PRId64,
@@ -1069,29 +1506,33 @@ static int claim(struct agg *a, rd_kafka_topic_partition_list_t *parts)
                 if (r < 0)
                         goto out;
         }
-        bool drop[65536];
-        memset(drop, 0, sizeof(drop));
+        bool *drop = calloc((size_t)a->nparts + 1, sizeof(bool));
+        if (!drop) {
+                r = -ENOMEM;
+                goto out;
+        }
         for (int32_t p = 0; p < a->nparts; p++)
                 drop[p] = load[p];
         sandboxes_drop(a, drop);
-        r = load_state(a, load);
+        free(drop);
 out:
         free(load);
         return r;
 }
 
-/* After a failed commit: read back positions and state of what we still own. */
+/* After a failed commit: read back the positions of what we still own and
+ * forget every sandbox (each is read again by id when it next appears). */
 static int resync(struct agg *a)
 {
         sandboxes_drop(a, NULL);
+        a->seek_gen++;
         while (!*a->stop) {
                 if (db_ensure(a) < 0) {
                         time_sleep_ns(NS_PER_SEC);
                         continue;
                 }
                 rd_kafka_topic_partition_list_t *seek = rd_kafka_topic_partition_list_new(8);
-                bool *load = calloc((size_t)a->nparts + 1, sizeof(bool));
-                int r = load ? 0 : -ENOMEM;
+                int r = 0;
                 for (int32_t p = 0; r == 0 && p < a->nparts; p++) {
                         if (!a->parts[p].owned)
                                 continue;
@@ -1107,14 +1548,11 @@ static int resync(struct agg *a)
                             strtoll(PQgetvalue(res, 0, 1), NULL, 10) == a->parts[p].generation) {
                                 a->parts[p].position = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
                                 rd_kafka_topic_partition_list_add(seek, TOPIC_USAGE, p)->offset = a->parts[p].position;
-                                load[p] = true;
                         } else if (r == 0) {
                                 a->parts[p].owned = false; /* fenced: the group will revoke it */
                         }
                         PQclear(res);
                 }
-                if (r == 0)
-                        r = load_state(a, load);
                 if (r == 0 && seek->cnt) {
                         rd_kafka_error_t *e = rd_kafka_seek_partitions(a->consumer, seek, 10000);
                         if (e) {
@@ -1123,11 +1561,9 @@ static int resync(struct agg *a)
                                 r = -EIO;
                         }
                 }
-                free(load);
                 rd_kafka_topic_partition_list_destroy(seek);
                 if (r == 0)
                         return 0;
-                sandboxes_drop(a, NULL);
                 time_sleep_ns(NS_PER_SEC);
         }
         return -ECANCELED;
@@ -1135,17 +1571,134 @@ static int resync(struct agg *a)
 
 static void release(struct agg *a, const rd_kafka_topic_partition_list_t *parts)
 {
-        bool drop[65536];
-        memset(drop, 0, sizeof(drop));
+        bool *drop = calloc((size_t)a->nparts + 1, sizeof(bool));
         for (int i = 0; i < parts->cnt; i++) {
                 int32_t p = parts->elems[i].partition;
                 if (p >= 0 && p < a->nparts) {
                         a->parts[p].owned = false;
-                        drop[p] = true;
+                        if (drop)
+                                drop[p] = true;
                         log_info("partition released", "partition=%d", p);
                 }
         }
-        sandboxes_drop(a, drop);
+        a->seek_gen++;
+        sandboxes_drop(a, drop); /* without memory for the list: all of them */
+        free(drop);
+}
+
+/* ---- gaps ---- */
+
+/* The next offset the ledger holds for partition pn (pos) against what the
+ * broker still has [lo, hi): when it is outside, messages were lost never
+ * billed (retention, or a broker's memory limit). That is recorded in
+ * offset_gaps with the range, in the same transaction that moves the offset
+ * to lo, logged at error and counted; never a silent reset. Fills *ret_next
+ * with where to consume from. Returns 0, or -errno when nothing moved
+ * (fenced, or the ledger refused). */
+static int record_gap(struct agg *a, int32_t pn, int64_t generation, int64_t pos, int64_t lo, int64_t hi,
+                      const char *found, int64_t *ret_next)
+{
+        const char *kind = pos < lo ? "behind" : pos > hi ? "ahead" : NULL;
+        if (!kind) {
+                *ret_next = pos;
+                return 0;
+        }
+        int64_t from = pos < lo ? pos : hi, to = pos < lo ? lo - 1 : pos - 1;
+        char g[32], ps[16], f[32], t[32], next[32], cur[32];
+        snprintf(ps, sizeof(ps), "%d", pn);
+        snprintf(g, sizeof(g), "%" PRId64, generation);
+        snprintf(f, sizeof(f), "%" PRId64, from);
+        snprintf(t, sizeof(t), "%" PRId64, to);
+        snprintf(next, sizeof(next), "%" PRId64, lo);
+        snprintf(cur, sizeof(cur), "%" PRId64, pos);
+        const char *params[] = { a->cfg->group, ps, f, t, kind, next, cur, g };
+        /* One statement, one transaction: the gap row only if the offset moved. */
+        PGresult *res = PQexecParams(a->db,
+                                     "WITH moved AS (UPDATE consumer_offsets SET next_offset = $6, updated_at = now()"
+                                     "  WHERE group_id = $1 AND topic = 'usage' AND partition = $2"
+                                     "    AND next_offset = $7 AND generation = $8 RETURNING 1)"
+                                     " INSERT INTO offset_gaps (group_id, topic, partition, from_offset, to_offset, kind)"
+                                     " SELECT $1, 'usage', $2, $3, $4, $5 FROM moved",
+                                     8, NULL, params, NULL, NULL, 0);
+        int r = query_ok(a, res, PGRES_COMMAND_OK, "offset gap");
+        if (r == 0 && atoi(PQcmdTuples(res)) != 1)
+                r = -ESTALE;
+        PQclear(res);
+        if (r < 0)
+                return r;
+        uint64_t lost = pos < lo ? (uint64_t)(lo - pos) : 0;
+        atomic_fetch_add_explicit(&a->metrics->offset_gaps, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->offsets_lost, lost, memory_order_relaxed);
+        log_error("offsets lost: the stored offset is no longer in the broker; messages never billed",
+                  "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRIu64
+                  " next_offset=%" PRId64 " found=%s",
+                  pn, kind, from, to, lost, lo, found);
+        *ret_next = lo;
+        return 0;
+}
+
+/* While consuming, the stored position was no longer in the broker
+ * (auto.offset.reset=error reports it): record the gap and go on from the
+ * partition's first offset. (At assignment, claim checks first.) */
+static void offset_reset(struct agg *a, const rd_kafka_message_t *m)
+{
+        int32_t pn = m->partition;
+        struct partition *p = part(a, pn);
+        if (!p || !p->owned)
+                return;
+        if (commit_batch(a) < 0)
+                return; /* resynced: the error comes again from the ledger's position */
+        int64_t lo = -1, hi = -1, next;
+        rd_kafka_resp_err_t e = rd_kafka_query_watermark_offsets(a->consumer, TOPIC_USAGE, pn, &lo, &hi, 10000);
+        if (e) {
+                log_error("could not read a partition's offsets", "partition=%d error=\"%s\"", pn, rd_kafka_err2str(e));
+                resync(a);
+                return;
+        }
+        if (record_gap(a, pn, p->generation, p->position, lo, hi, "while_consuming", &next) < 0) {
+                resync(a);
+                return;
+        }
+        p->position = next;
+        /* After the error the partition fetches nothing until assigned again
+         * (a seek does not restart it): assign what we own at our positions,
+         * which equal the ledger's (the batch was committed above). */
+        rd_kafka_topic_partition_list_t *assign = rd_kafka_topic_partition_list_new(a->nparts > 0 ? a->nparts : 1);
+        for (int32_t i = 0; i < a->nparts; i++)
+                if (a->parts[i].owned)
+                        rd_kafka_topic_partition_list_add(assign, TOPIC_USAGE, i)->offset = a->parts[i].position;
+        rd_kafka_resp_err_t ae = rd_kafka_assign(a->consumer, assign);
+        rd_kafka_topic_partition_list_destroy(assign);
+        a->seek_gen++;
+        if (ae)
+                log_error("could not resume the partitions", "partition=%d error=\"%s\"", pn, rd_kafka_err2str(ae));
+}
+
+/* Hosts with running sandboxes and no recent sample (the metering_gaps
+ * view): logged at warning and counted at each check. */
+static void check_metering_gaps(struct agg *a)
+{
+        if (db_ensure(a) < 0)
+                return;
+        PGresult *res = PQexec(a->db, "SELECT host, running_sandboxes, extract(epoch FROM silent_for)::bigint,"
+                                      " coalesce(to_char(last_sample_at AT TIME ZONE 'UTC',"
+                                      " 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), 'never')"
+                                      " FROM metering_gaps ORDER BY host");
+        if (query_ok(a, res, PGRES_TUPLES_OK, "metering gaps") == 0) {
+                int n = PQntuples(res);
+                /* A line per host when the set of gaps grows, then once a minute. */
+                uint64_t before = atomic_load_explicit(&a->metrics->metering_gap_hosts, memory_order_relaxed);
+                bool say = (uint64_t)n > before || time_mono_ns() - a->last_gap_log_ns >= 60 * NS_PER_SEC;
+                if (say && n)
+                        a->last_gap_log_ns = time_mono_ns();
+                for (int i = 0; say && i < n; i++)
+                        log_warn("metering gap: a host with running sandboxes sends no samples",
+                                 "host=%s running_sandboxes=%s silent_s=%s last_sample=%s", PQgetvalue(res, i, 0),
+                                 PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+                atomic_store_explicit(&a->metrics->metering_gap_hosts, (uint64_t)n, memory_order_relaxed);
+                atomic_fetch_add_explicit(&a->metrics->metering_gaps_seen, (uint64_t)n, memory_order_relaxed);
+        }
+        PQclear(res);
 }
 
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,
@@ -1154,6 +1707,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
         struct agg *a = opaque;
         if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
                 commit_batch(a); /* claiming replaces sandboxes the batch may point to */
+                a->seek_gen++;
                 while (claim(a, parts) < 0 && !*a->stop) {
                         log_error("could not claim partitions; retrying", NULL);
                         time_sleep_ns(NS_PER_SEC);
@@ -1170,20 +1724,68 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 
 /* ---- the loop ---- */
 
-/* Applies "name=value,name=value" to conf. */
-static int set_consumer_settings(rd_kafka_conf_t *conf, const char *list, char *err, size_t errlen)
+#define HOLD_MAX 4096                        /* messages taken from the consumer at once */
+#define METERING_CHECK_NS (5 * NS_PER_SEC)   /* how often the metering_gaps view is read */
+
+/* While a failing batch is being split, batches are that small. */
+static int64_t batch_limit(const struct agg *a)
 {
-        char *copy = strdup(list ? list : "");
-        if (!copy)
-                return -ENOMEM;
-        int r = 0;
-        char *save = NULL;
-        for (char *item = strtok_r(copy, ",", &save); item && r == 0; item = strtok_r(NULL, ",", &save)) {
-                const char *pairs[] = { item, NULL };
-                r = kafka_conf_set_all(conf, pairs, err, errlen);
+        return a->split_limit ? a->split_limit : a->cfg->batch_messages;
+}
+
+/* Keeps a whole copy of the batch's first message (see dead_letter_alone). */
+static void keep_first(struct agg *a, const rd_kafka_message_t *m)
+{
+        if (a->first_cap < m->len + 1) {
+                char *b = realloc(a->first_raw, m->len + 1);
+                if (!b) {
+                        free(a->first_raw);
+                        a->first_raw = NULL;
+                        a->first_cap = a->first_len = 0;
+                        return; /* then a refused batch of one is retried, not set aside */
+                }
+                a->first_raw = b;
+                a->first_cap = m->len + 1;
         }
-        free(copy);
-        return r;
+        if (m->len)
+                memcpy(a->first_raw, m->payload, m->len);
+        a->first_len = m->len;
+        a->first_partition = m->partition;
+        a->first_offset = m->offset;
+}
+
+/* Folds the held messages in order (and destroys them), committing whenever
+ * the batch reaches its limit. A commit that fails resyncs: the rest are
+ * stale then and dropped (the consumer delivers them again). */
+static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
+{
+        prefetch(a, held, n);
+        uint64_t gen = a->seek_gen;
+        for (size_t i = 0; i < n; i++) {
+                rd_kafka_message_t *m = held[i];
+                if (a->seek_gen == gen) {
+                        if (!m->err) {
+                                size_t before = a->messages;
+                                if (take_message(a, m) < 0) {
+                                        log_error("could not take a message (memory, or the ledger unreadable);"
+                                                  " dropping the batch to read it again", NULL);
+                                        batch_clear(a);
+                                        resync(a);
+                                        time_sleep_ns(NS_PER_SEC / 2);
+                                } else if (before == 0 && a->messages == 1) {
+                                        keep_first(a, m);
+                                }
+                        } else if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET) {
+                                offset_reset(a, m);
+                        } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                                log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
+                        }
+                        if (a->messages && (int64_t)a->messages >= batch_limit(a))
+                                commit_batch(a);
+                }
+                rd_kafka_message_destroy(m);
+        }
+        a->nabsent = 0;
 }
 
 int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
@@ -1191,15 +1793,37 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         struct agg a = { .cfg = cfg, .stop = stop };
         char err[1024];
         int r = -EIO;
+        struct agg_metrics_server *ms = NULL;
         a.lag_hist = calloc(LAG_BUCKETS, sizeof(*a.lag_hist));
-        if (!a.lag_hist)
+        a.metrics = calloc(1, sizeof(*a.metrics));
+        if (!a.lag_hist || !a.metrics) {
+                free(a.lag_hist);
+                free(a.metrics);
                 return -ENOMEM;
+        }
+        if ((r = agg_metrics_start(a.metrics, cfg->metrics_address ? cfg->metrics_address : "127.0.0.1",
+                                   (int)cfg->metrics_port, &ms)) < 0) {
+                log_error("could not serve /metrics", "port=%" PRId64 " error=\"%s\"", cfg->metrics_port,
+                          strerror(-r));
+                r = -EIO;
+                goto out;
+        }
+        r = -EIO;
+        if (ms)
+                log_info("metrics served", "url=http://%s:%" PRId64 "/metrics",
+                         cfg->metrics_address ? cfg->metrics_address : "127.0.0.1", cfg->metrics_port);
         a.db = db_connect(cfg->database_url, err, sizeof(err));
         if (!a.db || db_session(&a, err, sizeof(err)) < 0) {
                 log_error("could not open the ledger", "error=\"%s\"", err);
                 goto out;
         }
-        a.producer = kafka_producer_new(cfg->kafka_brokers, NULL, NULL, err, sizeof(err));
+        rd_kafka_conf_t *pconf = rd_kafka_conf_new();
+        if (kafka_conf_set_client(pconf, &cfg->kafka, err, sizeof(err)) < 0) {
+                rd_kafka_conf_destroy(pconf);
+                log_error("bad kafka_settings", "error=\"%s\"", err);
+                goto out;
+        }
+        a.producer = kafka_producer_new(cfg->kafka_brokers, pconf, NULL, err, sizeof(err));
         if (!a.producer) {
                 log_error("could not create the control producer", "error=\"%s\"", err);
                 goto out;
@@ -1210,13 +1834,17 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
                 "queued.min.messages=200000", NULL };
-        if (kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
-            set_consumer_settings(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {
+        if (kafka_conf_set_client(conf, &cfg->kafka, err, sizeof(err)) < 0 ||
+            kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
+            kafka_conf_set_list(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {
                 rd_kafka_conf_destroy(conf);
                 log_error("bad consumer setting", "error=\"%s\"", err);
                 goto out;
         }
-        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, NULL, err, sizeof(err));
+        /* A stored offset the broker no longer has is reported, never silently
+         * reset (offset_reset): the error setting wins over any other. */
+        static const char *const consumer_fixed[] = { "auto.offset.reset=error", NULL };
+        a.consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, consumer_fixed, err, sizeof(err));
         if (!a.consumer) {
                 log_error("could not create the consumer", "error=\"%s\"", err);
                 goto out;
@@ -1232,28 +1860,58 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64, cfg->group,
                  cfg->batch_messages, cfg->batch_ms);
         int64_t last_report = time_mono_ns();
+        rd_kafka_message_t **held = calloc(HOLD_MAX, sizeof(*held));
+        if (!held) {
+                r = -ENOMEM;
+                goto out;
+        }
         while (!*stop) {
+                /* Take what is waiting (up to HOLD_MAX messages), so that the
+                 * fold state of the sandboxes among them not in memory is read
+                 * in one query before any is folded. Messages taken before a
+                 * rebalance or a seek are stale: dropped, delivered again. */
+                uint64_t gen = a.seek_gen;
+                size_t n = 0;
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(a.consumer, a.messages ? 5 : 100);
-                bool drained = !m;
-                if (m) {
-                        if (!m->err) {
-                                if (take_message(&a, m) < 0) {
-                                        log_error("out of memory; dropping the batch to read it again", NULL);
-                                        batch_clear(&a);
-                                        resync(&a);
-                                }
-                        } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-                                log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
+                while (m) {
+                        if (a.seek_gen != gen) {
+                                for (size_t i = 0; i < n; i++)
+                                        rd_kafka_message_destroy(held[i]);
+                                n = 0;
+                                gen = a.seek_gen;
                         }
-                        rd_kafka_message_destroy(m);
+                        held[n++] = m;
+                        if (n == HOLD_MAX)
+                                break;
+                        m = rd_kafka_consumer_poll(a.consumer, 0);
                 }
+                if (a.seek_gen != gen) {
+                        for (size_t i = 0; i < n; i++)
+                                rd_kafka_message_destroy(held[i]);
+                        n = 0;
+                }
+                /* Drained: nothing came within the first poll's wait (as
+                 * before holding), not merely an empty queue between fetches. */
+                bool drained = n == 0;
+                take_held(&a, held, n);
                 /* Commit when the batch is full, old enough, or nothing more is
                  * waiting: under load batches grow while the previous one
                  * commits; when idle a sample is committed without delay. */
-                if (a.messages && (drained || (int64_t)a.messages >= cfg->batch_messages ||
+                if (a.messages && (drained || (int64_t)a.messages >= batch_limit(&a) ||
                                    time_mono_ns() - a.batch_started >= cfg->batch_ms * NS_PER_MS))
                         commit_batch(&a);
                 rd_kafka_poll(a.producer, 0);
+                int64_t now_mono = time_mono_ns();
+                int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC
+                                              ? cfg->keep_stopped_ms * NS_PER_MS : 5 * NS_PER_SEC;
+                if (!a.messages && now_mono - a.last_sweep_ns >= sweep_every) {
+                        a.last_sweep_ns = now_mono;
+                        sandboxes_sweep(&a);
+                }
+                if (now_mono - a.last_gap_check_ns >= METERING_CHECK_NS) {
+                        a.last_gap_check_ns = now_mono;
+                        check_metering_gaps(&a);
+                }
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
                         last_report = time_mono_ns();
                         log_info("progress", "messages=%" PRIu64 " batches=%" PRIu64 " sandboxes=%zu dead=%" PRIu64
@@ -1263,8 +1921,10 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                 }
         }
         commit_batch(&a);
+        free(held);
         r = 0;
 out:
+        agg_metrics_stop(ms);
         if (a.consumer) {
                 rd_kafka_consumer_close(a.consumer);
                 rd_kafka_destroy(a.consumer);
@@ -1289,6 +1949,9 @@ out:
         free(a.stamps);
         free(a.throttle);
         free(a.lag_hist);
+        free(a.absent);
+        free(a.first_raw);
+        free(a.metrics);
         PQfinish(a.db);
         return r;
 }

@@ -9,16 +9,23 @@
  * becomes a dead letter and the offset moves on. */
 #pragma once
 
+#include "kafka.h"
+
 #include <signal.h>
 #include <stdint.h>
 
 struct aggregator_config {
         char *database_url;
         char *kafka_brokers;
+        struct kafka_client_settings kafka; /* TLS/SASL for the consumer and the control producer */
         char *group;
         int64_t batch_messages;  /* commit after this many messages... */
         int64_t batch_ms;        /* ...or this long after the batch's first */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
+        int64_t metrics_port;    /* /metrics on this port; 0: off */
+        int64_t keep_stopped_ms; /* a stopped sandbox leaves memory this long after its last commit */
+        int64_t keep_idle_ms;    /* any sandbox leaves memory after this long without a commit */
+        char *metrics_address;   /* IPv4 address /metrics listens on */
         char *log_level;
         int64_t max_clock_ahead_ms;  /* a reading dated further ahead of our clock is not trusted for time */
         int64_t max_clock_behind_ms; /* ...nor one dated further behind it */

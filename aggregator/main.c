@@ -6,12 +6,14 @@
 #include "log.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <string.h>
 
 static const struct setting settings[] = {
         SETTING_DATABASE_URL(struct aggregator_config, database_url),
         SETTING_KAFKA_BROKERS(struct aggregator_config, kafka_brokers),
+        SETTING_KAFKA_CLIENT(struct aggregator_config, kafka),
         { "group", SETTING_STRING, "tally-aggregator", false, offsetof(struct aggregator_config, group), 0, 0,
           "Kafka consumer group; every aggregator of one ledger uses the same" },
         { "batch_messages", SETTING_INT, "100000", false, offsetof(struct aggregator_config, batch_messages), 1,
@@ -27,6 +29,14 @@ static const struct setting settings[] = {
         { "max_clock_behind_ms", SETTING_INT, "34560000000", false,
           offsetof(struct aggregator_config, max_clock_behind_ms), 1, INT64_C(3153600000000),
           "...and so is one dated more than this behind it (default 400 days)" },
+        { "metrics_port", SETTING_INT, "0", false, offsetof(struct aggregator_config, metrics_port), 0, 65535,
+          "Serve Prometheus /metrics on this port (0: off)" },
+        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct aggregator_config, metrics_address),
+          0, 0, "IPv4 address /metrics listens on" },
+        { "keep_stopped_ms", SETTING_INT, "60000", false, offsetof(struct aggregator_config, keep_stopped_ms), 0,
+          86400000, "A stopped sandbox's state leaves memory this long after its final reading (read back by id)" },
+        { "keep_idle_ms", SETTING_INT, "900000", false, offsetof(struct aggregator_config, keep_idle_ms), 0,
+          86400000, "Any sandbox's state leaves memory after this long without a reading" },
         SETTING_LOG_LEVEL(struct aggregator_config, log_level),
         SETTINGS_END,
 };
@@ -46,6 +56,12 @@ int main(int argc, char **argv)
         int r = config_main(&program, settings, &cfg, argc, argv, NULL);
         if (r >= 0)
                 return r;
+        char kerr[512];
+        if (kafka_client_settings_check(&cfg.kafka, kerr, sizeof(kerr)) < 0) {
+                fprintf(stderr, "tally-aggregator: invalid value for kafka_settings: %s\n", kerr);
+                config_free(settings, &cfg);
+                return 2;
+        }
         daemon_handle_signals();
         r = aggregator_run(&cfg, &daemon_stop_requested);
         config_free(settings, &cfg);

@@ -6,6 +6,7 @@
  * addresses, all on 127.0.0.1. */
 #include "devbroker.h"
 #include "kafka.h"
+#include "log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,6 +29,7 @@ struct devbroker {
         int brokers;
         int partitions;
         char bootstrap[64];
+        int64_t *low;              /* first offset last seen per usage partition */
         struct sockaddr_in target; /* broker 1's own listener */
         int listen_fd;
         pthread_t relay_thread;
@@ -177,6 +179,13 @@ int devbroker_start(const struct devbroker_options *opt, struct devbroker **ret,
                         goto fail;
                 }
         }
+        /* The bookkeeping handle also reads the cluster's watermarks (devbroker_watch). */
+        rd_kafka_brokers_add(b->rk, rd_kafka_mock_cluster_bootstraps(b->mc));
+        b->low = calloc((size_t)opt->partitions, sizeof(*b->low));
+        if (!b->low) {
+                r = -ENOMEM;
+                goto fail;
+        }
         if (opt->port > 0) {
                 if ((r = start_relay(b, opt->port, err, errlen)) < 0)
                         goto fail;
@@ -207,6 +216,16 @@ int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t
                          b->partitions);
                 return 0;
         }
+        if (n >= 1 && strcmp(cmd, "watermarks") == 0) {
+                size_t len = (size_t)snprintf(reply, replylen, "ok");
+                for (int32_t p = 0; p < b->partitions && len < replylen; p++) {
+                        int64_t lo = -1, hi = -1;
+                        rd_kafka_query_watermark_offsets(b->rk, TOPIC_USAGE, p, &lo, &hi, 5000);
+                        len += (size_t)snprintf(reply + len, replylen - len, " %d=%lld..%lld", p, (long long)lo,
+                                                (long long)hi);
+                }
+                return 0;
+        }
         if (n >= 1 && (strcmp(cmd, "down") == 0 || strcmp(cmd, "up") == 0)) {
                 int32_t id = n >= 2 ? (int32_t)a1 : -1;
                 /* rd_kafka_mock_broker_set_down(-1) is documented but 2.0 only
@@ -230,7 +249,7 @@ int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t
         } else {
                 snprintf(reply, replylen,
                          "error unknown command (down [ID], up [ID], error APIKEY ERRCODE COUNT, clear APIKEY, "
-                         "rtt MS [ID], topics, ping)");
+                         "rtt MS [ID], topics, watermarks, ping)");
                 return -EINVAL;
         }
         if (e) {
@@ -239,6 +258,20 @@ int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t
         }
         snprintf(reply, replylen, "ok");
         return 0;
+}
+
+void devbroker_watch(struct devbroker *b)
+{
+        for (int32_t p = 0; p < b->partitions; p++) {
+                int64_t lo = -1, hi = -1;
+                if (rd_kafka_query_watermark_offsets(b->rk, TOPIC_USAGE, p, &lo, &hi, 1000) != 0 || lo <= b->low[p])
+                        continue;
+                log_warn("development broker dropped messages to stay within its memory limit",
+                         "topic=%s partition=%d dropped_from=%lld dropped_to=%lld keep_bytes=%d keep_batches=%d",
+                         TOPIC_USAGE, p, (long long)b->low[p], (long long)lo - 1, DEVBROKER_KEEP_BYTES,
+                         DEVBROKER_KEEP_BATCHES);
+                b->low[p] = lo;
+        }
 }
 
 void devbroker_free(struct devbroker *b)
@@ -256,5 +289,6 @@ void devbroker_free(struct devbroker *b)
                 rd_kafka_mock_cluster_destroy(b->mc);
         if (b->rk)
                 rd_kafka_destroy(b->rk);
+        free(b->low);
         free(b);
 }

@@ -10,6 +10,13 @@
 
 struct devbroker;
 
+/* What librdkafka 2.0's mock cluster keeps per partition (rdkafka_mock.c,
+ * not configurable through its API): beyond either limit the oldest producer
+ * batches are dropped. With ~250-byte samples that is about 20,000 messages
+ * per partition. devbroker_watch says when it happens. */
+#define DEVBROKER_KEEP_BYTES   (5 * 1024 * 1024)
+#define DEVBROKER_KEEP_BATCHES 100000
+
 struct devbroker_options {
         int port;          /* bootstrap port on 127.0.0.1; 0: use the mock's own listener */
         int brokers;       /* brokers in the cluster, ids 1..brokers */
@@ -30,9 +37,15 @@ const char *devbroker_bootstrap(const struct devbroker *b);
  *   clear APIKEY              drop queued request errors of APIKEY
  *   rtt MS [ID]               delay every response by MS milliseconds
  *   topics                    list the topics and their partition counts
+ *   watermarks                each usage partition's first and next offsets: "ok 0=LO..HI 1=LO..HI ..."
  *   ping                      replies "ok"
  * Returns 0 or -EINVAL. */
 int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t replylen);
+
+/* Reads each partition's first offset and logs at warning, once per move,
+ * when the broker dropped messages to stay within its memory limit
+ * (partition, offsets dropped). Call every second or so. */
+void devbroker_watch(struct devbroker *b);
 
 /* Stops everything. Accepts NULL. */
 void devbroker_free(struct devbroker *b);

@@ -5,6 +5,7 @@
 #include "daemon.h"
 #include "devbroker.h"
 #include "log.h"
+#include "timeutil.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -49,7 +50,9 @@ static const struct program_info program = {
                    "`ctl COMMAND` sends a fault to a running broker's --control-socket and prints the reply:\n"
                    "  down [ID] | up [ID]             brokers refuse / accept connections\n"
                    "  error APIKEY ERRCODE COUNT      fail the next COUNT requests of a protocol API\n"
-                   "  clear APIKEY | rtt MS [ID] | topics | ping",
+                   "  clear APIKEY | rtt MS [ID] | topics | watermarks | ping\n"
+                   "It keeps messages in memory: about 5 MiB (or 100,000 producer batches) per partition,\n"
+                   "beyond which the oldest are dropped (logged at warning when it happens).",
 };
 
 
@@ -174,16 +177,24 @@ int main(int argc, char **argv)
                           strerror(-r));
                 goto out;
         }
-        log_info("development broker ready", "bootstrap=%s brokers=%lld partitions=%lld", devbroker_bootstrap(b),
-                 (long long)cfg.brokers, (long long)cfg.partitions);
+        log_info("development broker ready",
+                 "bootstrap=%s brokers=%lld partitions=%lld keep_bytes_per_partition=%d keep_batches_per_partition=%d"
+                 " note=\"in memory only; beyond either limit a partition's oldest messages are dropped\"",
+                 devbroker_bootstrap(b), (long long)cfg.brokers, (long long)cfg.partitions, DEVBROKER_KEEP_BYTES,
+                 DEVBROKER_KEEP_BATCHES);
         printf("bootstrap=%s\n", devbroker_bootstrap(b));
         fflush(stdout);
 
+        int64_t last_watch = 0;
         while (!daemon_stop_requested) {
                 struct pollfd p = { ctl_fd, POLLIN, 0 };
                 int n = poll(&p, ctl_fd >= 0 ? 1 : 0, 500);
                 if (n > 0 && (p.revents & POLLIN))
                         serve_control(b, ctl_fd);
+                if (time_mono_ns() - last_watch >= 2 * NS_PER_SEC) {
+                        last_watch = time_mono_ns();
+                        devbroker_watch(b);
+                }
         }
         log_info("development broker stopping", NULL);
         status = 0;

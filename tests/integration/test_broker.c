@@ -7,6 +7,8 @@
 
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -187,6 +189,43 @@ int main(void)
         rd_kafka_destroy(p);
         consume(fixed.bootstrap, "test-group-2", 100, &distinct, &dups);
         CHECK(distinct == 100 && dups == 0, "chosen port: consumed %d, duplicates %d", distinct, dups);
+
+        /* Its memory limit is said when it starts, and when it drops messages
+         * (about 5 MiB per partition): 7 MB of 100 kB messages to partition 0. */
+        char logpath[512];
+        snprintf(logpath, sizeof(logpath), "%s/chosen.log", dir);
+        char *log = test_read_file(logpath);
+        CHECK(log && strstr(log, "keep_bytes_per_partition=5242880"), "the start line does not say the limit");
+        free(log);
+        delivered = 0;
+        p = producer(fixed.bootstrap);
+        char *big = calloc(1, 100000);
+        memset(big, 'x', 99999);
+        for (int i = 0; i < 70; i++)
+                CHECK(rd_kafka_producev(p, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_PARTITION(0),
+                                        RD_KAFKA_V_VALUE(big, 100000), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                        RD_KAFKA_V_END) == 0, "produce a big message");
+        free(big);
+        CHECK(rd_kafka_flush(p, 30000) == 0 && delivered == 70, "big messages: delivered %d", delivered);
+        rd_kafka_destroy(p);
+        char *out = NULL;
+        char *wargv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--control-socket", fixed.sock, "ctl", "watermarks", NULL };
+        CHECK(test_run(wargv, &out, NULL) == 0 && out && strncmp(out, "ok 0=", 5) == 0, "ctl watermarks: %s",
+              out ? out : "?");
+        long long lo = -1;
+        CHECK(out && sscanf(out, "ok 0=%lld..", &lo) == 1 && lo > 0, "partition 0 kept everything: %s",
+              out ? out : "?");
+        free(out);
+        bool said = false;
+        for (int i = 0; i < 50 && !said; i++) {
+                log = test_read_file(logpath);
+                said = log && strstr(log, "dropped messages to stay within its memory limit") &&
+                       strstr(log, "partition=0");
+                free(log);
+                if (!said)
+                        usleep(100000);
+        }
+        CHECK(said, "the broker did not log the messages it dropped");
         stop_broker(&fixed);
         free(dir);
         return test_result();

@@ -1,0 +1,191 @@
+/* metrics.c — see metrics.h. Reads the counters, never writes them. */
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const uint32_t agg_latency_bounds_ms[AGG_LATENCY_BUCKETS] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
+                                                              10000, 30000 };
+
+void agg_histogram_add(struct agg_histogram *h, int64_t ms)
+{
+        if (ms < 0)
+                ms = 0;
+        int i = 0;
+        while (i < AGG_LATENCY_BUCKETS && (uint64_t)ms > agg_latency_bounds_ms[i])
+                i++;
+        atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->sum_ms, (uint64_t)ms, memory_order_relaxed);
+}
+
+struct page {
+        char *buf;
+        size_t size, len;
+        bool full;
+};
+
+static void put(struct page *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct page *p, const char *fmt, ...)
+{
+        if (p->full)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(p->buf + p->len, p->size - p->len, fmt, ap);
+        va_end(ap);
+        if (n < 0 || (size_t)n >= p->size - p->len)
+                p->full = true;
+        else
+                p->len += (size_t)n;
+}
+
+static uint64_t get(const _Atomic uint64_t *v) { return atomic_load_explicit(v, memory_order_relaxed); }
+
+static void scalar(struct page *p, const char *name, const char *type, const char *help, const _Atomic uint64_t *v)
+{
+        put(p, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, get(v));
+}
+
+/* Milliseconds as seconds, exactly, without floating point. */
+static void put_seconds(struct page *p, uint64_t ms)
+{
+        put(p, "%" PRIu64 ".%03" PRIu64, ms / 1000, ms % 1000);
+}
+
+static void histogram(struct page *p, const char *name, const char *help, const struct agg_histogram *h)
+{
+        put(p, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+        uint64_t cum = 0;
+        for (int i = 0; i < AGG_LATENCY_BUCKETS; i++) {
+                cum += get(&h->bucket[i]);
+                put(p, "%s_bucket{le=\"", name);
+                put_seconds(p, agg_latency_bounds_ms[i]);
+                put(p, "\"} %" PRIu64 "\n", cum);
+        }
+        cum += get(&h->bucket[AGG_LATENCY_BUCKETS]);
+        put(p, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum ", name, cum, name);
+        put_seconds(p, get(&h->sum_ms));
+        put(p, "\n%s_count %" PRIu64 "\n", name, get(&h->count));
+}
+
+int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
+{
+        struct page p = { buf, size, 0, false };
+        static const struct {
+                const char *name, *type, *help;
+                size_t offset;
+        } table[] = {
+#define C(field, name, help) { name, "counter", help, offsetof(struct agg_metrics, field) }
+#define G(field, name, help) { name, "gauge", help, offsetof(struct agg_metrics, field) }
+                C(batches_committed, "tally_aggregator_batches_committed_total", "Batches committed to the ledger"),
+                C(messages_committed, "tally_aggregator_messages_total", "Messages committed (billed, duplicate or dead-lettered)"),
+                C(batches_failed, "tally_aggregator_batches_failed_total", "Batch commits the database refused (read again)"),
+                C(batches_fenced, "tally_aggregator_batches_fenced_total", "Batches dropped: a partition or sandbox is owned elsewhere now"),
+                C(batch_splits, "tally_aggregator_batch_splits_total", "Times a batch that kept failing was halved to find the message at fault"),
+                C(offset_gaps, "tally_aggregator_offset_gaps_total", "Stored offsets no longer in the broker (recorded in offset_gaps)"),
+                C(offsets_lost, "tally_aggregator_offsets_lost_total", "Messages lost to those gaps, never billed"),
+                C(rating_gaps, "tally_aggregator_rating_gaps_total", "Account-meter-hours with usage and no rate in the plan (rating_gaps)"),
+                C(sandboxes_fenced, "tally_aggregator_sandbox_fence_total", "Commits refused: a sandbox's fold state was moved on by another aggregator"),
+                C(sandboxes_loaded, "tally_aggregator_sandboxes_loaded_total", "Sandboxes whose fold state was read from the ledger"),
+                C(sandboxes_evicted, "tally_aggregator_sandboxes_evicted_total", "Sandboxes dropped from memory after their last reading"),
+                G(sandboxes_in_memory, "tally_aggregator_sandboxes", "Sandboxes held in memory"),
+                G(metering_gap_hosts, "tally_aggregator_metering_gap_hosts", "Hosts with running sandboxes and no recent sample (metering_gaps)"),
+                C(metering_gaps_seen, "tally_aggregator_metering_gaps_total", "Hosts seen in metering_gaps, summed over the checks"),
+                C(clock_ahead, "tally_aggregator_clock_ahead_total", "Readings dated too far ahead of the aggregator's clock (placed at its clock)"),
+                C(clock_behind, "tally_aggregator_clock_behind_total", "Readings dated too far behind the aggregator's clock (placed at its clock)"),
+                C(counter_resets, "tally_aggregator_counter_resets_total", "CPU counters that went back within an epoch, billed as restarts"),
+                C(held_back, "tally_aggregator_held_back_total", "Held-time counters that went back (nothing billed for them)"),
+                C(stops_folded, "tally_aggregator_stops_folded_total", "vmm stopped events folded (closing a sandbox's bill)"),
+#undef C
+#undef G
+        };
+        for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+                scalar(&p, table[i].name, table[i].type, table[i].help,
+                       (const _Atomic uint64_t *)((const char *)m + table[i].offset));
+        static const char *const causes[AGG_DEAD_CAUSES] = { "decode", "database" };
+        put(&p, "# HELP tally_aggregator_dead_letters_total Messages set aside in dead_letters, by cause\n"
+                "# TYPE tally_aggregator_dead_letters_total counter\n");
+        for (int c = 0; c < AGG_DEAD_CAUSES; c++)
+                put(&p, "tally_aggregator_dead_letters_total{cause=\"%s\"} %" PRIu64 "\n", causes[c],
+                    get(&m->dead_letters[c]));
+        histogram(&p, "tally_aggregator_commit_seconds", "Time of one batch's transaction", &m->commit_ms);
+        histogram(&p, "tally_aggregator_commit_lag_seconds", "From a message's Kafka timestamp to its commit",
+                  &m->lag_ms);
+        return p.full ? -ENOBUFS : (int)p.len;
+}
+
+struct agg_metrics_server {
+        struct MHD_Daemon *daemon;
+};
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                              const char *version, const char *upload_data, size_t *upload_size, void **state)
+{
+        (void)version;
+        (void)upload_data;
+        (void)upload_size;
+        (void)state;
+        const struct agg_metrics *m = cls;
+        char body[16384];
+        unsigned status = MHD_HTTP_OK;
+        int len;
+        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+                status = MHD_HTTP_METHOD_NOT_ALLOWED;
+                len = snprintf(body, sizeof(body), "only GET\n");
+        } else if (strcmp(url, "/metrics") != 0) {
+                status = MHD_HTTP_NOT_FOUND;
+                len = snprintf(body, sizeof(body), "not found: try /metrics\n");
+        } else if ((len = agg_metrics_text(m, body, sizeof(body))) < 0) {
+                status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+                len = snprintf(body, sizeof(body), "metrics too large\n");
+        }
+        struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)len, body, MHD_RESPMEM_MUST_COPY);
+        if (!resp)
+                return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+        enum MHD_Result r = MHD_queue_response(conn, status, resp);
+        MHD_destroy_response(resp);
+        return r;
+}
+
+int agg_metrics_start(const struct agg_metrics *m, const char *address, int port, struct agg_metrics_server **ret)
+{
+        if (port == 0) {
+                *ret = NULL;
+                return 0;
+        }
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        if (inet_pton(AF_INET, address, &sa.sin_addr) != 1)
+                return -EINVAL;
+        struct agg_metrics_server *s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->daemon = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, answer,
+                                     (void *)m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                     MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u,
+                                     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                                     (size_t)65536, MHD_OPTION_END);
+        if (!s->daemon) {
+                free(s);
+                return -EADDRINUSE;
+        }
+        *ret = s;
+        return 0;
+}
+
+void agg_metrics_stop(struct agg_metrics_server *s)
+{
+        if (!s)
+                return;
+        MHD_stop_daemon(s->daemon);
+        free(s);
+}

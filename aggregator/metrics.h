@@ -1,0 +1,59 @@
+/* metrics.h — tally-aggregator's counters and their /metrics page (Prometheus
+ * text format), served by libmicrohttpd's own thread.
+ *
+ * The aggregator's loop is the only writer; the HTTP thread only reads, so
+ * every figure is a relaxed atomic. To add a counter (the fold's counter
+ * resets and clock refusals, say): a field here and one line in the table of
+ * metrics.c. Integers only: durations are counted in milliseconds. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Upper bounds (ms) of the latency histograms' buckets; +Inf follows. */
+#define AGG_LATENCY_BUCKETS 12
+extern const uint32_t agg_latency_bounds_ms[AGG_LATENCY_BUCKETS];
+
+struct agg_histogram {
+        _Atomic uint64_t bucket[AGG_LATENCY_BUCKETS + 1]; /* not cumulative; the last is +Inf */
+        _Atomic uint64_t count, sum_ms;
+};
+
+/* Causes a message goes to dead_letters for. */
+enum agg_dead_cause {
+        AGG_DEAD_DECODE,   /* refused by the decoder or the fold (bad or impossible input) */
+        AGG_DEAD_DATABASE, /* isolated by splitting a batch the database kept refusing */
+        AGG_DEAD_CAUSES,
+};
+
+struct agg_metrics {
+        _Atomic uint64_t batches_committed, messages_committed, batches_failed, batches_fenced;
+        _Atomic uint64_t dead_letters[AGG_DEAD_CAUSES];
+        _Atomic uint64_t batch_splits;          /* times a failing batch was halved */
+        _Atomic uint64_t offset_gaps, offsets_lost;
+        _Atomic uint64_t rating_gaps;           /* (account, meter, hour) with usage and no rate (rating_gaps) */
+        _Atomic uint64_t sandboxes_fenced;      /* commits refused: a sandbox's fold state moved on elsewhere */
+        _Atomic uint64_t sandboxes_loaded, sandboxes_evicted;
+        _Atomic uint64_t sandboxes_in_memory;   /* gauge */
+        _Atomic uint64_t metering_gap_hosts;    /* gauge: hosts in the metering_gaps view at the last check */
+        _Atomic uint64_t metering_gaps_seen;    /* times a host was seen in a gap at a check */
+        /* The fold's (docs/events.md, "How the aggregator reads samples"). */
+        _Atomic uint64_t clock_ahead, clock_behind; /* readings placed at our clock: dated too far ahead / behind */
+        _Atomic uint64_t counter_resets;        /* CPU counters that went back within an epoch (billed as restarts) */
+        _Atomic uint64_t held_back;             /* held-time counters that went back (nothing billed for them) */
+        _Atomic uint64_t stops_folded;          /* vmm `stopped` events folded */
+        struct agg_histogram commit_ms;         /* one batch's transaction, BEGIN to COMMIT */
+        struct agg_histogram lag_ms;            /* a message's Kafka timestamp to its commit */
+};
+
+void agg_histogram_add(struct agg_histogram *h, int64_t ms);
+
+/* Writes the page into buf; returns its length or -ENOBUFS. */
+int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size);
+
+struct agg_metrics_server;
+/* Listens on address:port (port 0: not at all, *ret = NULL). Returns 0 or -errno. */
+int agg_metrics_start(const struct agg_metrics *m, const char *address, int port, struct agg_metrics_server **ret);
+/* Accepts NULL. */
+void agg_metrics_stop(struct agg_metrics_server *s);

@@ -1,0 +1,83 @@
+/* Integration: metering gaps are loud (issue 9, item 2's second half). Two
+ * hosts run a sandbox each; host B keeps sampling, host A falls silent. Within
+ * the threshold (set to 3 s here by replacing metering_gap_threshold()) plus
+ * a check interval, the metering_gaps view lists host A and not B, the
+ * aggregator logs it at warning and /metrics shows one host in a gap. Once
+ * A's sandbox stops (its final sample arrives), the gap closes. */
+#include "aggtest.h"
+#include "storetest.h"
+#include "support.h"
+#include "timeutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB (UINT64_C(1) << 20)
+
+static void sample(struct aggtest *t, const char *host, const char *sb, int seq, int64_t wall, enum sandbox_state st)
+{
+        struct usage_event ev = aggtest_sample("acct_mg", "key_mg", sb, 1, (uint64_t)seq, wall, st,
+                                               (uint64_t)seq * NS_PER_SEC / 10, 128 * MIB, 0, 1);
+        snprintf(ev.host, sizeof(ev.host), "%s", host);
+        aggtest_produce(t, &ev);
+}
+
+int main(void)
+{
+        struct aggtest t;
+        aggtest_start(&t, "agg_store_metering", 4);
+        aggtest_exec(&t, "CREATE OR REPLACE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE"
+                         " AS $$ SELECT interval '3 seconds' $$");
+        int port = store_free_port();
+        char ports[16];
+        snprintf(ports, sizeof(ports), "%d", port);
+        const char *extra[] = { "--batch-ms", "50", "--metrics-port", ports, NULL };
+        pid_t agg = aggtest_spawn(&t, extra);
+
+        int seq = 1;
+        sample(&t, "host-mg-a", "sb_mg_a", 1, time_wall_ns(), STATE_RUNNING);
+        bool gap_a = false, gap_b = false, logged = false;
+        int64_t gauge = -1;
+        for (int i = 0; i < 14; i++) { /* host B samples every second; A is silent */
+                sample(&t, "host-mg-b", "sb_mg_b", seq++, time_wall_ns(), STATE_RUNNING);
+                aggtest_flush(&t);
+                time_sleep_ns(NS_PER_SEC);
+                if (i >= 9) {
+                        gap_a |= store_int(&t, "SELECT count(*) FROM metering_gaps WHERE host = 'host-mg-a'") == 1;
+                        gap_b |= store_int(&t, "SELECT count(*) FROM metering_gaps WHERE host = 'host-mg-b'") != 0;
+                }
+        }
+        logged = store_log_has(&t, 0, "level=warn") && store_log_has(&t, 0, "metering gap") &&
+                 store_log_has(&t, 0, "host=host-mg-a");
+        char *page = store_metrics(port);
+        gauge = page ? store_metric(page, "tally_aggregator_metering_gap_hosts") : -1;
+        CHECK(page && store_metric(page, "tally_aggregator_metering_gaps_total") >= 1, "no gap counted");
+        free(page);
+        CHECK(gap_a, "host-mg-a, silent with a running sandbox, is not in metering_gaps");
+        CHECK(!gap_b, "host-mg-b, sampling every second, was listed in metering_gaps");
+        CHECK(logged, "the gap was not logged at warning");
+        CHECK(gauge == 1, "metering_gap_hosts is %lld, want 1", (long long)gauge);
+        CHECK(!store_log_has(&t, 0, "host=host-mg-b"), "host B was logged as a gap");
+        CHECK(store_int(&t, "SELECT count(*) FROM hosts WHERE host = 'host-mg-b'"
+                            " AND last_sample_at > now() - interval '5 seconds'") == 1,
+              "hosts does not hold host B's last sample");
+
+        /* A's final sample: no running sandbox left on A, the gap closes. */
+        sample(&t, "host-mg-a", "sb_mg_a", 2, time_wall_ns(), STATE_STOPPED);
+        aggtest_flush(&t);
+        CHECK(aggtest_wait_caught_up(&t, 30) == 0, "not caught up");
+        CHECK(store_int(&t, "SELECT count(*) FROM metering_gaps WHERE host = 'host-mg-a'") == 0,
+              "host A is still a gap after its sandbox stopped");
+        gauge = -1;
+        for (int i = 0; i < 80 && gauge != 0; i++) {
+                page = store_metrics(port);
+                gauge = page ? store_metric(page, "tally_aggregator_metering_gap_hosts") : -1;
+                free(page);
+                time_sleep_ns(100 * NS_PER_MS);
+        }
+        CHECK(gauge == 0, "metering_gap_hosts did not go back to 0 (%lld)", (long long)gauge);
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
+        aggtest_stop(&t);
+        return test_result();
+}
