@@ -30,6 +30,7 @@ struct devbroker {
         int partitions;
         char bootstrap[64];
         int64_t *low;              /* first offset last seen per usage partition */
+        bool down;                 /* a `down` fault is in force: no watermark queries until `up` */
         struct sockaddr_in target; /* broker 1's own listener */
         int listen_fd;
         pthread_t relay_thread;
@@ -234,6 +235,7 @@ int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t
                         if (id < 0 || id == i)
                                 e = cmd[0] == 'd' ? rd_kafka_mock_broker_set_down(b->mc, i)
                                                   : rd_kafka_mock_broker_set_up(b->mc, i);
+                b->down = cmd[0] == 'd';
         } else if (n == 4 && strcmp(cmd, "error") == 0 && a3 > 0) {
                 rd_kafka_resp_err_t errs[1000];
                 size_t cnt = a3 > 1000 ? 1000 : (size_t)a3;
@@ -262,9 +264,13 @@ int devbroker_command(struct devbroker *b, const char *line, char *reply, size_t
 
 void devbroker_watch(struct devbroker *b)
 {
+        /* While a fault holds a broker down, a query would only wait out its
+         * timeout and hold up the next fault command (the test's `up`). */
+        if (b->down)
+                return;
         for (int32_t p = 0; p < b->partitions; p++) {
                 int64_t lo = -1, hi = -1;
-                if (rd_kafka_query_watermark_offsets(b->rk, TOPIC_USAGE, p, &lo, &hi, 1000) != 0 || lo <= b->low[p])
+                if (rd_kafka_query_watermark_offsets(b->rk, TOPIC_USAGE, p, &lo, &hi, 200) != 0 || lo <= b->low[p])
                         continue;
                 log_warn("development broker dropped messages to stay within its memory limit",
                          "topic=%s partition=%d dropped_from=%lld dropped_to=%lld keep_bytes=%d keep_batches=%d",
