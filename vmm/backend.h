@@ -129,6 +129,7 @@ struct backend_ops {
         /* Frees the state (after stop, or when the daemon exits leaving the sandbox
          * running for a later recover). Accepts NULL. */
         void (*free)(struct backend_sandbox *sb);
+        int (*set_lease)(struct backend_sandbox *sb, int64_t deadline_wall_ns);
 };
 
 /* The backend called name ("process", "qemu"), or NULL if unknown or not built. */
