@@ -179,7 +179,7 @@ struct exec_stream {
         long long reserved;              /* bytes counted in api->output_held */
         struct exec_result res;
         char text[4][256];               /* the JSON around the two outputs */
-        struct part parts[5];
+        struct part parts[6];            /* head, 2 x (lead, output), tail */
         int nparts, at_part;
         size_t at;                       /* bytes of the current part done */
 };

@@ -64,7 +64,8 @@ long vmm_api_call(const char *socket_path, const char *method, const char *path,
                 goto out;
         }
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-        *ret = b.data ? json_loadb(b.data, b.len, 0, NULL) : NULL;
+        /* exec output may hold NUL bytes (\u0000 in the answer). */
+        *ret = b.data ? json_loadb(b.data, b.len, JSON_ALLOW_NUL, NULL) : NULL;
         if (!*ret)
                 *ret = json_object();
 out:
