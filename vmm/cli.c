@@ -50,6 +50,7 @@ long vmm_api_call(const char *socket_path, const char *method, const char *path,
         struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
         snprintf(url, sizeof(url), "http://localhost/v1%s", path);
         curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, socket_path);
+        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L); /* a wedged daemon is an error, not a hang */
         curl_easy_setopt(curl, CURLOPT_URL, url);
         curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
         curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
