@@ -43,6 +43,7 @@ static pid_t daemon_pid = -1;
 static int cgroup_version;
 
 #define IDLE_TIMEOUT_S 2         /* the daemon's api_idle_timeout_s here */
+#define IDLE_TIMEOUT   "2"
 
 static int64_t clock_ns(clockid_t id)
 {
@@ -246,7 +247,7 @@ static void start_daemon(void)
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
                          "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
                          "--host-id", "test-vmmd-host", "--backend", "process", "--final-wait-ms", "30000",
-                         "--limits-database-url", db_url, "--api-idle-timeout-s", "2", "--log-level", "debug",
+                         "--limits-database-url", db_url, "--api-idle-timeout-s", IDLE_TIMEOUT, "--log-level", "debug",
                          NULL };
         daemon_pid = test_spawn(argv, NULL, log_path);
         int64_t until = now_ms() + 20000;
@@ -678,6 +679,17 @@ static void test_api_abuse(void)
         }
         CHECK(still == 0, "%d idle connections still open %d s after the idle timeout of %d s", still, 1,
               IDLE_TIMEOUT_S);
+        /* A command running longer than the idle timeout is not idle: it gets its answer. */
+        json_t *sb = create("key-long", "64");
+        char *out = NULL;
+        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)jstr(sb, "id"), "--",
+                              "/bin/sh", "-c", "sleep 3; echo done", NULL };
+        int rc = test_run(long_exec, &out, NULL);
+        CHECK(rc == 0 && out && strcmp(out, "done\n") == 0, "a 3 s exec with a %d s idle timeout: rc=%d %s",
+              IDLE_TIMEOUT_S, rc, out ? out : "");
+        free(out);
+        json_decref(cli(&rc, NULL, "stop", jstr(sb, "id"), NULL));
+        json_decref(sb);
 }
 
 /* Tenants' account and key ids are out of an unprivileged host user's reach. */
