@@ -387,6 +387,20 @@ out:
 
 /* ---- records and leases ---- */
 
+/* When a running sandbox found already ended (its main process gone) had
+ * ended: at its lease's end if that has passed — its own init ended it then
+ * (set_lease), also while no tally-vmm ran — else unknown (false: now). */
+static bool lease_end_moment(const struct sandbox_record *rec, struct moment *ret)
+{
+        struct moment now = moment_now();
+        int64_t past = now.wall - rec->timeout_ns;
+        if (rec->state != STATE_RUNNING || rec->timeout_ns <= 0 || past <= 0 || rec->state_since_boot_ns <= 0 ||
+            now.boot - past < rec->state_since_boot_ns)
+                return false;
+        *ret = (struct moment){ rec->timeout_ns, now.mono - past, now.boot - past };
+        return true;
+}
+
 /* Writes sb's record (v->lock held), retrying at once a few times. A record
  * that still cannot be written is never left silently behind the sandbox: the
  * failure is logged at error, the sandbox is marked so the tick rewrites the
@@ -1082,23 +1096,20 @@ static void tick(struct vmm *v)
                         save_record(v, sb);
                 bool dirty = sb->record_dirty;
                 pthread_mutex_unlock(&v->lock);
-                if (expired) {
+                if (expired || (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid))) {
+                        /* A sandbox still running at its deadline is stopped now; one
+                         * found already ended after it was ended by its lease then. */
                         pthread_mutex_lock(&sb->op);
                         pthread_mutex_lock(&v->lock);
-                        expired = sb->rec.state == STATE_RUNNING && sb->rec.timeout_ns <= now;
+                        struct sandbox_record rec = sb->rec;
                         pthread_mutex_unlock(&v->lock);
-                        if (expired)
-                                stop_locked(v, sb, "timeout", NULL, NULL, 0);
-                        pthread_mutex_unlock(&sb->op);
-                        continue;
-                }
-                if (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid)) {
-                        pthread_mutex_lock(&sb->op);
-                        pthread_mutex_lock(&v->lock);
-                        bool still = sb->rec.state != STATE_STOPPED;
-                        pthread_mutex_unlock(&v->lock);
-                        if (still)
-                                stop_locked(v, sb, "main_process_ended", NULL, NULL, 0);
+                        bool alive = pid > 0 && process_alive(pid);
+                        struct moment deadline;
+                        bool at_deadline = !alive && lease_end_moment(&rec, &deadline);
+                        if (rec.state == STATE_RUNNING && rec.timeout_ns > 0 && rec.timeout_ns <= now)
+                                stop_locked(v, sb, "timeout", at_deadline ? &deadline : NULL, NULL, 0);
+                        else if (rec.state != STATE_STOPPED && !alive)
+                                stop_locked(v, sb, "main_process_ended", at_deadline ? &deadline : NULL, NULL, 0);
                         pthread_mutex_unlock(&sb->op);
                         continue;
                 }
@@ -1258,15 +1269,10 @@ static void recover(struct vmm *v)
                         sandbox_insert(v, sb);
                         /* A running sandbox whose lease ran out meanwhile was ended by its
                          * own init at the deadline (set_lease): it held nothing after it. */
-                        struct moment now = moment_now(), *at = NULL, deadline;
-                        int64_t past = now.wall - sb->rec.timeout_ns;
-                        if (sb->rec.state == STATE_RUNNING && sb->rec.timeout_ns > 0 && past > 0 &&
-                            sb->rec.state_since_boot_ns > 0 && now.boot - past >= sb->rec.state_since_boot_ns) {
-                                deadline = (struct moment){ sb->rec.timeout_ns, now.mono - past, now.boot - past };
-                                at = &deadline;
-                        }
+                        struct moment deadline;
+                        bool at_deadline = lease_end_moment(&sb->rec, &deadline);
                         pthread_mutex_lock(&sb->op);
-                        stop_locked(v, sb, "ended_while_vmm_was_down", at, NULL, 0);
+                        stop_locked(v, sb, "ended_while_vmm_was_down", at_deadline ? &deadline : NULL, NULL, 0);
                         pthread_mutex_unlock(&sb->op);
                         continue;
                 }

@@ -733,6 +733,47 @@ static void test_permissions(void)
         json_decref(sb);
 }
 
+/* A sandbox whose lease ran out while no tally-vmm ran, ended then by its own
+ * init (set_lease; simulated here by killing it after the deadline): the next
+ * tally-vmm bills it to the deadline, not to the moment it looked. */
+static void test_lease_while_down(void)
+{
+        int rc;
+        json_t *sb = cli(&rc, NULL, "create", "--account", account, "--key", "key-lease", "--memory-mib", "64",
+                         "--timeout", "2", NULL);
+        CHECK(rc == 0 && *jstr(sb, "id"), "create failed");
+        const char *id = jstr(sb, "id");
+        long long created = jint(sb, "created_ns"), deadline = jint(sb, "deadline_ns");
+        CHECK(deadline - created == 2000000000LL, "a 2 s lease: created %lld, deadline %lld", created, deadline);
+        CHECK(term_daemon(5000) >= 0, "tally-vmm did not exit on SIGTERM");
+        while (wall_ns() < deadline + 300000000LL)
+                sleep_ms(50);
+        kill((pid_t)jint(sb, "pid"), SIGKILL);
+        sleep_ms(200);
+        start_daemon();
+        json_t *r = NULL;
+        for (int64_t until = now_ms() + 3000; now_ms() < until; sleep_ms(50)) {
+                json_decref(r);
+                r = record(id);
+                if (r && strcmp(jstr(r, "state"), "stopped") == 0)
+                        break;
+        }
+        CHECK(r && strcmp(jstr(r, "state"), "stopped") == 0, "the ended sandbox was not stopped after the restart");
+        /* The lease is wall-clock time, held time boot-clock time: they may differ by
+         * the clocks' relative slew (NTP: at most 500 ppm, 1 ms over 2 s) and the
+         * nanoseconds between reading them. */
+        long long run = jint(r, "running_ns");
+        CHECK(llabs(run - 2000000000LL) <= 1000000 && jint(r, "paused_ns") == 0,
+              "held after its lease ran out while tally-vmm was down: running_ns %lld (wanted the lease, 2000000000)",
+              run);
+        struct usage_event *ev = wait_event(EVENT_STOPPED, id, 10000);
+        CHECK(ev && ev->wall_ns == deadline && ev->running_ns == (uint64_t)run,
+              "stopped event: wall_ns %lld (wanted the deadline %lld), running_ns %" PRIu64, ev ? (long long)ev->wall_ns : 0,
+              deadline, ev ? ev->running_ns : 0);
+        json_decref(r);
+        json_decref(sb);
+}
+
 /* SIGTERM while a create waits on the limits database, and while an exec waits
  * on a sandbox that does not answer: the daemon is gone within 5 s either way. */
 static void test_stop_in_flight(void)
@@ -808,7 +849,7 @@ int main(void)
                 { "exec_memory", test_exec_memory },       { "held_time", test_held_time },
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
-                { "stop_in_flight", test_stop_in_flight },
+                { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 int before = test_failures;
