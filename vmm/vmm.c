@@ -422,13 +422,15 @@ static int save_record(struct vmm *v, struct sandbox *sb)
         return r;
 }
 
-/* The sentence for a request whose change took effect but whose record could not be written. */
+/* The error for a request whose change took effect but whose record could not
+ * be written: -EIO whatever the write's errno (an EACCES must not read as "the
+ * key is blocked"), with the write's reason in the sentence. */
 static int record_failed(const struct sandbox *sb, int r, const char *done, char *why, size_t whylen)
 {
         if (why)
                 snprintf(why, whylen, "sandbox %s is %s, but its registry record could not be written (%s); "
                          "tally-vmm keeps retrying", sb->rec.id, done, strerror(-r));
-        return r;
+        return -EIO;
 }
 
 /* Hands the sandbox's deadline to the backend, so the sandbox ends then even
@@ -767,7 +769,7 @@ int vmm_resume(struct vmm *v, const char *id, char *why, size_t whylen)
         publish_simple(v, sb, EVENT_RESUMED);
         log_info("sandbox resumed", "sandbox=%s", id);
         if (r < 0)
-                record_failed(sb, r, "running", why, whylen);
+                r = record_failed(sb, r, "running", why, whylen);
 out:
         pthread_mutex_unlock(&sb->op);
         sandbox_unref(v, sb);
@@ -935,9 +937,11 @@ int vmm_set_timeout(struct vmm *v, const char *id, int64_t timeout_s, char *why,
         sb->remaining_ns = timeout_s * NS_PER_SEC;
         r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
-        if (r < 0)
+        if (r < 0) {
                 snprintf(why, whylen, "sandbox %s's lease was changed, but its registry record could not be written "
                          "(%s); tally-vmm keeps retrying", id, strerror(-r));
+                r = -EIO;
+        }
 out:
         pthread_mutex_unlock(&sb->op);
         sandbox_unref(v, sb);
