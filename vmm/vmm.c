@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define SANDBOX_DIR   "vmm"        /* <state_dir>/vmm/<id>/: the sandbox's own folder */
@@ -72,6 +74,7 @@ struct sandbox {
         int64_t remaining_ns;            /* while paused: what was left of the lease */
         struct moment moment;            /* the last lifecycle moment: its event's time */
         bool record_dirty;               /* the record on disk is behind rec: the tick retries */
+        int pidfd;                       /* the main process's pidfd (-1: none): readable once it ended */
         bool stop_published;             /* the stopped event is with the producer */
         bool stop_acked;                 /* ... and the broker acknowledged it */
         int64_t stopped_mono;
@@ -108,6 +111,8 @@ static void sandbox_unref(struct vmm *v, struct sandbox *sb)
         if (sb->bs && sb->ops)
                 sb->ops->free(sb->bs);
         sandbox_record_clear(&sb->rec);
+        if (sb->pidfd >= 0)
+                close(sb->pidfd);
         pthread_mutex_destroy(&sb->op);
         pthread_mutex_destroy(&sb->exec_lock);
         free(sb);
@@ -132,9 +137,19 @@ static struct sandbox *sandbox_new(void)
         if (!sb)
                 return NULL;
         sb->refs = 1;
+        sb->pidfd = -1;
         pthread_mutex_init(&sb->op, NULL);
         pthread_mutex_init(&sb->exec_lock, NULL);
         return sb;
+}
+
+/* Watches the main process: the tick learns it ended within one turn (50 ms),
+ * so a sandbox that ends on its own stops, and stops holding, then. Without a
+ * pidfd the once-a-second look at /proc remains. */
+static void watch_main(struct sandbox *sb)
+{
+        if (sb->pidfd < 0 && sb->rec.pid > 0)
+                sb->pidfd = (int)syscall(SYS_pidfd_open, sb->rec.pid, 0);
 }
 
 static void sandbox_insert(struct vmm *v, struct sandbox *sb)
@@ -590,6 +605,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
                 goto fail;
         }
         sb->refs++; /* the list's and the caller's */
+        watch_main(sb);
         sandbox_insert(v, sb);
         publish_created(v, sb);
         log_info("sandbox created", "sandbox=%s account=%s key=%s backend=%s vcpus=%u memory_mib=%" PRIu64
@@ -1086,8 +1102,19 @@ static void tick(struct vmm *v)
         bool check_alive = mono - last_alive_check >= NS_PER_SEC;
         if (check_alive)
                 last_alive_check = mono;
+        /* Which main processes ended: one poll over every pidfd. */
+        struct pollfd *ended = calloc((size_t)n + 1, sizeof(*ended));
+        if (ended) {
+                pthread_mutex_lock(&v->lock);
+                for (int i = 0; i < n; i++)
+                        ended[i] = (struct pollfd){ all[i]->rec.state == STATE_STOPPED ? -1 : all[i]->pidfd, POLLIN, 0 };
+                pthread_mutex_unlock(&v->lock);
+                if (poll(ended, (nfds_t)n, 0) < 0)
+                        memset(ended, 0, ((size_t)n + 1) * sizeof(*ended));
+        }
         for (int i = 0; i < n; i++) {
                 struct sandbox *sb = all[i];
+                bool gone = ended && (ended[i].revents & (POLLIN | POLLHUP));
                 pthread_mutex_lock(&v->lock);
                 enum sandbox_state st = sb->rec.state;
                 bool expired = st == STATE_RUNNING && sb->rec.timeout_ns > 0 && sb->rec.timeout_ns <= now;
@@ -1100,7 +1127,7 @@ static void tick(struct vmm *v)
                         save_record(v, sb);
                 bool dirty = sb->record_dirty;
                 pthread_mutex_unlock(&v->lock);
-                if (expired || (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid))) {
+                if (expired || (st != STATE_STOPPED && pid > 0 && (gone || (check_alive && !process_alive(pid))))) {
                         /* A sandbox still running at its deadline is stopped now; one
                          * found already ended after it was ended by its lease then. */
                         pthread_mutex_lock(&sb->op);
@@ -1141,6 +1168,7 @@ static void tick(struct vmm *v)
                 log_info("sandbox removed", "sandbox=%s collector=%s", sb->rec.id, collected ? "yes" : "timed_out");
                 sandbox_unlink(v, sb);
         }
+        free(ended);
         snapshot_free(v, all, n);
 }
 
@@ -1262,6 +1290,7 @@ static void recover(struct vmm *v)
                                             sb->remaining_ns > v->s.timeout_max_s * NS_PER_SEC)
                                                 sb->remaining_ns = 60 * NS_PER_SEC;
                                 }
+                                watch_main(sb);
                                 sandbox_insert(v, sb);
                                 found++;
                                 log_info("sandbox found again", "sandbox=%s state=%s pid=%d", sb->rec.id,

@@ -554,6 +554,41 @@ static void test_held_time(void)
         json_decref(sb);
 }
 
+/* A sandbox whose main process ends (killed here from outside, at a moment the
+ * test brackets) stops holding then, not at the next once-a-second look: the
+ * stop's moment is within 150 ms of the kill (the 50 ms background turn, the
+ * cgroup's emptying, and scheduling on a loaded 2-CPU host). Three sandboxes,
+ * so a once-a-second look cannot pass by luck. */
+static void test_main_ends(void)
+{
+        enum { N = 3 };
+        for (int i = 0; i < N; i++) {
+                int rc;
+                json_t *sb = cli(&rc, NULL, "create", "--account", account, "--key", "key-ends", "--memory-mib", "64",
+                                 NULL);
+                CHECK(rc == 0 && *jstr(sb, "id"), "create failed");
+                const char *id = jstr(sb, "id");
+                sleep_ms(300 + 150 * i);
+                int64_t k0 = boot_ns();
+                kill((pid_t)jint(sb, "pid"), SIGKILL);
+                int64_t k1 = boot_ns();
+                json_t *r = NULL;
+                for (int64_t until = now_ms() + 3000; now_ms() < until; sleep_ms(20)) {
+                        json_decref(r);
+                        r = record(id);
+                        if (r && strcmp(jstr(r, "state"), "stopped") == 0)
+                                break;
+                }
+                long long S = r ? jint(r, "state_since_boot_ns") : 0;
+                fprintf(stderr, "main_ends: %s stopped %lld ms after the kill\n", id, (S - k0) / 1000000);
+                CHECK(r && strcmp(jstr(r, "state"), "stopped") == 0 && S >= k0 && S <= k1 + 150000000LL,
+                      "a sandbox whose main process was killed at [%lld, %lld] stopped holding at %lld (%lld ms later)",
+                      (long long)k0, (long long)k1, S, (S - k1) / 1000000);
+                json_decref(r);
+                json_decref(sb);
+        }
+}
+
 /* resume of a sandbox whose key is blocked today is refused, like create: 403. */
 static void test_resume_blocked(void)
 {
@@ -847,6 +882,7 @@ int main(void)
                 void (*fn)(void);
         } cases[] = {
                 { "exec_memory", test_exec_memory },       { "held_time", test_held_time },
+                { "main_ends", test_main_ends },
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
                 { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
