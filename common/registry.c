@@ -1,4 +1,7 @@
-/* registry.c — see registry.h. */
+/* registry.c — see registry.h.
+ *
+ * Records name tenants (account and key ids): the folder is 0700 and each
+ * file 0600, so only root (tally-vmm, tally-collector) reads them. */
 #include "registry.h"
 #include "log.h"
 
@@ -51,9 +54,9 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
                 return -EINVAL;
         char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX + 8];
         snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir);
-        if (mkdir(state_dir, 0755) < 0 && errno != EEXIST)
+        if (mkdir(state_dir, 0700) < 0 && errno != EEXIST)
                 return -errno;
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                 return -errno;
         if (registry_path(path, sizeof(path), state_dir, rec->id) < 0)
                 return -ENAMETOOLONG;
@@ -66,9 +69,16 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
         if (!text)
                 return -ENOMEM;
         int r = 0;
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
                 r = -errno;
+                goto out;
+        }
+        /* A temporary file a crash left behind keeps its old mode: 0600 whatever it was. */
+        if (fchmod(fd, 0600) < 0) {
+                r = -errno;
+                close(fd);
+                unlink(tmp);
                 goto out;
         }
         size_t len = strlen(text);

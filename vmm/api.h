@@ -15,9 +15,28 @@
 
 #include "vmm.h"
 
+/* The most output of each stream (stdout, stderr) one exec may ask to get
+ * back. The daemon holds a command's output until its answer is sent, so this
+ * bounds what one exec costs it (twice this; see output_held_max). */
+#define VMM_EXEC_OUTPUT_CAP_MAX (16LL * 1024 * 1024)
+
+struct vmm_api_settings {
+        unsigned int idle_timeout_s;          /* an idle connection is closed after this */
+        unsigned int connections_max;         /* connections open at once, in all */
+        unsigned int connections_per_client;  /* ... and per client: a root process, or another user id */
+        long long output_held_max;            /* exec output held at once, all execs together (2 x cap each) */
+};
+
 struct vmm_api;
 
 /* Listens on path (replacing a stale socket file). Returns 0 or -errno with err. */
-int vmm_api_start(struct vmm *v, const char *path, struct vmm_api **ret, char *err, size_t errlen);
-/* Stops listening and removes the socket file. Accepts NULL. */
-void vmm_api_stop(struct vmm_api *a);
+int vmm_api_start(struct vmm *v, const char *path, const struct vmm_api_settings *set, struct vmm_api **ret,
+                  char *err, size_t errlen);
+/* Stops taking connections (the socket file goes at once), waits until
+ * deadline_mono_ns for the requests being answered, then stops and frees.
+ * Returns 0, or -ETIMEDOUT if requests are still being answered then: the
+ * server is left as it is (its threads still use the vmm), for the process
+ * to exit. Accepts NULL. */
+int vmm_api_stop(struct vmm_api *a, int64_t deadline_mono_ns);
+/* Requests being answered now. */
+int vmm_api_active(struct vmm_api *a);

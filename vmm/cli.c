@@ -50,6 +50,7 @@ long vmm_api_call(const char *socket_path, const char *method, const char *path,
         struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
         snprintf(url, sizeof(url), "http://localhost/v1%s", path);
         curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, socket_path);
+        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L); /* a wedged daemon is an error, not a hang */
         curl_easy_setopt(curl, CURLOPT_URL, url);
         curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
         curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
@@ -64,7 +65,8 @@ long vmm_api_call(const char *socket_path, const char *method, const char *path,
                 goto out;
         }
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-        *ret = b.data ? json_loadb(b.data, b.len, 0, NULL) : NULL;
+        /* exec output may hold NUL bytes (\u0000 in the answer). */
+        *ret = b.data ? json_loadb(b.data, b.len, JSON_ALLOW_NUL, NULL) : NULL;
         if (!*ret)
                 *ret = json_object();
 out:

@@ -5,9 +5,11 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "timeutil.h"
 #include "vmm.h"
 
 #include <curl/curl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +30,18 @@ struct vmm_config {
         int64_t final_wait_ms;
         int64_t exec_timeout_ms;
         int64_t exec_output_cap;
+        int64_t exec_output_held_max;
+        int64_t api_idle_timeout_s;
+        int64_t api_connections_max;
+        int64_t api_connections_per_client;
         char *log_level;
 };
+
+/* A stop completes within this, whatever is in flight (a request stuck in a
+ * backend call that does not return is left to the exit). */
+#define SHUTDOWN_MS          4500
+/* ... of which requests being answered get this to finish. */
+#define SHUTDOWN_REQUESTS_MS 3000
 
 #define DEFAULT_BLOCKED_KEY_QUERY                                                                   \
         "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = (now() AT TIME ZONE 'UTC')::date"
@@ -59,8 +71,18 @@ static const struct setting settings[] = {
           "How long a stopped sandbox's cgroup waits for the collector's final sample" },
         { "exec_timeout_ms", SETTING_INT, "60000", false, offsetof(struct vmm_config, exec_timeout_ms), 1, 86400000,
           "Default timeout of a command run with exec" },
-        { "exec_output_cap", SETTING_INT, "65536", false, offsetof(struct vmm_config, exec_output_cap), 0, 67108864,
-          "Default bytes of stdout and of stderr an exec returns" },
+        { "exec_output_cap", SETTING_INT, "65536", false, offsetof(struct vmm_config, exec_output_cap), 0,
+          VMM_EXEC_OUTPUT_CAP_MAX, "Default bytes of stdout and of stderr an exec returns (at most 16 MiB)" },
+        { "exec_output_held_max", SETTING_INT, "268435456", false, offsetof(struct vmm_config, exec_output_held_max),
+          2 * VMM_EXEC_OUTPUT_CAP_MAX, INT64_C(1) << 40,
+          "Bytes of commands' output held at once by all execs (each reserves twice its output cap)" },
+        { "api_idle_timeout_s", SETTING_INT, "10", false, offsetof(struct vmm_config, api_idle_timeout_s), 1, 3600,
+          "Seconds after which an idle connection to the local API is closed" },
+        { "api_connections_max", SETTING_INT, "256", false, offsetof(struct vmm_config, api_connections_max), 4, 4096,
+          "Connections to the local API open at once" },
+        { "api_connections_per_client", SETTING_INT, "16", false,
+          offsetof(struct vmm_config, api_connections_per_client), 1, 4096,
+          "Connections one client (a root process, or any other user id) may hold open" },
         SETTING_LOG_LEVEL(struct vmm_config, log_level),
         SETTINGS_END,
 };
@@ -80,6 +102,18 @@ static const struct program_info program = {
                 "  pause ID | resume ID | stop ID | fork ID [--count N] | timeout ID SECONDS",
 };
 
+
+/* The last resort of a stop: whatever is still running at the deadline is left. */
+static void *shutdown_watchdog(void *arg)
+{
+        int64_t deadline = *(const int64_t *)arg;
+        for (int64_t now; (now = time_mono_ns()) < deadline;)
+                time_sleep_ns(deadline - now);
+        log_error("could not stop cleanly in time; exiting now (sandboxes keep running)", "waited_ms=%d",
+                  SHUTDOWN_MS);
+        _exit(0);
+        return NULL;
+}
 
 int main(int argc, char **argv)
 {
@@ -121,7 +155,8 @@ int main(int argc, char **argv)
                 .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
                 .exec_output_cap_default = cfg.exec_output_cap,
         };
-        daemon_handle_signals();
+        /* Before any thread starts, so each inherits it: SIGINT and SIGTERM reach only daemon_wait_stop. */
+        daemon_block_stop_signals();
         char err[1024];
         struct vmm *v = NULL;
         struct vmm_api *api = NULL;
@@ -129,18 +164,38 @@ int main(int argc, char **argv)
                 log_error("could not start", "error=\"%s\"", err);
                 goto out;
         }
-        if ((r = vmm_api_start(v, socket_path, &api, err, sizeof(err))) < 0) {
+        struct vmm_api_settings as = {
+                .idle_timeout_s = (unsigned int)cfg.api_idle_timeout_s,
+                .connections_max = (unsigned int)cfg.api_connections_max,
+                .connections_per_client = (unsigned int)cfg.api_connections_per_client,
+                .output_held_max = cfg.exec_output_held_max,
+        };
+        if ((r = vmm_api_start(v, socket_path, &as, &api, err, sizeof(err))) < 0) {
                 log_error("could not start the local API", "error=\"%s\"", err);
-                vmm_close(v);
+                vmm_close(v, time_mono_ns() + SHUTDOWN_MS * NS_PER_MS);
                 goto out;
         }
         log_info("tally-vmm ready", "socket=%s", socket_path);
-        while (!daemon_stop_requested)
-                pause();
-        log_info("tally-vmm stopping; sandboxes keep running", NULL);
-        vmm_begin_shutdown(v);
-        vmm_api_stop(api);
-        vmm_close(v);
+        int sig = daemon_wait_stop();
+        int64_t start = time_mono_ns();
+        static int64_t deadline;
+        deadline = start + SHUTDOWN_MS * NS_PER_MS;
+        log_info("tally-vmm stopping; sandboxes keep running", "signal=%s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        pthread_t watchdog;
+        if (pthread_create(&watchdog, NULL, shutdown_watchdog, &deadline) == 0)
+                pthread_detach(watchdog);
+        vmm_begin_shutdown(v); /* running execs end */
+        if (vmm_api_stop(api, start + SHUTDOWN_REQUESTS_MS * NS_PER_MS) < 0) {
+                /* A request is stuck in a call that does not return (a backend waiting on a
+                 * sandbox that does not answer): its thread still uses the vmm, so nothing is
+                 * freed. Queued events get what time is left; a stopped event lost here is
+                 * published again by the next run (its record says stopped). */
+                log_error("could not finish the requests being answered; leaving them", "requests=%d",
+                          vmm_api_active(api));
+                vmm_flush(v, (deadline - time_mono_ns()) / NS_PER_MS - 200);
+                _exit(0);
+        }
+        vmm_close(v, deadline);
         status = 0;
 out:
         curl_global_cleanup();

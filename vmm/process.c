@@ -187,6 +187,11 @@ static int clone_child(void *arg)
                 write_str(a->fds[0], "could not pass descriptors to " JAIL_INIT_NAME);
                 _exit(1);
         }
+        /* tally-vmm blocks SIGINT and SIGTERM in every thread (it waits for them
+         * with sigwaitinfo); a blocked mask survives exec, so clear it. */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         char *const argv[] = { (char *)JAIL_INIT_NAME, NULL };
         char *const envp[] = { NULL };
         execve(a->path, argv, envp);
@@ -598,6 +603,9 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 static const int to[5] = { 0, 1, 2, JAIL_FD_STATUS, JAIL_FD_CONFIG };
                 if (place_fds(from, to, 5) < 0)
                         _exit(126);
+                sigset_t none; /* the daemon's blocked signals survive exec */
+                sigemptyset(&none);
+                sigprocmask(SIG_SETMASK, &none, NULL);
                 char *const argv[] = { (char *)JAIL_INIT_NAME, (char *)"--join", NULL };
                 char *const envp[] = { NULL };
                 execve(init, argv, envp);

@@ -22,13 +22,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define SANDBOX_DIR   "vmm"        /* <state_dir>/vmm/<id>/: the sandbox's own folder */
 #define FORK_MAX      10
 #define FREEZE_WAIT_MS 5000
 #define KILL_WAIT_MS   5000
+#define RECORD_TRIES   3           /* immediate attempts at a record write before the tick takes over */
+
+/* A lifecycle moment (created, paused, resumed, stopped) on the three clocks:
+ * wall for the event's wall_ns, mono for its mono_ns, boot for held time
+ * (docs/events.md, "Held time"). */
+struct moment {
+        int64_t wall, mono, boot;
+};
+
+static struct moment moment_now(void)
+{
+        struct moment m = { time_wall_ns(), time_mono_ns(), time_boot_ns() };
+        return m;
+}
+
+/* The moment the record's current state began, seen from now (for a record a
+ * previous run wrote); now itself if the boot clock says it was another boot. */
+static struct moment moment_of_record(const struct sandbox_record *rec)
+{
+        struct moment m = moment_now();
+        int64_t ago = m.boot - rec->state_since_boot_ns;
+        if (rec->state_since_boot_ns <= 0 || ago < 0)
+                return m;
+        m.wall -= ago;
+        m.mono -= ago;
+        m.boot = rec->state_since_boot_ns;
+        return m;
+}
 
 struct sandbox {
         struct sandbox *next;
@@ -42,6 +72,10 @@ struct sandbox {
         char dir[PATH_MAX];
         bool network;
         int64_t remaining_ns;            /* while paused: what was left of the lease */
+        uint32_t pids_max;               /* as asked for at create (0: the backend's default); forks keep it */
+        struct moment moment;            /* the last lifecycle moment: its event's time */
+        bool record_dirty;               /* the record on disk is behind rec: the tick retries */
+        int pidfd;                       /* the main process's pidfd (-1: none): readable once it ended */
         bool stop_published;             /* the stopped event is with the producer */
         bool stop_acked;                 /* ... and the broker acknowledged it */
         int64_t stopped_mono;
@@ -78,6 +112,8 @@ static void sandbox_unref(struct vmm *v, struct sandbox *sb)
         if (sb->bs && sb->ops)
                 sb->ops->free(sb->bs);
         sandbox_record_clear(&sb->rec);
+        if (sb->pidfd >= 0)
+                close(sb->pidfd);
         pthread_mutex_destroy(&sb->op);
         pthread_mutex_destroy(&sb->exec_lock);
         free(sb);
@@ -102,9 +138,19 @@ static struct sandbox *sandbox_new(void)
         if (!sb)
                 return NULL;
         sb->refs = 1;
+        sb->pidfd = -1;
         pthread_mutex_init(&sb->op, NULL);
         pthread_mutex_init(&sb->exec_lock, NULL);
         return sb;
+}
+
+/* Watches the main process: the tick learns it ended within one turn (50 ms),
+ * so a sandbox that ends on its own stops, and stops holding, then. Without a
+ * pidfd the once-a-second look at /proc remains. */
+static void watch_main(struct sandbox *sb)
+{
+        if (sb->pidfd < 0 && sb->rec.pid > 0)
+                sb->pidfd = (int)syscall(SYS_pidfd_open, sb->rec.pid, 0);
 }
 
 static void sandbox_insert(struct vmm *v, struct sandbox *sb)
@@ -161,22 +207,28 @@ static void sandbox_dir(const struct vmm *v, const char *id, char *buf, size_t s
 }
 
 /* The few spec fields the registry record does not hold, kept in the sandbox's folder. */
-static int write_spec_file(const char *dir, bool network)
+static int write_spec_file(const char *dir, bool network, uint32_t pids_max)
 {
         char path[PATH_MAX + 16];
         snprintf(path, sizeof(path), "%s/spec.json", dir);
-        json_t *j = json_pack("{s:b}", "network", network);
+        json_t *j = json_pack("{s:b, s:I}", "network", network, "pids_max", (json_int_t)pids_max);
         int r = j && json_dump_file(j, path, 0) == 0 ? 0 : -EIO;
         json_decref(j);
         return r;
 }
 
-static bool read_network(const char *dir)
+/* What spec.json kept of a sandbox's request (a restarted daemon forks with it). */
+static bool read_spec_file(const char *dir, uint32_t *ret_pids_max)
 {
         char path[PATH_MAX + 16];
         snprintf(path, sizeof(path), "%s/spec.json", dir);
         json_t *j = json_load_file(path, 0, NULL);
         bool net = j && json_is_true(json_object_get(j, "network"));
+        json_t *pids = j ? json_object_get(j, "pids_max") : NULL;
+        *ret_pids_max = json_is_integer(pids) && json_integer_value(pids) > 0 &&
+                                        json_integer_value(pids) <= UINT32_MAX
+                                ? (uint32_t)json_integer_value(pids)
+                                : 0;
         json_decref(j);
         return net;
 }
@@ -209,8 +261,9 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
         (void)rk;
 }
 
-/* Fills the fields every lifecycle event of rec shares. */
-static void event_from_record(struct usage_event *ev, enum event_type type, const struct sandbox_record *rec)
+/* Fills the fields every lifecycle event of rec shares; its time is the moment m. */
+static void event_from_record(struct usage_event *ev, enum event_type type, const struct sandbox_record *rec,
+                              const struct moment *m)
 {
         memset(ev, 0, sizeof(*ev));
         ev->type = type;
@@ -218,8 +271,8 @@ static void event_from_record(struct usage_event *ev, enum event_type type, cons
         snprintf(ev->sandbox, sizeof(ev->sandbox), "%s", rec->id);
         snprintf(ev->account, sizeof(ev->account), "%s", rec->account);
         snprintf(ev->key, sizeof(ev->key), "%s", rec->key);
-        ev->wall_ns = time_wall_ns();
-        ev->mono_ns = time_mono_ns();
+        ev->wall_ns = m->wall;
+        ev->mono_ns = m->mono;
         ev->state = rec->state;
         ev->vcpus = rec->vcpus;
         ev->mem_size_bytes = rec->mem_size_bytes;
@@ -272,7 +325,7 @@ static void publish_simple(struct vmm *v, struct sandbox *sb, enum event_type ty
 {
         struct usage_event ev;
         pthread_mutex_lock(&v->lock);
-        event_from_record(&ev, type, &sb->rec);
+        event_from_record(&ev, type, &sb->rec, &sb->moment);
         pthread_mutex_unlock(&v->lock);
         publish(v, &ev, false);
 }
@@ -281,11 +334,10 @@ static void publish_created(struct vmm *v, struct sandbox *sb)
 {
         struct usage_event ev;
         pthread_mutex_lock(&v->lock);
-        event_from_record(&ev, EVENT_CREATED, &sb->rec);
+        event_from_record(&ev, EVENT_CREATED, &sb->rec, &sb->moment);
         snprintf(ev.parent, sizeof(ev.parent), "%s", sb->rec.parent);
         snprintf(ev.backend, sizeof(ev.backend), "%s", sb->rec.backend);
         ev.disk_size_bytes = sb->rec.disk_size_bytes;
-        ev.wall_ns = sb->rec.created_ns;
         for (size_t i = 0; i < sb->rec.nlabels; i++)
                 event_add_label(&ev, sb->rec.labels[i].key, sb->rec.labels[i].value);
         pthread_mutex_unlock(&v->lock);
@@ -297,9 +349,13 @@ static void publish_stopped(struct vmm *v, struct sandbox *sb)
 {
         struct usage_event ev;
         pthread_mutex_lock(&v->lock);
-        event_from_record(&ev, EVENT_STOPPED, &sb->rec);
+        event_from_record(&ev, EVENT_STOPPED, &sb->rec, &sb->moment);
+        /* Everything the aggregator needs to close the bill without the
+         * collector: the final counter, its epoch, and the final held totals. */
         ev.cpu_ns = sb->rec.final_cpu_ns;
         ev.final = true;
+        ev.held_known = true;
+        registry_held_at(&sb->rec, sb->moment.boot, &ev.running_ns, &ev.paused_ns);
         sb->stop_published = true;
         pthread_mutex_unlock(&v->lock);
         if (publish(v, &ev, true) < 0) {
@@ -346,7 +402,70 @@ static int check_key(struct vmm *v, const char *account, const char *key, char *
 out:
         pthread_mutex_unlock(&v->db_lock);
         if (r == -EACCES)
-                snprintf(why, whylen, "key %s has reached its daily spend limit: no new sandboxes today (UTC)", key);
+                snprintf(why, whylen, "key %s has reached its daily spend limit: no sandbox starts or resumes for it "
+                         "today (UTC)", key);
+        return r;
+}
+
+/* ---- records and leases ---- */
+
+/* When a running sandbox found already ended (its main process gone) had
+ * ended: at its lease's end if that has passed — its own init ended it then
+ * (set_lease), also while no tally-vmm ran — else unknown (false: now). */
+static bool lease_end_moment(const struct sandbox_record *rec, struct moment *ret)
+{
+        struct moment now = moment_now();
+        int64_t past = now.wall - rec->timeout_ns;
+        if (rec->state != STATE_RUNNING || rec->timeout_ns <= 0 || past <= 0 || rec->state_since_boot_ns <= 0 ||
+            now.boot - past < rec->state_since_boot_ns)
+                return false;
+        *ret = (struct moment){ rec->timeout_ns, now.mono - past, now.boot - past };
+        return true;
+}
+
+/* Writes sb's record (v->lock held), retrying at once a few times. A record
+ * that still cannot be written is never left silently behind the sandbox: the
+ * failure is logged at error, the sandbox is marked so the tick rewrites the
+ * record every second until it succeeds (and its clean-up waits for that), and
+ * the caller fails the request that changed it. Returns 0 or -errno. */
+static int save_record(struct vmm *v, struct sandbox *sb)
+{
+        int r = 0;
+        for (int i = 0; i < RECORD_TRIES; i++)
+                if ((r = registry_write(v->s.state_dir, &sb->rec)) == 0)
+                        break;
+        if (r < 0 && !sb->record_dirty)
+                log_error("could not write a sandbox's record; retrying every second", "sandbox=%s state=%s error=\"%s\"",
+                          sb->rec.id, sandbox_state_name(sb->rec.state), strerror(-r));
+        else if (r == 0 && sb->record_dirty)
+                log_info("sandbox's record written after an earlier failure", "sandbox=%s state=%s", sb->rec.id,
+                         sandbox_state_name(sb->rec.state));
+        sb->record_dirty = r < 0;
+        return r;
+}
+
+/* The error for a request whose change took effect but whose record could not
+ * be written: -EIO whatever the write's errno (an EACCES must not read as "the
+ * key is blocked"), with the write's reason in the sentence. */
+static int record_failed(const struct sandbox *sb, int r, const char *done, char *why, size_t whylen)
+{
+        if (why)
+                snprintf(why, whylen, "sandbox %s is %s, but its registry record could not be written (%s); "
+                         "tally-vmm keeps retrying", sb->rec.id, done, strerror(-r));
+        return -EIO;
+}
+
+/* Hands the sandbox's deadline to the backend, so the sandbox ends then even
+ * with no tally-vmm running (0: no lease). Backends without the op rely on the
+ * tick alone. Never called with v->lock held (it may talk to the sandbox). */
+static int set_lease(struct sandbox *sb, int64_t deadline_wall_ns)
+{
+        if (!sb->ops->set_lease || !sb->bs)
+                return 0;
+        int r = sb->ops->set_lease(sb->bs, deadline_wall_ns);
+        if (r < 0)
+                log_error("could not set a sandbox's lease", "sandbox=%s deadline_ns=%lld error=\"%s\"", sb->rec.id,
+                          (long long)deadline_wall_ns, strerror(-r));
         return r;
 }
 
@@ -371,7 +490,12 @@ static json_t *describe(struct vmm *v, struct sandbox *sb)
         if (*r->parent)
                 json_object_set_new(j, "parent", json_string(r->parent));
         bool stopped = r->state == STATE_STOPPED;
-        uint64_t final = r->final_cpu_ns;
+        uint64_t final = r->final_cpu_ns, running, paused;
+        registry_held_at(r, time_boot_ns(), &running, &paused);
+        json_object_set_new(j, "running_ns", json_integer((json_int_t)running));
+        json_object_set_new(j, "paused_ns", json_integer((json_int_t)paused));
+        if (sb->record_dirty)
+                json_object_set_new(j, "record_pending", json_true());
         pthread_mutex_unlock(&v->lock);
         uint64_t cpu = final;
         if (stopped || cgroup_cpu_ns(&sb->cg, &cpu) == 0)
@@ -437,13 +561,13 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         snprintf(rec->cgroup_memory, sizeof(rec->cgroup_memory), "%s", sb->cg.memory);
         char parent_dir[PATH_MAX];
         snprintf(parent_dir, sizeof(parent_dir), "%s/" SANDBOX_DIR, v->s.state_dir);
-        if ((mkdir(parent_dir, 0755) < 0 && errno != EEXIST) || mkdir(sb->dir, 0755) < 0) {
+        if ((mkdir(parent_dir, 0700) < 0 && errno != EEXIST) || mkdir(sb->dir, 0755) < 0) {
                 r = -errno;
                 snprintf(why, whylen, "could not create the sandbox's folder: %s", strerror(-r));
                 goto fail;
         }
         dir_made = true;
-        if ((r = write_spec_file(sb->dir, req->network)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
+        if ((r = write_spec_file(sb->dir, req->network, req->pids_max)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
                 snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
                 goto fail;
         }
@@ -456,10 +580,19 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         spec.mem_bytes = rec->mem_size_bytes;
         spec.disk_bytes = rec->disk_size_bytes;
         spec.network = req->network;
+        spec.pids_max = req->pids_max;
+        sb->pids_max = req->pids_max;
         spec.command = req->command;
         spec.image = req->image;
         pid_t pid = 0;
         int64_t start_mono = time_mono_ns();
+        /* The moment the sandbox may first run: held time starts here, and the
+         * lease counts from here. */
+        sb->moment = moment_now();
+        rec->created_ns = sb->moment.wall;
+        rec->timeout_ns = rec->created_ns + req->timeout_s * NS_PER_SEC;
+        registry_set_state(rec, STATE_RUNNING, sb->moment.boot);
+        spec.lease_deadline_wall_ns = rec->timeout_ns;
         if (src) {
                 if (!ops->fork) {
                         r = -EOPNOTSUPP;
@@ -473,11 +606,16 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         if (r < 0)
                 goto fail;
         rec->pid = pid;
+        if ((r = set_lease(sb, rec->timeout_ns)) < 0) {
+                snprintf(why, whylen, "could not set the sandbox's lease: %s", strerror(-r));
+                goto fail;
+        }
         if ((r = registry_write(v->s.state_dir, rec)) < 0) {
                 snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
                 goto fail;
         }
         sb->refs++; /* the list's and the caller's */
+        watch_main(sb);
         sandbox_insert(v, sb);
         publish_created(v, sb);
         log_info("sandbox created", "sandbox=%s account=%s key=%s backend=%s vcpus=%u memory_mib=%" PRIu64
@@ -580,18 +718,19 @@ static int pause_locked(struct vmm *v, struct sandbox *sb, const char *reason, c
                         sb->ops->resume(sb->bs);
                 return r;
         }
+        /* The freeze has completed: from here on the sandbox is paused. */
+        struct moment m = moment_now();
         pthread_mutex_lock(&v->lock);
-        sb->rec.state = STATE_PAUSED;
-        sb->remaining_ns = sb->rec.timeout_ns - time_wall_ns();
+        registry_set_state(&sb->rec, STATE_PAUSED, m.boot);
+        sb->moment = m;
+        sb->remaining_ns = sb->rec.timeout_ns - m.wall;
         if (sb->remaining_ns < 0)
                 sb->remaining_ns = 0;
-        r = registry_write(v->s.state_dir, &sb->rec);
+        r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
-        if (r < 0)
-                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
         publish_simple(v, sb, EVENT_PAUSED);
         log_info("sandbox paused", "sandbox=%s reason=%s", sb->rec.id, reason ? reason : "request");
-        return 0;
+        return r < 0 ? record_failed(sb, r, "paused", why, whylen) : 0;
 }
 
 int vmm_pause(struct vmm *v, const char *id, const char *reason, char *why, size_t whylen)
@@ -612,9 +751,13 @@ int vmm_resume(struct vmm *v, const char *id, char *why, size_t whylen)
         if (!sb)
                 return -ENOENT;
         int r = 0;
+        char account[EVENT_ID_MAX + 1], key[EVENT_ID_MAX + 1];
         pthread_mutex_lock(&sb->op);
         pthread_mutex_lock(&v->lock);
         enum sandbox_state st = sb->rec.state;
+        snprintf(account, sizeof(account), "%s", sb->rec.account);
+        snprintf(key, sizeof(key), "%s", sb->rec.key);
+        int64_t remaining = sb->remaining_ns > 0 ? sb->remaining_ns : 60 * NS_PER_SEC;
         pthread_mutex_unlock(&v->lock);
         if (st == STATE_RUNNING)
                 goto out;
@@ -623,30 +766,49 @@ int vmm_resume(struct vmm *v, const char *id, char *why, size_t whylen)
                 r = -EBUSY;
                 goto out;
         }
-        if ((r = cgroup_thaw(&sb->cg, FREEZE_WAIT_MS)) < 0 || (sb->ops->resume && (r = sb->ops->resume(sb->bs)) < 0)) {
+        /* A resume starts the sandbox burning again: refused like a create while
+         * the key is blocked for today (invariant 5). */
+        if ((r = check_key(v, account, key, why, whylen)) < 0)
+                goto out;
+        /* The lease did not run down while paused. It is handed to the sandbox
+         * before it thaws, so its own init never acts on the old deadline. */
+        int64_t deadline = time_wall_ns() + remaining;
+        if ((r = set_lease(sb, deadline)) < 0) {
+                snprintf(why, whylen, "could not renew sandbox %s's lease: %s", id, strerror(-r));
+                goto out;
+        }
+        if ((r = cgroup_thaw(&sb->cg, FREEZE_WAIT_MS)) < 0) {
                 snprintf(why, whylen, "could not resume sandbox %s: %s", id, strerror(-r));
                 goto out;
         }
+        /* Thawed: from here on the sandbox runs. */
+        struct moment m = moment_now();
+        if (sb->ops->resume && (r = sb->ops->resume(sb->bs)) < 0)
+                log_error("could not resume a sandbox's backend after the thaw", "sandbox=%s error=\"%s\"", id,
+                          strerror(-r));
         pthread_mutex_lock(&v->lock);
-        sb->rec.state = STATE_RUNNING;
-        /* The lease does not run down while paused. */
-        sb->rec.timeout_ns = time_wall_ns() + (sb->remaining_ns > 0 ? sb->remaining_ns : 60 * NS_PER_SEC);
-        r = registry_write(v->s.state_dir, &sb->rec);
+        registry_set_state(&sb->rec, STATE_RUNNING, m.boot);
+        sb->moment = m;
+        sb->rec.timeout_ns = deadline;
+        r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
-        if (r < 0)
-                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", id, strerror(-r));
-        r = 0;
         publish_simple(v, sb, EVENT_RESUMED);
         log_info("sandbox resumed", "sandbox=%s", id);
+        if (r < 0)
+                r = record_failed(sb, r, "running", why, whylen);
 out:
         pthread_mutex_unlock(&sb->op);
         sandbox_unref(v, sb);
         return r;
 }
 
-/* Ends the sandbox's processes, records the final counter and publishes it.
- * The cgroup and record are removed later by the tick (docs/registry.md). */
-static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason)
+/* Ends the sandbox's processes, records the final counter and held time, and
+ * publishes them. The stop's moment is when the processes are gone, or at, if
+ * given (a sandbox found ended after a restart: when its lease ran out). The
+ * cgroup and record are removed later by the tick (docs/registry.md). why may
+ * be NULL. */
+static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, const struct moment *at, char *why,
+                       size_t whylen)
 {
         pthread_mutex_lock(&v->lock);
         enum sandbox_state st = sb->rec.state;
@@ -664,23 +826,25 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason)
         r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
         if (r < 0)
                 log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
+        /* Its processes are gone: the sandbox holds nothing from here on. */
+        struct moment m = at ? *at : moment_now();
         uint64_t cpu = 0;
         if ((r = cgroup_cpu_ns(&sb->cg, &cpu)) < 0)
                 log_error("could not read a stopped sandbox's CPU counter", "sandbox=%s error=\"%s\"", sb->rec.id,
                           strerror(-r));
         pthread_mutex_lock(&v->lock);
-        sb->rec.state = STATE_STOPPED;
+        registry_set_state(&sb->rec, STATE_STOPPED, m.boot);
+        sb->moment = m;
         if (cpu > sb->rec.final_cpu_ns)
                 sb->rec.final_cpu_ns = cpu;
         sb->stopped_mono = time_mono_ns();
-        r = registry_write(v->s.state_dir, &sb->rec);
+        r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
-        if (r < 0)
-                log_error("could not write a sandbox's record", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
         publish_stopped(v, sb);
-        log_info("sandbox stopped", "sandbox=%s reason=%s final_cpu_ns=%" PRIu64, sb->rec.id, reason,
-                 sb->rec.final_cpu_ns);
-        return 0;
+        log_info("sandbox stopped", "sandbox=%s reason=%s final_cpu_ns=%" PRIu64 " running_ns=%" PRIu64
+                 " paused_ns=%" PRIu64, sb->rec.id, reason, sb->rec.final_cpu_ns, sb->rec.running_ns,
+                 sb->rec.paused_ns);
+        return r < 0 ? record_failed(sb, r, "stopped", why, whylen) : 0;
 }
 
 int vmm_stop(struct vmm *v, const char *id, const char *reason, char *why, size_t whylen)
@@ -689,7 +853,7 @@ int vmm_stop(struct vmm *v, const char *id, const char *reason, char *why, size_
         if (!sb)
                 return -ENOENT;
         pthread_mutex_lock(&sb->op);
-        int r = stop_locked(v, sb, reason ? reason : "request");
+        int r = stop_locked(v, sb, reason ? reason : "request", NULL, why, whylen);
         pthread_mutex_unlock(&sb->op);
         sandbox_unref(v, sb);
         return r;
@@ -717,6 +881,7 @@ int vmm_fork(struct vmm *v, const char *id, int count, json_t **ret, char *why, 
         req.mem_bytes = src->rec.mem_size_bytes;
         req.disk_bytes = src->rec.disk_size_bytes;
         req.network = src->network;
+        req.pids_max = src->pids_max;
         int64_t left = src->rec.timeout_ns - time_wall_ns();
         req.timeout_s = left > NS_PER_SEC ? left / NS_PER_SEC : 1;
         req.labels = src->rec.labels;
@@ -740,15 +905,16 @@ int vmm_fork(struct vmm *v, const char *id, int count, json_t **ret, char *why, 
                 /* All or nothing: a fork that could not make every copy makes none. */
                 for (int i = 0; i < made; i++) {
                         pthread_mutex_lock(&copies[i]->op);
-                        stop_locked(v, copies[i], "fork_failed");
+                        stop_locked(v, copies[i], "fork_failed", NULL, NULL, 0);
                         pthread_mutex_unlock(&copies[i]->op);
                         sandbox_unref(v, copies[i]);
                 }
                 goto out;
         }
         struct usage_event ev;
+        struct moment now = moment_now();
         pthread_mutex_lock(&v->lock);
-        event_from_record(&ev, EVENT_FORKED, &src->rec);
+        event_from_record(&ev, EVENT_FORKED, &src->rec, &now);
         pthread_mutex_unlock(&v->lock);
         ev.fork_count = (uint32_t)count;
         publish(v, &ev, false);
@@ -778,18 +944,33 @@ int vmm_set_timeout(struct vmm *v, const char *id, int64_t timeout_s, char *why,
         if (!sb)
                 return -ENOENT;
         int r = 0;
+        pthread_mutex_lock(&sb->op);
         pthread_mutex_lock(&v->lock);
-        if (sb->rec.state == STATE_STOPPED) {
+        enum sandbox_state st = sb->rec.state;
+        pthread_mutex_unlock(&v->lock);
+        int64_t deadline = time_wall_ns() + timeout_s * NS_PER_SEC;
+        if (st == STATE_STOPPED) {
                 snprintf(why, whylen, "sandbox %s is stopped", id);
                 r = -EBUSY;
-        } else {
-                sb->rec.timeout_ns = time_wall_ns() + timeout_s * NS_PER_SEC;
-                sb->remaining_ns = timeout_s * NS_PER_SEC;
-                r = registry_write(v->s.state_dir, &sb->rec);
-                if (r < 0)
-                        snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
+                goto out;
         }
+        /* A paused sandbox gets its lease when it resumes (it does not run down meanwhile). */
+        if (st == STATE_RUNNING && (r = set_lease(sb, deadline)) < 0) {
+                snprintf(why, whylen, "could not set sandbox %s's lease: %s", id, strerror(-r));
+                goto out;
+        }
+        pthread_mutex_lock(&v->lock);
+        sb->rec.timeout_ns = deadline;
+        sb->remaining_ns = timeout_s * NS_PER_SEC;
+        r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
+        if (r < 0) {
+                snprintf(why, whylen, "sandbox %s's lease was changed, but its registry record could not be written "
+                         "(%s); tally-vmm keeps retrying", id, strerror(-r));
+                r = -EIO;
+        }
+out:
+        pthread_mutex_unlock(&sb->op);
         sandbox_unref(v, sb);
         return r;
 }
@@ -884,7 +1065,7 @@ int vmm_apply_control(struct vmm *v, const struct control_command *c)
                 const char *reason = *c->reason ? c->reason : "control";
                 pthread_mutex_lock(&sb->op);
                 int r = c->action == CONTROL_PAUSE ? pause_locked(v, sb, reason, why, sizeof(why))
-                                                   : stop_locked(v, sb, reason);
+                                                   : stop_locked(v, sb, reason, NULL, why, sizeof(why));
                 pthread_mutex_unlock(&sb->op);
                 if (r == 0)
                         changed++;
@@ -932,8 +1113,19 @@ static void tick(struct vmm *v)
         bool check_alive = mono - last_alive_check >= NS_PER_SEC;
         if (check_alive)
                 last_alive_check = mono;
+        /* Which main processes ended: one poll over every pidfd. */
+        struct pollfd *ended = calloc((size_t)n + 1, sizeof(*ended));
+        if (ended) {
+                pthread_mutex_lock(&v->lock);
+                for (int i = 0; i < n; i++)
+                        ended[i] = (struct pollfd){ all[i]->rec.state == STATE_STOPPED ? -1 : all[i]->pidfd, POLLIN, 0 };
+                pthread_mutex_unlock(&v->lock);
+                if (poll(ended, (nfds_t)n, 0) < 0)
+                        memset(ended, 0, ((size_t)n + 1) * sizeof(*ended));
+        }
         for (int i = 0; i < n; i++) {
                 struct sandbox *sb = all[i];
+                bool gone = ended && (ended[i].revents & (POLLIN | POLLHUP));
                 pthread_mutex_lock(&v->lock);
                 enum sandbox_state st = sb->rec.state;
                 bool expired = st == STATE_RUNNING && sb->rec.timeout_ns > 0 && sb->rec.timeout_ns <= now;
@@ -941,24 +1133,25 @@ static void tick(struct vmm *v)
                 bool republish = st == STATE_STOPPED && !sb->stop_published;
                 bool acked = sb->stop_acked;
                 int64_t since = mono - sb->stopped_mono;
+                /* A record behind its sandbox is rewritten once a second until it holds. */
+                if (sb->record_dirty && check_alive)
+                        save_record(v, sb);
+                bool dirty = sb->record_dirty;
                 pthread_mutex_unlock(&v->lock);
-                if (expired) {
+                if (expired || (st != STATE_STOPPED && pid > 0 && (gone || (check_alive && !process_alive(pid))))) {
+                        /* A sandbox still running at its deadline is stopped now; one
+                         * found already ended after it was ended by its lease then. */
                         pthread_mutex_lock(&sb->op);
                         pthread_mutex_lock(&v->lock);
-                        expired = sb->rec.state == STATE_RUNNING && sb->rec.timeout_ns <= now;
+                        struct sandbox_record rec = sb->rec;
                         pthread_mutex_unlock(&v->lock);
-                        if (expired)
-                                stop_locked(v, sb, "timeout");
-                        pthread_mutex_unlock(&sb->op);
-                        continue;
-                }
-                if (st != STATE_STOPPED && pid > 0 && check_alive && !process_alive(pid)) {
-                        pthread_mutex_lock(&sb->op);
-                        pthread_mutex_lock(&v->lock);
-                        bool still = sb->rec.state != STATE_STOPPED;
-                        pthread_mutex_unlock(&v->lock);
-                        if (still)
-                                stop_locked(v, sb, "main_process_ended");
+                        bool alive = pid > 0 && process_alive(pid);
+                        struct moment deadline;
+                        bool at_deadline = !alive && lease_end_moment(&rec, &deadline);
+                        if (rec.state == STATE_RUNNING && rec.timeout_ns > 0 && rec.timeout_ns <= now)
+                                stop_locked(v, sb, "timeout", at_deadline ? &deadline : NULL, NULL, 0);
+                        else if (rec.state != STATE_STOPPED && !alive)
+                                stop_locked(v, sb, "main_process_ended", at_deadline ? &deadline : NULL, NULL, 0);
                         pthread_mutex_unlock(&sb->op);
                         continue;
                 }
@@ -966,7 +1159,8 @@ static void tick(struct vmm *v)
                         publish_stopped(v, sb);
                         continue;
                 }
-                if (st != STATE_STOPPED || !acked)
+                /* The collector takes its final sample when the record says stopped. */
+                if (st != STATE_STOPPED || !acked || dirty)
                         continue;
                 char final[PATH_MAX];
                 snprintf(final, sizeof(final), "%s/" REGISTRY_DIR "/%s.final", v->s.state_dir, sb->rec.id);
@@ -985,6 +1179,7 @@ static void tick(struct vmm *v)
                 log_info("sandbox removed", "sandbox=%s collector=%s", sb->rec.id, collected ? "yes" : "timed_out");
                 sandbox_unlink(v, sb);
         }
+        free(ended);
         snapshot_free(v, all, n);
 }
 
@@ -1086,7 +1281,7 @@ static void recover(struct vmm *v)
                 sb->rec = *rec;
                 memset(rec, 0, sizeof(*rec)); /* the labels move to sb */
                 sandbox_dir(v, sb->rec.id, sb->dir, sizeof(sb->dir));
-                sb->network = read_network(sb->dir);
+                sb->network = read_spec_file(sb->dir, &sb->pids_max);
                 sb->ops = backend_find(sb->rec.backend);
                 if (!sb->ops) {
                         log_warn("sandbox of a backend this build lacks: ending it", "sandbox=%s backend=%s",
@@ -1094,11 +1289,19 @@ static void recover(struct vmm *v)
                         sb->ops = &unknown_backend;
                 }
                 cgroup_paths(&v->cgroups, sb->rec.id, &sb->cg);
+                /* The held totals and the moment the state began are in the record. */
+                sb->moment = moment_of_record(&sb->rec);
                 if (sb->rec.state != STATE_STOPPED) {
                         int r = sb->ops->recover(&sb->rec, &sb->cg, sb->dir, &sb->bs);
                         if (r == 0) {
-                                if (sb->rec.state == STATE_PAUSED)
-                                        sb->remaining_ns = 60 * NS_PER_SEC;
+                                /* What was left of the lease when it paused. */
+                                if (sb->rec.state == STATE_PAUSED) {
+                                        sb->remaining_ns = sb->rec.timeout_ns - sb->moment.wall;
+                                        if (sb->rec.state_since_boot_ns <= 0 || sb->remaining_ns <= 0 ||
+                                            sb->remaining_ns > v->s.timeout_max_s * NS_PER_SEC)
+                                                sb->remaining_ns = 60 * NS_PER_SEC;
+                                }
+                                watch_main(sb);
                                 sandbox_insert(v, sb);
                                 found++;
                                 log_info("sandbox found again", "sandbox=%s state=%s pid=%d", sb->rec.id,
@@ -1108,8 +1311,12 @@ static void recover(struct vmm *v)
                         /* It ended while no tally-vmm watched: its counter is still in the cgroup. */
                         died++;
                         sandbox_insert(v, sb);
+                        /* A running sandbox whose lease ran out meanwhile was ended by its
+                         * own init at the deadline (set_lease): it held nothing after it. */
+                        struct moment deadline;
+                        bool at_deadline = lease_end_moment(&sb->rec, &deadline);
                         pthread_mutex_lock(&sb->op);
-                        stop_locked(v, sb, "ended_while_vmm_was_down");
+                        stop_locked(v, sb, "ended_while_vmm_was_down", at_deadline ? &deadline : NULL, NULL, 0);
                         pthread_mutex_unlock(&sb->op);
                         continue;
                 }
@@ -1178,10 +1385,24 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
                          *s->cgroup_mount ? s->cgroup_mount : "/sys/fs/cgroup", strerror(-r));
                 goto fail;
         }
-        if (mkdir(s->state_dir, 0755) < 0 && errno != EEXIST) {
+        /* The meter's inputs are root's alone: the registry (tenants' account and
+         * key ids) and the sandboxes' folders are 0700, also when an older
+         * tally-vmm made them 0755. A state folder tally-vmm creates is 0700; one
+         * that exists keeps its mode (scripts/up shares it with PostgreSQL's data). */
+        if (mkdir(s->state_dir, 0700) < 0 && errno != EEXIST) {
                 r = -errno;
                 snprintf(err, errlen, "could not create the state folder %s: %s", s->state_dir, strerror(errno));
                 goto fail;
+        }
+        static const char *const private_dirs[] = { REGISTRY_DIR, SANDBOX_DIR };
+        for (size_t i = 0; i < sizeof(private_dirs) / sizeof(private_dirs[0]); i++) {
+                char path[PATH_MAX];
+                snprintf(path, sizeof(path), "%s/%s", s->state_dir, private_dirs[i]);
+                if ((mkdir(path, 0700) < 0 && errno != EEXIST) || chmod(path, 0700) < 0) {
+                        r = -errno;
+                        snprintf(err, errlen, "could not make %s private: %s", path, strerror(errno));
+                        goto fail;
+                }
         }
         char kerr[512];
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
@@ -1250,7 +1471,14 @@ void vmm_begin_shutdown(struct vmm *v)
         v->stopping = 1;
 }
 
-void vmm_close(struct vmm *v)
+void vmm_flush(struct vmm *v, int64_t timeout_ms)
+{
+        int r = rd_kafka_flush(v->producer, timeout_ms > 0 ? (int)timeout_ms : 0);
+        if (r != RD_KAFKA_RESP_ERR_NO_ERROR)
+                log_warn("lifecycle events still queued at exit", "count=%d", rd_kafka_outq_len(v->producer));
+}
+
+void vmm_close(struct vmm *v, int64_t deadline_mono_ns)
 {
         if (!v)
                 return;
@@ -1259,7 +1487,8 @@ void vmm_close(struct vmm *v)
         pthread_join(v->thread, NULL);
         rd_kafka_consumer_close(v->consumer);
         rd_kafka_destroy(v->consumer);
-        if (rd_kafka_flush(v->producer, 10000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        int64_t left_ms = (deadline_mono_ns - time_mono_ns()) / NS_PER_MS - 200;
+        if (rd_kafka_flush(v->producer, left_ms > 0 ? (int)left_ms : 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
                 /* A stopped event lost here is published again by the next run (its record says stopped). */
                 log_warn("lifecycle events still queued at exit", "count=%d", rd_kafka_outq_len(v->producer));
                 rd_kafka_purge(v->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);

@@ -45,9 +45,14 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
  * connections, and so the daemon's exit, until they finish). */
 void vmm_begin_shutdown(struct vmm *v);
 
-/* Stops the background work and frees everything. Running sandboxes keep
- * running: a later tally-vmm finds them again. Accepts NULL. */
-void vmm_close(struct vmm *v);
+/* Stops the background work and frees everything, giving queued lifecycle
+ * events until deadline_mono_ns (time_mono_ns) to reach the broker. Running
+ * sandboxes keep running: a later tally-vmm finds them again. Accepts NULL. */
+void vmm_close(struct vmm *v, int64_t deadline_mono_ns);
+
+/* Waits up to timeout_ms for queued lifecycle events to reach the broker (for
+ * an exit that cannot free the vmm: a request still uses it). */
+void vmm_flush(struct vmm *v, int64_t timeout_ms);
 
 /* Every operation returns 0 or a negative errno with a sentence in why:
  *   -EINVAL bad input, -ENOENT no such sandbox, -EBUSY the sandbox's state
