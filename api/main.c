@@ -57,9 +57,16 @@ static const struct program_info program = {
 int main(int argc, char **argv)
 {
         struct api_config cfg = { 0 };
-        int r = config_main(&program, settings, &cfg, argc, argv, NULL);
+        int argi = argc;
+        int r = config_main(&program, settings, &cfg, argc, argv, &argi);
         if (r >= 0)
                 return r;
+        if (argi < argc) {
+                fprintf(stderr, "tally-api: unexpected argument \"%s\" (tally-api takes only options; see --help)\n",
+                        argv[argi]);
+                config_free(settings, &cfg);
+                return 2;
+        }
         daemon_handle_signals();
         /* Only this thread takes SIGINT and SIGTERM (in sigsuspend): the HTTP
          * threads, started below, inherit the mask that blocks them. */

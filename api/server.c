@@ -419,7 +419,6 @@ static void error_reply(struct api_reply *out, const struct api_error *e)
 {
         free(out->body);
         out->body = NULL;
-        out->headers[0][0] = out->headers[1][0] = '\0';
         reply_json(out, e->status ? e->status : 500,
                    json_pack("{s:{s:s, s:s, s:s}}", "error", "code", e->code[0] ? e->code : "internal", "message",
                              e->message[0] ? e->message : "internal error", "field", e->field));
