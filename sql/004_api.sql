@@ -52,3 +52,16 @@ CREATE TABLE idempotency_keys (
     PRIMARY KEY (account_id, idem_key)
 );
 CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at);
+
+-- alert_only keys are never blocked: whoever writes key_blocks (the
+-- aggregator at 100% copies the key's policy), such a row is skipped here.
+CREATE FUNCTION key_blocks_skip_alert_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.policy = 'alert_only'
+       OR EXISTS (SELECT 1 FROM api_keys WHERE id = NEW.key_id AND limit_policy = 'alert_only') THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER key_blocks_alert_only BEFORE INSERT ON key_blocks
+    FOR EACH ROW EXECUTE FUNCTION key_blocks_skip_alert_only();

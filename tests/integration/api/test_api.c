@@ -632,6 +632,25 @@ static void test_limit_block(void)
         r = http("POST", "/v1/sandboxes", key_a.secret, NULL, "{\"memory_mib\":64}");
         CHECK(r.status == 201, "create after raise: %ld %s", r.status, r.body);
         resp_free(&r);
+        /* alert_only: the block lifts, and a block written the way the aggregator
+         * writes it (the key's policy copied) is never stored */
+        sql_exec("INSERT INTO key_blocks (key_id, day, account_id, policy) "
+                 "VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2, 'pause') ON CONFLICT DO NOTHING",
+                 key_a.id, acct_a);
+        r = http("PUT", lpath, NULL, &sess_a, "{\"daily_limit_nanodollars\": 1000, \"policy\": \"alert_only\"}");
+        CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "block_lifted")) &&
+                      strcmp(jstr(r.json, "limit_policy"), "alert_only") == 0,
+              "alert_only under spend: %ld %s", r.status, r.body);
+        resp_free(&r);
+        sql_exec("INSERT INTO key_blocks (key_id, day, account_id, policy) "
+                 "SELECT id, (now() AT TIME ZONE 'UTC')::date, account_id, limit_policy FROM api_keys "
+                 "WHERE id = $1 AND account_id = $2 ON CONFLICT DO NOTHING",
+                 key_a.id, acct_a);
+        CHECK(sql_int("SELECT count(*) FROM key_blocks WHERE key_id = $1", key_a.id) == 0,
+              "an alert_only key was blocked");
+        r = http("POST", "/v1/sandboxes", key_a.secret, NULL, "{\"memory_mib\":64}");
+        CHECK(r.status == 201, "create with alert_only over the limit: %ld %s", r.status, r.body);
+        resp_free(&r);
         /* a person cannot create sandboxes: they are charged to a key */
         r = http("POST", "/v1/sandboxes", NULL, &sess_a, "{\"memory_mib\":64}");
         CHECK(r.status == 403 && strcmp(err_code(&r), "key_required") == 0, "person create: %ld %s", r.status, r.body);
