@@ -720,6 +720,14 @@ fail:
         return r;
 }
 
+const char *api_route(size_t i, const char **ret_method)
+{
+        if (i >= NROUTES)
+                return NULL;
+        *ret_method = routes[i].method;
+        return routes[i].pattern;
+}
+
 int api_server_port(struct api_server *s)
 {
         return s->port;

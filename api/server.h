@@ -110,6 +110,9 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
 /* The TCP port it listens on (useful with port 0). */
 int api_server_port(struct api_server *s);
 void api_server_stop(struct api_server *s);
+/* The route table, for the OpenAPI check: the i-th route's pattern (with
+ * "{id}") and *ret_method; NULL past the last. */
+const char *api_route(size_t i, const char **ret_method);
 
 /* ---- auth.c: secrets, people, sessions ---- */
 #define API_KEY_PREFIX_LEN 11 /* "tk_" + 8 characters shown in lists */
