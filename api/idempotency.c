@@ -4,8 +4,9 @@
  * before it runs: that row is the lock. A retry that finds the row replays
  * the stored answer, waits while the first still runs (then 409), or gets 422
  * when it is a different request (method, path or body). A request is never
- * run twice for one key. Answers are kept 24 hours; a 5xx answer is not kept
- * (the row is deleted), so a retry after a failure runs again. */
+ * run twice for one key. Answers are kept 24 hours. An answer that says
+ * "not now" is not kept — 5xx, 402 (the key's limit) and 409 (the sandbox's
+ * state): the row is deleted, so a retry once that changed runs again. */
 #include "log.h"
 #include "server.h"
 
@@ -110,7 +111,7 @@ void idem_finish(struct api_req *r, const char *key, const struct api_reply *out
         snprintf(status, sizeof(status), "%d", out->status);
         const char *params[] = { r->caller.account, key, status, out->body ? out->body : "" };
         PGresult *res;
-        if (out->status >= 500)
+        if (out->status >= 500 || out->status == 402 || out->status == 409)
                 res = db_query(req_db(r), "release an idempotency key", PGRES_COMMAND_OK,
                                "DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2", 2, params);
         else

@@ -13,6 +13,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -89,6 +90,10 @@ struct api_server {
         struct db_pool *pool;
         struct metrics *metrics;
         int port;
+        pthread_t janitor;
+        bool janitor_started, stopping;
+        pthread_mutex_t lock;
+        pthread_cond_t wake;
 };
 
 /* Per connection: the body collected across handler calls. */
@@ -96,6 +101,7 @@ struct conn_state {
         char *body;
         size_t len;
         bool too_big;
+        bool answered; /* the 413 is queued; what still comes is dropped */
         struct timespec start;
 };
 
@@ -609,8 +615,29 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                 clock_gettime(CLOCK_MONOTONIC, &st->start);
                 *con_cls = st;
                 const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-                if (cl && strtoll(cl, NULL, 10) > s->cfg->body_max_bytes)
-                        st->too_big = true; /* answered once the upload is read (or the peer gives up) */
+                if (!cl || strtoll(cl, NULL, 10) <= s->cfg->body_max_bytes)
+                        return MHD_YES;
+                /* Declared too big: answered now, the body is never read
+                 * (libmicrohttpd closes the connection after the answer). */
+                st->too_big = true;
+        }
+        if (st->too_big && !st->answered) {
+                struct api_req r = { .srv = s, .method = method, .path = url, .conn = c };
+                struct api_reply out = { 0 };
+                struct api_error e = { 0 };
+                client_ip(c, r.ip, sizeof(r.ip));
+                api_fail(&e, 413, "body_too_large", "body", "the body is larger than %lld bytes",
+                         (long long)s->cfg->body_max_bytes);
+                error_reply(&out, &e);
+                st->answered = true;
+                *size = 0;
+                enum MHD_Result ret = send_reply(c, &out);
+                free(out.body);
+                account_request(s, ROUTE_NONE, &r, 413, elapsed_us(&st->start));
+                return ret;
+        }
+        if (st->answered) {
+                *size = 0;
                 return MHD_YES;
         }
         if (*size) {
@@ -635,18 +662,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         struct api_req r = { .srv = s, .method = method, .path = url, .conn = c };
         struct api_reply out = { 0 };
         client_ip(c, r.ip, sizeof(r.ip));
-        size_t ri = ROUTE_NONE;
-        if (st->too_big) {
-                struct api_error e = { 0 };
-                api_fail(&e, 413, "body_too_large", "body", "the body is larger than %lld bytes",
-                         (long long)s->cfg->body_max_bytes);
-                error_reply(&out, &e);
-        } else {
-                r.body = st->body ? st->body : "";
-                r.body_len = st->len;
-                MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_param, &r);
-                ri = run(&r, &out);
-        }
+        r.body = st->body ? st->body : "";
+        r.body_len = st->len;
+        MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_param, &r);
+        size_t ri = run(&r, &out);
         req_db_release(&r);
         json_decref(r.json);
         for (int i = 0; i < API_MAX_PARAMS; i++)
@@ -671,6 +690,31 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         *con_cls = NULL;
 }
 
+/* Once a minute: expired sessions and idempotency answers older than 24 hours go. */
+static void *janitor(void *arg)
+{
+        struct api_server *s = arg;
+        pthread_mutex_lock(&s->lock);
+        while (!s->stopping) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_sec += 60;
+                pthread_cond_timedwait(&s->wake, &s->lock, &until);
+                if (s->stopping)
+                        break;
+                pthread_mutex_unlock(&s->lock);
+                PGconn *db = db_pool_get(s->pool);
+                PQclear(db_query(db, "remove expired sessions", PGRES_COMMAND_OK,
+                                 "DELETE FROM sessions WHERE expires_at < now()", 0, NULL));
+                PQclear(db_query(db, "remove old idempotency keys", PGRES_COMMAND_OK,
+                                 "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'", 0, NULL));
+                db_pool_put(s->pool, db);
+                pthread_mutex_lock(&s->lock);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return NULL;
+}
+
 int api_server_start(const struct api_config *cfg, struct api_server **ret, char *err, size_t errlen)
 {
         struct api_server *s = calloc(1, sizeof(*s));
@@ -681,6 +725,8 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
                 return -ENOMEM;
         }
         s->cfg = cfg;
+        pthread_mutex_init(&s->lock, NULL);
+        pthread_cond_init(&s->wake, NULL);
         if ((r = vmm_hosts_init(cfg->vmm_sockets, err, errlen)) < 0)
                 goto fail;
         if ((r = db_pool_new(cfg->database_url, (int)cfg->db_pool_size, &s->pool, err, errlen)) < 0)
@@ -713,6 +759,8 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         }
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
         s->port = di ? di->port : (int)cfg->port;
+        if (pthread_create(&s->janitor, NULL, janitor, s) == 0)
+                s->janitor_started = true;
         *ret = s;
         return 0;
 fail:
@@ -737,8 +785,17 @@ void api_server_stop(struct api_server *s)
 {
         if (!s)
                 return;
+        if (s->janitor_started) {
+                pthread_mutex_lock(&s->lock);
+                s->stopping = true;
+                pthread_cond_signal(&s->wake);
+                pthread_mutex_unlock(&s->lock);
+                pthread_join(s->janitor, NULL);
+        }
         if (s->mhd)
                 MHD_stop_daemon(s->mhd);
+        pthread_mutex_destroy(&s->lock);
+        pthread_cond_destroy(&s->wake);
         db_pool_free(s->pool);
         vmm_hosts_free();
         free(s->metrics);

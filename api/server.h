@@ -179,5 +179,5 @@ enum idem_result {
  * request, 409 still running after the wait). Returns IDEM_RUN, IDEM_REPLAY or
  * a negative errno with err filled. */
 int idem_begin(struct api_req *r, const char *key, struct api_reply *out, struct api_error *err);
-/* Stores the answer (a 5xx answer deletes the row instead, so a retry runs again). */
+/* Stores the answer (a 5xx, 402 or 409 deletes the row instead, so a retry runs again). */
 void idem_finish(struct api_req *r, const char *key, const struct api_reply *out);

@@ -590,6 +590,10 @@ static void test_limit_block(void)
                       strstr(r.body, key_a.id),
               "create while blocked: %ld %s", r.status, r.body);
         resp_free(&r);
+        /* a refusal for the limit is not kept under an Idempotency-Key: the retry after the raise runs */
+        r = http_full("POST", "/v1/sandboxes", key_a.secret, NULL, false, "{\"memory_mib\":64}", "after-raise");
+        CHECK(r.status == 402, "idempotent create while blocked: %ld %s", r.status, r.body);
+        resp_free(&r);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", paused);
         r = http("POST", path, key_a.secret, NULL, NULL);
         CHECK(r.status == 402 && strstr(r.body, "4000"), "resume while blocked: %ld %s", r.status, r.body);
@@ -629,8 +633,8 @@ static void test_limit_block(void)
         CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "running") == 0, "resume after raise: %ld %s", r.status,
               r.body);
         resp_free(&r);
-        r = http("POST", "/v1/sandboxes", key_a.secret, NULL, "{\"memory_mib\":64}");
-        CHECK(r.status == 201, "create after raise: %ld %s", r.status, r.body);
+        r = http_full("POST", "/v1/sandboxes", key_a.secret, NULL, false, "{\"memory_mib\":64}", "after-raise");
+        CHECK(r.status == 201 && !r.replayed, "create after raise, same Idempotency-Key: %ld %s", r.status, r.body);
         resp_free(&r);
         /* alert_only: the block lifts, and a block written the way the aggregator
          * writes it (the key's policy copied) is never stored */
