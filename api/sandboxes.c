@@ -172,6 +172,22 @@ static int check_block(struct api_req *r, const char *key, struct api_error *err
         return rc;
 }
 
+/* Drops what only the host should know (its folders, pids, cgroup paths)
+ * from a sandbox, or from each sandbox of a {"sandboxes": [...]} answer. */
+static void scrub(json_t *j)
+{
+        static const char *const host_only[] = { "dir", "pid", "cgroup_cpu", "cgroup_memory", "cgroup_version", NULL };
+        json_t *list = json_object_get(j, "sandboxes");
+        if (json_is_array(list)) {
+                size_t i;
+                json_t *sb;
+                json_array_foreach(list, i, sb) scrub(sb);
+                return;
+        }
+        for (const char *const *k = host_only; *k; k++)
+                json_object_del(j, *k);
+}
+
 /* The answer for a vmm call: its body on success (status ok), else the error. */
 static int forward(long st, json_t *j, int ok, struct api_reply *out, struct api_error *err)
 {
@@ -180,6 +196,8 @@ static int forward(long st, json_t *j, int ok, struct api_reply *out, struct api
                 json_decref(j);
                 return rc;
         }
+        if (j)
+                scrub(j);
         return reply_json(out, ok, j ? j : json_object());
 }
 
@@ -290,6 +308,10 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
                         const char *id = json_string_value(json_object_get(sb, "id"));
                         if (!acct || strcmp(acct, r->caller.account) != 0 || !id)
                                 continue;
+                        /* an API key lists what it created (api.h's rule for every list); a person, the account's */
+                        const char *key = json_string_value(json_object_get(sb, "key"));
+                        if (r->caller.key[0] && (!key || strcmp(key, r->caller.key) != 0))
+                                continue;
                         if (cursor && strcmp(id, cursor) <= 0)
                                 continue;
                         if (state) {
@@ -309,8 +331,10 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
                                 for (char *t = strtok_r(buf, ",", &save); t && ok; t = strtok_r(NULL, ",", &save))
                                         ok = label_match(json_object_get(sb, "labels"), t);
                         }
-                        if (ok)
+                        if (ok) {
+                                scrub(sb);
                                 json_array_append(all, sb);
+                        }
                 }
                 json_decref(j);
         }
@@ -351,8 +375,7 @@ int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *er
         } else {
                 json_object_set_new(sb, "cost_nanodollars", json_null());
         }
-        json_object_del(sb, "dir"); /* the host's folder is none of the caller's business */
-        json_object_del(sb, "pid");
+        scrub(sb);
         return reply_json(out, 200, sb);
 }
 
@@ -378,10 +401,6 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
         snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", r->id, *action ? "/" : "", action);
         json_t *j = NULL;
         long st = vmm_call(h, method, path, body, &j);
-        if (st == ok && json_is_object(j)) {
-                json_object_del(j, "dir");
-                json_object_del(j, "pid");
-        }
         return forward(st, j, ok, out, err);
 }
 

@@ -316,12 +316,12 @@ static int h_metrics(struct api_req *r, struct api_reply *out, struct api_error 
         return 0;
 }
 
-static int not_built(struct api_error *err, const char *what)
+static __attribute__((unused)) int not_built(struct api_error *err, const char *what)
 {
         return api_fail(err, 501, "not_implemented", NULL, "%s is not built into this tally-api", what);
 }
 
-static int from_body(struct api_reply *out, struct api_body *b)
+static __attribute__((unused)) int from_body(struct api_reply *out, struct api_body *b)
 {
         out->status = 200;
         out->body = b->data;
@@ -341,7 +341,6 @@ static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *e
 #else
         (void)r;
         (void)out;
-        (void)from_body;
         return not_built(err, "GET /v1/usage");
 #endif
 }
