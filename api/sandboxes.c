@@ -133,8 +133,10 @@ static int find(struct api_req *r, int *ret_host, json_t **ret, struct api_error
                 long st = vmm_call(h, "GET", path, NULL, &j);
                 if (st == 200 && j) {
                         const char *acct = json_string_value(json_object_get(j, "account"));
-                        if (!acct || strcmp(acct, r->caller.account) != 0)
+                        if (!acct || strcmp(acct, r->caller.account) != 0) {
+                                json_decref(j);
                                 break; /* another account's: not found, and no other host has it */
+                        }
                         *ret_host = h;
                         *ret = j;
                         return 0;
