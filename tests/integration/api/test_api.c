@@ -360,7 +360,8 @@ static void start_api(void)
         char *argv[] = { (char *)test_env("TALLY_API_BIN"), "--database-url", db_url, "--port", "0",
                          "--vmm-sockets", sock, "--cookie-secure=false", "--threads", "8",
                          "--body-max-bytes", "65536", "--rate-per-s", "20", "--rate-burst", "400",
-                         "--signin-max-failures", "5", "--signin-window-s", "600", NULL };
+                         "--signin-max-failures", "5", "--signin-window-s", "600",
+                         "--connection-timeout-s", "2", NULL };
         api_pid = test_spawn(argv, NULL, log);
         int64_t until = now_ms() + 20000;
         while (now_ms() < until && !port) {
@@ -671,6 +672,11 @@ static void test_lifecycle(void)
         CHECK(r.status == 200 && strcmp(jstr(r.json, "stdout"), "hi\n") == 0 &&
                       json_integer_value(json_object_get(r.json, "exit_code")) == 3,
               "exec: %ld %s", r.status, r.body);
+        resp_free(&r);
+        /* a command longer than the idle connection timeout (2 s here) still answers */
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
+        r = http("POST", path, key_a2.secret, NULL, "{\"command\":\"sleep 3; echo late\"}");
+        CHECK(r.status == 200 && strcmp(jstr(r.json, "stdout"), "late\n") == 0, "long exec: %ld %s", r.status, r.body);
         resp_free(&r);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/timeout", id);
         r = http("POST", path, key_a2.secret, NULL, "{\"timeout_s\": 900}");
