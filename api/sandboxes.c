@@ -83,6 +83,9 @@ static long vmm_call(int h, const char *method, const char *path, json_t *body, 
         curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
         curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
         curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+        /* a host that does not accept within 5 s is down; an answer may take as
+         * long as the command it runs (the vmm bounds exec's timeout) */
+        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
         if (text)
                 curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
         else if (strcmp(method, "POST") == 0)
