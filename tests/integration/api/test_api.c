@@ -599,6 +599,13 @@ static void test_limit_block(void)
         r = http("POST", path, key_a.secret, NULL, NULL);
         CHECK(r.status == 402 && strstr(r.body, "4000"), "resume while blocked: %ld %s", r.status, r.body);
         resp_free(&r);
+        /* a fork starts new sandboxes for the key: refused too */
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/fork", paused);
+        r = http("POST", path, key_a.secret, NULL, "{\"count\":1}");
+        CHECK(r.status == 402 && strcmp(err_code(&r), "limit_reached") == 0, "fork while blocked: %ld %s", r.status,
+              r.body);
+        resp_free(&r);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", paused);
         /* the person resuming is refused too: the limit is the key's */
         r = http("POST", path, NULL, &sess_a, NULL);
         CHECK(r.status == 402, "person resume while blocked: %ld %s", r.status, r.body);
