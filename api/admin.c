@@ -1,0 +1,279 @@
+/* tally-admin — what an operator does by hand: accounts, people, keys, plans.
+ * The same code as tally-api (keys.c, auth.c). A password is read from a
+ * file or the terminal, never from the command line (argv is visible to
+ * every user of the host); a key's secret is printed once and never again. */
+#include "config.h"
+#include "db.h"
+#include "log.h"
+#include "server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <unistd.h>
+
+struct admin_config {
+        char *database_url;
+        char *log_level;
+};
+
+static const struct setting settings[] = {
+        SETTING_DATABASE_URL(struct admin_config, database_url),
+        SETTING_LOG_LEVEL(struct admin_config, log_level),
+        SETTINGS_END,
+};
+
+static const struct program_info program = {
+        .name = "tally-admin",
+        .summary = "Create accounts, people and API keys, and assign price plans.",
+        .usage = "[options] COMMAND [ARGS...]",
+        .details = "Commands:\n"
+                   "  account create ID [--name NAME] [--plan PLAN]\n"
+                   "  person create --account ID --email EMAIL [--password-file FILE]\n"
+                   "  person password --email EMAIL [--password-file FILE]\n"
+                   "         (without --password-file the password is read from the terminal, or one line of stdin)\n"
+                   "  key create --account ID [--name NAME] [--daily-limit-nanodollars N] [--policy pause|stop|alert_only]\n"
+                   "         (prints the key's id and its secret, once)\n"
+                   "  plan assign --account ID --plan PLAN",
+};
+
+struct args {
+        const char *account, *name, *plan, *email, *password_file, *limit, *policy;
+};
+
+static int parse(int argc, char **argv, struct args *a)
+{
+        static const struct option opts[] = {
+                { "account", required_argument, 0, 'a' },
+                { "name", required_argument, 0, 'n' },
+                { "plan", required_argument, 0, 'p' },
+                { "email", required_argument, 0, 'e' },
+                { "password-file", required_argument, 0, 'f' },
+                { "daily-limit-nanodollars", required_argument, 0, 'l' },
+                { "policy", required_argument, 0, 'P' },
+                { 0, 0, 0, 0 },
+        };
+        optind = 1;
+        int c;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+                switch (c) {
+                case 'a': a->account = optarg; break;
+                case 'n': a->name = optarg; break;
+                case 'p': a->plan = optarg; break;
+                case 'e': a->email = optarg; break;
+                case 'f': a->password_file = optarg; break;
+                case 'l': a->limit = optarg; break;
+                case 'P': a->policy = optarg; break;
+                default: return -EINVAL;
+                }
+        }
+        return optind;
+}
+
+/* Reads the password: the file's first line, or the terminal with echo off,
+ * or (no terminal) one line of stdin. Returns malloc'd text or NULL. */
+static char *read_password(const char *file)
+{
+        FILE *f = file ? fopen(file, "r") : NULL;
+        bool tty = !file && isatty(STDIN_FILENO);
+        if (file && !f) {
+                fprintf(stderr, "tally-admin: could not open %s: %m\n", file);
+                return NULL;
+        }
+        struct termios old, quiet;
+        if (tty) {
+                fprintf(stderr, "Password: ");
+                tcgetattr(STDIN_FILENO, &old);
+                quiet = old;
+                quiet.c_lflag &= ~(tcflag_t)ECHO;
+                tcsetattr(STDIN_FILENO, TCSAFLUSH, &quiet);
+        }
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t n = getline(&line, &cap, f ? f : stdin);
+        if (tty) {
+                tcsetattr(STDIN_FILENO, TCSAFLUSH, &old);
+                fputc('\n', stderr);
+        }
+        if (f)
+                fclose(f);
+        if (n <= 0) {
+                free(line);
+                return NULL;
+        }
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+                line[--n] = '\0';
+        return line;
+}
+
+static int run_sql(PGconn *db, const char *what, const char *sql, int n, const char *const *params)
+{
+        PGresult *res = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
+        ExecStatusType st = PQresultStatus(res);
+        int rows = st == PGRES_TUPLES_OK ? PQntuples(res) : atoi(PQcmdTuples(res));
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+                fprintf(stderr, "tally-admin: could not %s: %s", what, PQerrorMessage(db));
+                PQclear(res);
+                return -EIO;
+        }
+        PQclear(res);
+        return rows;
+}
+
+static int set_password(PGconn *db, const char *email, const char *file)
+{
+        char *pw = read_password(file);
+        if (!pw || strlen(pw) < 8) {
+                fprintf(stderr, "tally-admin: a password of at least 8 characters is needed\n");
+                free(pw);
+                return -EINVAL;
+        }
+        char *hash = NULL;
+        int r = password_hash(pw, &hash);
+        explicit_bzero(pw, strlen(pw));
+        free(pw);
+        if (r < 0) {
+                fprintf(stderr, "tally-admin: could not hash the password\n");
+                return r;
+        }
+        const char *p[] = { email, hash };
+        r = run_sql(db, "set the password", "UPDATE people SET password_hash = $2 WHERE email = $1", 2, p);
+        free(hash);
+        if (r == 0) {
+                fprintf(stderr, "tally-admin: no person with email %s\n", email);
+                return -ENOENT;
+        }
+        return r < 0 ? r : 0;
+}
+
+static int command(PGconn *db, int argc, char **argv)
+{
+        if (argc < 2)
+                return -EINVAL;
+        const char *what = argv[0], *verb = argv[1];
+        struct args a = { 0 };
+        int first = parse(argc - 1, argv + 1, &a);
+        if (first < 0)
+                return -EINVAL;
+        const char *pos = first < argc - 1 ? argv[1 + first] : NULL;
+        if (strcmp(what, "account") == 0 && strcmp(verb, "create") == 0) {
+                if (!pos || !id_valid(pos)) {
+                        fprintf(stderr, "tally-admin: account create needs an ID of 1 to 64 of A-Z a-z 0-9 _ . : -\n");
+                        return -EINVAL;
+                }
+                const char *p[] = { pos, a.name ? a.name : pos, a.plan ? a.plan : "default" };
+                int r = run_sql(db, "create the account",
+                                "INSERT INTO accounts (id, name, plan_id) VALUES ($1, $2, $3)", 3, p);
+                if (r < 0)
+                        return r;
+                printf("%s\n", pos);
+                return 0;
+        }
+        if (strcmp(what, "person") == 0 && strcmp(verb, "create") == 0) {
+                if (!a.account || !a.email) {
+                        fprintf(stderr, "tally-admin: person create needs --account and --email\n");
+                        return -EINVAL;
+                }
+                char hex[17], id[24];
+                if (secret_hex(hex, 8) < 0)
+                        return -EIO;
+                snprintf(id, sizeof(id), "per_%s", hex);
+                const char *p[] = { id, a.account, a.email };
+                int r = run_sql(db, "create the person", "INSERT INTO people (id, account_id, email) VALUES ($1, $2, $3)",
+                                3, p);
+                if (r < 0)
+                        return r;
+                if ((r = set_password(db, a.email, a.password_file)) < 0) {
+                        const char *d[] = { id };
+                        run_sql(db, "undo the person", "DELETE FROM people WHERE id = $1", 1, d);
+                        return r;
+                }
+                printf("%s\n", id);
+                return 0;
+        }
+        if (strcmp(what, "person") == 0 && strcmp(verb, "password") == 0) {
+                if (!a.email) {
+                        fprintf(stderr, "tally-admin: person password needs --email\n");
+                        return -EINVAL;
+                }
+                return set_password(db, a.email, a.password_file);
+        }
+        if (strcmp(what, "key") == 0 && strcmp(verb, "create") == 0) {
+                if (!a.account) {
+                        fprintf(stderr, "tally-admin: key create needs --account\n");
+                        return -EINVAL;
+                }
+                json_t *limit = NULL;
+                if (a.limit) {
+                        char *end;
+                        long long v = strtoll(a.limit, &end, 10);
+                        if (*end || v < 0) {
+                                fprintf(stderr, "tally-admin: --daily-limit-nanodollars must be a whole number\n");
+                                return -EINVAL;
+                        }
+                        limit = json_integer(v);
+                }
+                json_t *k = NULL;
+                struct api_error err = { 0 };
+                int r = key_create(db, a.account, "admin", a.name, limit, a.policy, &k, &err);
+                json_decref(limit);
+                if (r < 0) {
+                        fprintf(stderr, "tally-admin: could not create the key: %s\n", err.message);
+                        return r;
+                }
+                printf("id=%s\nkey=%s\n", json_string_value(json_object_get(k, "id")),
+                       json_string_value(json_object_get(k, "key")));
+                json_decref(k);
+                return 0;
+        }
+        if (strcmp(what, "plan") == 0 && strcmp(verb, "assign") == 0) {
+                if (!a.account || !a.plan) {
+                        fprintf(stderr, "tally-admin: plan assign needs --account and --plan\n");
+                        return -EINVAL;
+                }
+                const char *p[] = { a.account, a.plan };
+                int r = run_sql(db, "assign the plan",
+                                "WITH old AS (SELECT plan_id FROM accounts WHERE id = $1), "
+                                "upd AS (UPDATE accounts SET plan_id = $2 WHERE id = $1 RETURNING 1) "
+                                "INSERT INTO audit_log (account_id, actor, action, object_id, old_value, new_value) "
+                                "SELECT $1, 'admin', 'account.plan', $1, to_jsonb(old.plan_id), to_jsonb($2::text) "
+                                "FROM old, upd",
+                                2, p);
+                if (r == 0) {
+                        fprintf(stderr, "tally-admin: no account %s\n", a.account);
+                        return -ENOENT;
+                }
+                return r < 0 ? r : 0;
+        }
+        return -EINVAL;
+}
+
+int main(int argc, char **argv)
+{
+        struct admin_config cfg = { 0 };
+        int argi = argc;
+        int r = config_main(&program, settings, &cfg, argc, argv, &argi);
+        if (r >= 0)
+                return r;
+        if (argi >= argc) {
+                config_print_help(&program, settings);
+                config_free(settings, &cfg);
+                return 2;
+        }
+        char err[512];
+        PGconn *db = db_connect(cfg.database_url, err, sizeof(err));
+        if (!db) {
+                fprintf(stderr, "tally-admin: %s\n", err);
+                config_free(settings, &cfg);
+                return 1;
+        }
+        r = command(db, argc - argi, argv + argi);
+        if (r == -EINVAL)
+                fprintf(stderr, "tally-admin: unknown or incomplete command (see --help)\n");
+        PQfinish(db);
+        config_free(settings, &cfg);
+        return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,400 @@
+/* auth.c — who is asking: API keys (SHA-256 of a 192-bit secret), people
+ * (yescrypt passwords from libcrypt), sessions (cookie token and CSRF token,
+ * both stored hashed, with an expiry), and the in-memory rate limits on
+ * sign-in failures and on requests. Secrets come from OpenSSL's RAND_bytes
+ * only; none is stored or logged in clear. */
+#include "log.h"
+#include "server.h"
+
+#include <crypt.h>
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SESSION_COOKIE "tally_session"
+
+int secret_hex(char *out, size_t n)
+{
+        unsigned char buf[64];
+        if (n > sizeof(buf) || RAND_bytes(buf, (int)n) != 1)
+                return -EIO;
+        for (size_t i = 0; i < n; i++)
+                snprintf(out + 2 * i, 3, "%02x", buf[i]);
+        OPENSSL_cleanse(buf, sizeof(buf));
+        return 0;
+}
+
+void sha256_hex(const char *s, size_t len, char out[65])
+{
+        unsigned char md[32];
+        unsigned int mdlen = 0;
+        EVP_Digest(s, len, md, &mdlen, EVP_sha256(), NULL);
+        for (int i = 0; i < 32; i++)
+                snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+int api_key_generate(char *out, size_t size)
+{
+        char hex[49];
+        if (size < 52 || secret_hex(hex, 24) < 0)
+                return -EIO;
+        snprintf(out, size, "tk_%s", hex);
+        OPENSSL_cleanse(hex, sizeof(hex));
+        return 0;
+}
+
+int password_hash(const char *password, char **ret)
+{
+        char *setting = crypt_gensalt_ra("$y$", 0, NULL, 0);
+        if (!setting)
+                return -errno ? -errno : -EIO;
+        void *data = NULL;
+        int size = 0;
+        char *h = crypt_ra(password, setting, &data, &size);
+        free(setting);
+        if (!h || h[0] == '*') {
+                free(data);
+                return -EIO;
+        }
+        *ret = strdup(h);
+        free(data);
+        return *ret ? 0 : -ENOMEM;
+}
+
+/* A hash to check against when the email is unknown, so a wrong email takes
+ * as long as a wrong password. */
+static char *dummy_hash;
+static pthread_once_t dummy_once = PTHREAD_ONCE_INIT;
+static void make_dummy(void)
+{
+        if (password_hash("not a password", &dummy_hash) < 0)
+                dummy_hash = NULL;
+}
+
+bool password_verify(const char *password, const char *stored)
+{
+        if (!stored || !*stored) {
+                pthread_once(&dummy_once, make_dummy);
+                stored = dummy_hash ? dummy_hash : "$y$j9T$x$x";
+        }
+        void *data = NULL;
+        int size = 0;
+        const char *h = crypt_ra(password, stored, &data, &size);
+        bool ok = h && h[0] != '*' && strlen(h) == strlen(stored) && CRYPTO_memcmp(h, stored, strlen(h)) == 0 &&
+                  stored != dummy_hash;
+        free(data);
+        return ok;
+}
+
+/* ---- finding the caller ---- */
+
+int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err)
+{
+        const char *authz = req_header(r, "Authorization");
+        char h[65];
+        if (authz) {
+                if (strncmp(authz, "Bearer ", 7) != 0)
+                        return api_fail(err, 401, "unauthenticated", "Authorization",
+                                        "Authorization must be \"Bearer <API key>\"");
+                const char *key = authz + 7;
+                sha256_hex(key, strlen(key), h);
+                const char *params[] = { h };
+                PGresult *res = PQexecParams(req_db(r),
+                                             "SELECT id, account_id, revoked_at IS NOT NULL FROM api_keys "
+                                             "WHERE key_hash = decode($1, 'hex')",
+                                             1, NULL, params, NULL, NULL, 0);
+                if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                        log_error("could not look up an API key", "error=\"%s\"", PQerrorMessage(req_db(r)));
+                        PQclear(res);
+                        return api_fail(err, 503, "database_unavailable", NULL, "could not check the API key");
+                }
+                int rc = 0;
+                if (PQntuples(res) != 1)
+                        rc = api_fail(err, 401, "unauthenticated", "Authorization", "unknown API key");
+                else if (strcmp(PQgetvalue(res, 0, 2), "t") == 0)
+                        rc = api_fail(err, 401, "key_revoked", "Authorization", "this API key was revoked");
+                else {
+                        snprintf(r->caller.key, sizeof(r->caller.key), "%s", PQgetvalue(res, 0, 0));
+                        snprintf(r->caller.account, sizeof(r->caller.account), "%s", PQgetvalue(res, 0, 1));
+                }
+                PQclear(res);
+                return rc;
+        }
+        const char *token = req_cookie(r, SESSION_COOKIE);
+        if (!token)
+                return api_fail(err, 401, "unauthenticated", NULL,
+                                "send Authorization: Bearer <API key>, or sign in with POST /v1/sessions");
+        sha256_hex(token, strlen(token), h);
+        const char *params[] = { h };
+        PGresult *res = PQexecParams(req_db(r),
+                                     "SELECT person_id, account_id, encode(csrf_hash, 'hex') FROM sessions "
+                                     "WHERE token_hash = decode($1, 'hex') AND expires_at > now()",
+                                     1, NULL, params, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                log_error("could not look up a session", "error=\"%s\"", PQerrorMessage(req_db(r)));
+                PQclear(res);
+                return api_fail(err, 503, "database_unavailable", NULL, "could not check the session");
+        }
+        int rc = 0;
+        if (PQntuples(res) != 1) {
+                rc = api_fail(err, 401, "session_expired", NULL, "the session ended or expired: sign in again");
+        } else {
+                snprintf(r->caller.person, sizeof(r->caller.person), "%s", PQgetvalue(res, 0, 0));
+                snprintf(r->caller.account, sizeof(r->caller.account), "%s", PQgetvalue(res, 0, 1));
+                snprintf(ret_csrf_hash, 65, "%s", PQgetvalue(res, 0, 2));
+        }
+        PQclear(res);
+        return rc;
+}
+
+/* ---- rate limits: small in-memory tables, per process ---- */
+
+#define SLOTS 4096
+
+struct slot {
+        char key[200];
+        int64_t a; /* sign-in: failures; requests: milli-tokens */
+        int64_t t; /* sign-in: window start (s); requests: last refill (us) */
+};
+
+static struct slot signin_slots[SLOTS], rate_slots[SLOTS];
+static pthread_mutex_t signin_lock = PTHREAD_MUTEX_INITIALIZER, rate_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t mono_us(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* The slot of key: its own, a free one, or (table full) the one it hashes to, reset. */
+static struct slot *slot_of(struct slot *table, const char *key, bool *ret_new)
+{
+        uint64_t h = 1469598103934665603ULL;
+        for (const char *p = key; *p; p++)
+                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        size_t start = (size_t)(h % SLOTS);
+        for (size_t i = 0; i < 16; i++) {
+                struct slot *s = &table[(start + i) % SLOTS];
+                if (strcmp(s->key, key) == 0) {
+                        *ret_new = false;
+                        return s;
+                }
+                if (!s->key[0]) {
+                        snprintf(s->key, sizeof(s->key), "%s", key);
+                        *ret_new = true;
+                        return s;
+                }
+        }
+        struct slot *s = &table[start];
+        snprintf(s->key, sizeof(s->key), "%s", key);
+        *ret_new = true;
+        return s;
+}
+
+static bool signin_key_limited(const struct api_config *cfg, const char *key, int64_t now, int64_t *retry)
+{
+        bool fresh;
+        struct slot *s = slot_of(signin_slots, key, &fresh);
+        if (fresh || now - s->t >= cfg->signin_window_s) {
+                s->a = 0;
+                s->t = now;
+                return false;
+        }
+        if (s->a < cfg->signin_max_failures)
+                return false;
+        int64_t left = s->t + cfg->signin_window_s - now;
+        if (left > *retry)
+                *retry = left;
+        return true;
+}
+
+bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s)
+{
+        char k1[200], k2[200];
+        snprintf(k1, sizeof(k1), "e:%s", email);
+        snprintf(k2, sizeof(k2), "i:%s", ip);
+        int64_t now = mono_us() / 1000000, retry = 0;
+        pthread_mutex_lock(&signin_lock);
+        bool a = signin_key_limited(cfg, k1, now, &retry);
+        bool b = signin_key_limited(cfg, k2, now, &retry);
+        pthread_mutex_unlock(&signin_lock);
+        *ret_retry_s = retry > 0 ? retry : 1;
+        return a || b;
+}
+
+void signin_failed(const struct api_config *cfg, const char *email, const char *ip)
+{
+        char keys[2][200];
+        snprintf(keys[0], sizeof(keys[0]), "e:%s", email);
+        snprintf(keys[1], sizeof(keys[1]), "i:%s", ip);
+        int64_t now = mono_us() / 1000000;
+        pthread_mutex_lock(&signin_lock);
+        for (int i = 0; i < 2; i++) {
+                bool fresh;
+                struct slot *s = slot_of(signin_slots, keys[i], &fresh);
+                if (fresh || now - s->t >= cfg->signin_window_s) {
+                        s->a = 0;
+                        s->t = now;
+                }
+                s->a++;
+        }
+        pthread_mutex_unlock(&signin_lock);
+}
+
+void signin_succeeded(const char *email)
+{
+        char k[200];
+        snprintf(k, sizeof(k), "e:%s", email);
+        pthread_mutex_lock(&signin_lock);
+        bool fresh;
+        struct slot *s = slot_of(signin_slots, k, &fresh);
+        s->a = 0;
+        pthread_mutex_unlock(&signin_lock);
+}
+
+bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s)
+{
+        int64_t now = mono_us(), cap = cfg->rate_burst * 1000;
+        pthread_mutex_lock(&rate_lock);
+        bool fresh;
+        struct slot *s = slot_of(rate_slots, who, &fresh);
+        if (fresh) {
+                s->a = cap;
+                s->t = now;
+        }
+        /* rate_per_s tokens a second = rate_per_s milli-tokens a millisecond */
+        int64_t add = (now - s->t) * cfg->rate_per_s / 1000;
+        if (add > 0) {
+                s->a = s->a + add > cap ? cap : s->a + add;
+                s->t = now;
+        }
+        bool ok = s->a >= 1000;
+        if (ok)
+                s->a -= 1000;
+        int64_t need_us = ok ? 0 : (1000 - s->a) * 1000 / cfg->rate_per_s;
+        pthread_mutex_unlock(&rate_lock);
+        if (!ok)
+                *ret_retry_s = need_us / 1000000 + 1;
+        return ok;
+}
+
+/* ---- sessions: sign in, who am I, sign out ---- */
+
+static void set_cookie(struct api_req *r, struct api_reply *out, const char *token, int64_t max_age)
+{
+        snprintf(out->headers[0], sizeof(out->headers[0]),
+                 "Set-Cookie: " SESSION_COOKIE "=%s; Path=/; Max-Age=%lld; HttpOnly; SameSite=Strict%s", token,
+                 (long long)max_age, req_config(r)->cookie_secure ? "; Secure" : "");
+}
+
+int h_session_create(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "email", "password", NULL };
+        int rc;
+        if (!r->json)
+                return api_fail(err, 400, "missing_field", "email", "email and password are required");
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0)
+                return rc;
+        const char *email = json_string_value(json_object_get(r->json, "email"));
+        const char *password = json_string_value(json_object_get(r->json, "password"));
+        if (!email || !*email || strlen(email) > 254)
+                return api_fail(err, 400, "invalid_field", "email", "email must be a string of 1 to 254 bytes");
+        if (!password || strlen(password) > 1024)
+                return api_fail(err, 400, "invalid_field", "password", "password must be a string of at most 1024 bytes");
+        const struct api_config *cfg = req_config(r);
+        int64_t retry;
+        if (signin_limited(cfg, email, r->ip, &retry)) {
+                snprintf(out->headers[1], sizeof(out->headers[1]), "Retry-After: %lld", (long long)retry);
+                return api_fail(err, 429, "too_many_sign_ins", NULL,
+                                "too many failed sign-ins for this email or address; retry in %lld s",
+                                (long long)retry);
+        }
+        const char *p1[] = { email };
+        PGresult *res = PQexecParams(req_db(r), "SELECT id, account_id, password_hash FROM people WHERE email = $1", 1,
+                                     NULL, p1, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                log_error("could not look up a person", "error=\"%s\"", PQerrorMessage(req_db(r)));
+                PQclear(res);
+                return api_fail(err, 503, "database_unavailable", NULL, "could not sign in");
+        }
+        bool found = PQntuples(res) == 1;
+        const char *stored = found && !PQgetisnull(res, 0, 2) ? PQgetvalue(res, 0, 2) : NULL;
+        /* the slow hash runs without holding a database connection */
+        char *stored_copy = stored ? strdup(stored) : NULL;
+        char person[EVENT_ID_MAX + 1] = "", account[EVENT_ID_MAX + 1] = "";
+        if (found) {
+                snprintf(person, sizeof(person), "%s", PQgetvalue(res, 0, 0));
+                snprintf(account, sizeof(account), "%s", PQgetvalue(res, 0, 1));
+        }
+        PQclear(res);
+        req_db_release(r);
+        bool ok = password_verify(password, stored_copy);
+        free(stored_copy);
+        if (!found || !ok) {
+                signin_failed(cfg, email, r->ip);
+                log_info("sign-in refused", "ip=%s", r->ip);
+                return api_fail(err, 401, "bad_credentials", NULL, "wrong email or password");
+        }
+        signin_succeeded(email);
+        char token[65], csrf[65], th[65], ch[65], ttl[32];
+        if (secret_hex(token, 32) < 0 || secret_hex(csrf, 32) < 0)
+                return api_fail(err, 500, "internal", NULL, "could not make a session token");
+        sha256_hex(token, 64, th);
+        sha256_hex(csrf, 64, ch);
+        snprintf(ttl, sizeof(ttl), "%lld", (long long)cfg->session_ttl_s);
+        const char *p2[] = { th, ch, person, account, ttl };
+        res = PQexecParams(req_db(r),
+                           "INSERT INTO sessions (token_hash, csrf_hash, person_id, account_id, expires_at) "
+                           "VALUES (decode($1, 'hex'), decode($2, 'hex'), $3, $4, now() + $5::bigint * interval '1 second') "
+                           "RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+                           5, NULL, p2, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                log_error("could not store a session", "error=\"%s\"", PQerrorMessage(req_db(r)));
+                PQclear(res);
+                return api_fail(err, 503, "database_unavailable", NULL, "could not sign in");
+        }
+        json_t *body = json_pack("{s:s, s:s, s:s, s:s}", "person", person, "account", account, "csrf_token", csrf,
+                                 "expires_at", PQgetvalue(res, 0, 0));
+        PQclear(res);
+        set_cookie(r, out, token, cfg->session_ttl_s);
+        OPENSSL_cleanse(token, sizeof(token));
+        log_info("signed in", "person=%s account=%s", person, account);
+        return reply_json(out, 201, body);
+}
+
+int h_session_get(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        const char *p[] = { r->caller.person };
+        PGresult *res = PQexecParams(req_db(r), "SELECT email FROM people WHERE id = $1", 1, NULL, p, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+                PQclear(res);
+                return api_fail(err, 503, "database_unavailable", NULL, "could not read the session");
+        }
+        json_t *body = json_pack("{s:s, s:s, s:s}", "person", r->caller.person, "account", r->caller.account, "email",
+                                 PQgetvalue(res, 0, 0));
+        PQclear(res);
+        return reply_json(out, 200, body);
+}
+
+int h_session_delete(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        const char *token = req_cookie(r, SESSION_COOKIE);
+        char h[65];
+        sha256_hex(token ? token : "", token ? strlen(token) : 0, h);
+        const char *p[] = { h };
+        PGresult *res = PQexecParams(req_db(r), "DELETE FROM sessions WHERE token_hash = decode($1, 'hex')", 1, NULL,
+                                     p, NULL, NULL, 0);
+        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        PQclear(res);
+        if (!ok)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not sign out");
+        set_cookie(r, out, "", 0);
+        return reply_json(out, 200, json_pack("{s:b}", "signed_out", 1));
+}

@@ -1,0 +1,472 @@
+/* sandboxes.c — the sandbox lifecycle an agent drives, forwarded to the
+ * hosts' tally-vmm over their unix sockets (HTTP, docs/vmm.md).
+ *
+ * The vmm trusts whoever opens its socket, so tenancy is checked here: the
+ * account and key of a create come from the caller, never the body, and a
+ * sandbox of another account answers 404 exactly like one that does not
+ * exist. Create, fork and resume are refused with 402 while the key is
+ * blocked today (key_blocks). vmm_sockets is a list: a create goes to the
+ * next host in turn, a sandbox is found by asking the hosts in order. */
+#include "log.h"
+#include "server.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_HOSTS 64
+
+static char *hosts[MAX_HOSTS];
+static int nhosts;
+static atomic_uint next_host;
+
+int vmm_hosts_init(const char *sockets, char *err, size_t errlen)
+{
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        char *copy = strdup(sockets ? sockets : ""), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t && nhosts < MAX_HOSTS; t = strtok_r(NULL, ",", &save))
+                if (*t)
+                        hosts[nhosts++] = strdup(t);
+        free(copy);
+        if (nhosts == 0) {
+                snprintf(err, errlen, "vmm_sockets names no tally-vmm socket");
+                return -EINVAL;
+        }
+        return 0;
+}
+
+void vmm_hosts_free(void)
+{
+        for (int i = 0; i < nhosts; i++)
+                free(hosts[i]);
+        nhosts = 0;
+}
+
+struct buf {
+        char *data;
+        size_t len;
+};
+
+static size_t on_data(char *p, size_t size, size_t n, void *ud)
+{
+        struct buf *b = ud;
+        size_t add = size * n;
+        char *d = realloc(b->data, b->len + add + 1);
+        if (!d)
+                return 0;
+        memcpy(d + b->len, p, add);
+        b->len += add;
+        d[b->len] = '\0';
+        b->data = d;
+        return add;
+}
+
+/* One HTTP call to host h's tally-vmm. Returns the HTTP status with *ret the
+ * parsed answer (the caller decrefs), or -EIO when the vmm cannot be reached. */
+static long vmm_call(int h, const char *method, const char *path, json_t *body, json_t **ret)
+{
+        CURL *curl = curl_easy_init();
+        if (!curl)
+                return -ENOMEM;
+        char url[512];
+        snprintf(url, sizeof(url), "http://vmm%s", path);
+        struct buf b = { 0 };
+        char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+        struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, hosts[h]);
+        curl_easy_setopt(curl, CURLOPT_URL, url);
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+        /* a host that does not accept within 5 s is down; an answer may take as
+         * long as the command it runs (the vmm bounds exec's timeout) */
+        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+        if (text)
+                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
+        else if (strcmp(method, "POST") == 0)
+                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, "{}");
+        CURLcode cr = curl_easy_perform(curl);
+        long status = -EIO;
+        if (cr == CURLE_OK)
+                curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+        else
+                log_error("could not reach tally-vmm", "socket=%s error=\"%s\"", hosts[h], curl_easy_strerror(cr));
+        curl_slist_free_all(headers);
+        curl_easy_cleanup(curl);
+        free(text);
+        *ret = status > 0 && b.data ? json_loads(b.data, 0, NULL) : NULL;
+        free(b.data);
+        return status;
+}
+
+/* Turns a vmm refusal into the API's error. */
+static int vmm_error(long status, json_t *j, struct api_error *err)
+{
+        const char *why = json_string_value(json_object_get(json_object_get(j, "error") ? j : NULL, "error"));
+        if (!why)
+                why = "tally-vmm refused";
+        switch (status) {
+        case 400: return api_fail(err, 400, "invalid_field", NULL, "%s", why);
+        case 403: return api_fail(err, 402, "limit_reached", NULL, "%s", why);
+        case 404: return api_fail(err, 404, "not_found", "id", "no such sandbox");
+        case 409: return api_fail(err, 409, "conflict", NULL, "%s", why);
+        case 422: return api_fail(err, 422, "unprocessable", NULL, "%s", why);
+        case 503: return api_fail(err, 503, "unavailable", NULL, "%s", why);
+        default:
+                if (status < 0)
+                        return api_fail(err, 502, "vmm_unavailable", NULL, "the sandbox host does not answer");
+                return api_fail(err, 502, "vmm_error", NULL, "the sandbox host answered %ld: %s", status, why);
+        }
+}
+
+/* Finds sandbox r->id among the hosts; it must belong to the caller's account.
+ * Returns 0 with *ret_host and *ret (the sandbox), or an error. */
+static int find(struct api_req *r, int *ret_host, json_t **ret, struct api_error *err)
+{
+        char path[128];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", r->id);
+        bool unreachable = false;
+        for (int h = 0; h < nhosts; h++) {
+                json_t *j = NULL;
+                long st = vmm_call(h, "GET", path, NULL, &j);
+                if (st == 200 && j) {
+                        const char *acct = json_string_value(json_object_get(j, "account"));
+                        if (!acct || strcmp(acct, r->caller.account) != 0) {
+                                json_decref(j);
+                                break; /* another account's: not found, and no other host has it */
+                        }
+                        *ret_host = h;
+                        *ret = j;
+                        return 0;
+                }
+                json_decref(j);
+                if (st < 0)
+                        unreachable = true;
+        }
+        if (unreachable)
+                return api_fail(err, 502, "vmm_unavailable", NULL, "a sandbox host does not answer");
+        return api_fail(err, 404, "not_found", "id", "no sandbox %s", r->id);
+}
+
+/* 402 while key is blocked today; names the limit. */
+static int check_block(struct api_req *r, const char *key, struct api_error *err)
+{
+        const char *p[] = { key, r->caller.account };
+        PGresult *res = db_query(req_db(r), "check a block", PGRES_TUPLES_OK,
+                                 "SELECT k.daily_limit_nanodollars, k.limit_policy, "
+                                 "       coalesce((SELECT nanodollars FROM spend_daily WHERE key_id = $1 "
+                                 "                 AND day = (now() AT TIME ZONE 'UTC')::date), 0) "
+                                 "FROM key_blocks b LEFT JOIN api_keys k ON k.id = b.key_id "
+                                 "WHERE b.key_id = $1 AND b.account_id = $2 AND b.day = (now() AT TIME ZONE 'UTC')::date",
+                                 2, p);
+        if (!res)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not check the key's daily limit");
+        int rc = 0;
+        if (PQntuples(res) > 0)
+                rc = api_fail(err, 402, "limit_reached", NULL,
+                              "key %s reached its daily spend limit of %s nano-dollars today (UTC; spent %s): no "
+                              "sandbox may start or resume for it until a person raises the limit or the day ends",
+                              key, PQgetisnull(res, 0, 0) ? "(removed)" : PQgetvalue(res, 0, 0),
+                              PQgetvalue(res, 0, 2));
+        PQclear(res);
+        return rc;
+}
+
+/* Drops what only the host should know (its folders, pids, cgroup paths)
+ * from a sandbox, or from each sandbox of a {"sandboxes": [...]} answer. */
+static void scrub(json_t *j)
+{
+        static const char *const host_only[] = { "dir", "pid", "cgroup_cpu", "cgroup_memory", "cgroup_version", NULL };
+        json_t *list = json_object_get(j, "sandboxes");
+        if (json_is_array(list)) {
+                size_t i;
+                json_t *sb;
+                json_array_foreach(list, i, sb) scrub(sb);
+                return;
+        }
+        for (const char *const *k = host_only; *k; k++)
+                json_object_del(j, *k);
+}
+
+/* The answer for a vmm call: its body on success (status ok), else the error. */
+static int forward(long st, json_t *j, int ok, struct api_reply *out, struct api_error *err)
+{
+        if (st != ok) {
+                int rc = vmm_error(st, j, err);
+                json_decref(j);
+                return rc;
+        }
+        if (j)
+                scrub(j);
+        return reply_json(out, ok, j ? j : json_object());
+}
+
+static int check_type(json_t *body, const char *name, json_type t, struct api_error *err, const char *what)
+{
+        json_t *v = json_object_get(body, name);
+        if (v && json_typeof(v) != t && !(t == JSON_TRUE && json_is_boolean(v)))
+                return api_fail(err, 400, "invalid_field", name, "%s must be %s", name, what);
+        return 0;
+}
+
+int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "vcpus", "memory_mib", "disk_mib", "labels", "timeout_s", "network",
+                                               "command", "image", "backend", NULL };
+        int rc;
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0 ||
+            (rc = check_type(r->json, "vcpus", JSON_INTEGER, err, "an integer")) < 0 ||
+            (rc = check_type(r->json, "memory_mib", JSON_INTEGER, err, "an integer")) < 0 ||
+            (rc = check_type(r->json, "disk_mib", JSON_INTEGER, err, "an integer")) < 0 ||
+            (rc = check_type(r->json, "timeout_s", JSON_INTEGER, err, "an integer")) < 0 ||
+            (rc = check_type(r->json, "labels", JSON_OBJECT, err, "an object of strings")) < 0 ||
+            (rc = check_type(r->json, "network", JSON_TRUE, err, "true or false")) < 0 ||
+            (rc = check_type(r->json, "image", JSON_STRING, err, "a string")) < 0 ||
+            (rc = check_type(r->json, "backend", JSON_STRING, err, "a string")) < 0)
+                return rc;
+        json_t *cmd = json_object_get(r->json, "command");
+        if (cmd && !json_is_string(cmd) && !json_is_array(cmd))
+                return api_fail(err, 400, "invalid_field", "command", "command must be a string or an array of strings");
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(r->json, "labels"), k, v) {
+                if (!json_is_string(v))
+                        return api_fail(err, 400, "invalid_field", "labels", "label %.64s must be a string", k);
+        }
+        if ((rc = check_block(r, r->caller.key, err)) < 0)
+                return rc;
+        req_db_release(r); /* a create may take a while: no connection held meanwhile */
+        json_t *spec = r->json ? json_deep_copy(r->json) : json_object();
+        json_object_set_new(spec, "account", json_string(r->caller.account));
+        json_object_set_new(spec, "key", json_string(r->caller.key));
+        int h = (int)(atomic_fetch_add(&next_host, 1) % (unsigned)nhosts);
+        json_t *j = NULL;
+        long st = vmm_call(h, "POST", "/v1/sandboxes", spec, &j);
+        json_decref(spec);
+        if (st == 201)
+                log_info("sandbox created", "sandbox=%s account=%s key=%s",
+                         json_string_value(json_object_get(j, "id")), r->caller.account, r->caller.key);
+        return forward(st, j, 201, out, err);
+}
+
+static bool label_match(json_t *labels, const char *filter)
+{
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s", filter);
+        char *eq = strchr(buf, '=');
+        if (eq)
+                *eq = '\0';
+        const char *v = json_string_value(json_object_get(labels, buf));
+        return v && (!eq || strcmp(v, eq + 1) == 0);
+}
+
+static int by_id(const void *a, const void *b)
+{
+        const char *x = json_string_value(json_object_get(*(json_t *const *)a, "id"));
+        const char *y = json_string_value(json_object_get(*(json_t *const *)b, "id"));
+        return strcmp(x ? x : "", y ? y : "");
+}
+
+int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        const char *state = req_param(r, "state"), *cursor = req_param(r, "cursor"), *limit = req_param(r, "limit");
+        long n = 100;
+        if (limit) {
+                char *end;
+                n = strtol(limit, &end, 10);
+                if (*end || n < 1 || n > 1000)
+                        return api_fail(err, 400, "invalid_field", "limit", "limit must be an integer from 1 to 1000");
+        }
+        if (cursor && !id_valid(cursor))
+                return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this server gave");
+        if (state) {
+                char buf[256];
+                snprintf(buf, sizeof(buf), "%s", state);
+                char *save = NULL;
+                for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                        if (strcmp(t, "running") != 0 && strcmp(t, "paused") != 0 && strcmp(t, "stopped") != 0)
+                                return api_fail(err, 400, "invalid_field", "state",
+                                                "state must be running, paused or stopped (several: comma-separated)");
+        }
+        /* every label=K=V given must match (repeated parameters come joined with commas) */
+        const char *labels = req_param(r, "label");
+        req_db_release(r);
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", r->caller.account);
+        json_t *all = json_array();
+        for (int h = 0; h < nhosts; h++) {
+                json_t *j = NULL;
+                long st = vmm_call(h, "GET", path, NULL, &j);
+                if (st != 200) {
+                        json_decref(all);
+                        return vmm_error(st, j, err);
+                }
+                size_t i;
+                json_t *sb;
+                json_array_foreach(json_object_get(j, "sandboxes"), i, sb) {
+                        const char *acct = json_string_value(json_object_get(sb, "account"));
+                        const char *id = json_string_value(json_object_get(sb, "id"));
+                        if (!acct || strcmp(acct, r->caller.account) != 0 || !id)
+                                continue;
+                        /* an API key lists what it created (api.h's rule for every list); a person, the account's */
+                        const char *key = json_string_value(json_object_get(sb, "key"));
+                        if (r->caller.key[0] && (!key || strcmp(key, r->caller.key) != 0))
+                                continue;
+                        if (cursor && strcmp(id, cursor) <= 0)
+                                continue;
+                        if (state) {
+                                const char *s = json_string_value(json_object_get(sb, "state"));
+                                char buf[256];
+                                snprintf(buf, sizeof(buf), ",%s,", state);
+                                char want[32];
+                                snprintf(want, sizeof(want), ",%s,", s ? s : "");
+                                if (!strstr(buf, want))
+                                        continue;
+                        }
+                        bool ok = true;
+                        if (labels) {
+                                char buf[1024];
+                                snprintf(buf, sizeof(buf), "%s", labels);
+                                char *save = NULL;
+                                for (char *t = strtok_r(buf, ",", &save); t && ok; t = strtok_r(NULL, ",", &save))
+                                        ok = label_match(json_object_get(sb, "labels"), t);
+                        }
+                        if (ok) {
+                                scrub(sb);
+                                json_array_append(all, sb);
+                        }
+                }
+                json_decref(j);
+        }
+        size_t total = json_array_size(all);
+        json_t **items = calloc(total ? total : 1, sizeof(json_t *));
+        for (size_t i = 0; i < total; i++)
+                items[i] = json_array_get(all, i);
+        qsort(items, total, sizeof(json_t *), by_id);
+        json_t *page = json_array();
+        for (size_t i = 0; i < total && i < (size_t)n; i++)
+                json_array_append(page, items[i]);
+        json_t *next = total > (size_t)n ? json_string(json_string_value(json_object_get(items[n - 1], "id")))
+                                         : json_null();
+        free(items);
+        json_decref(all);
+        return reply_json(out, 200, json_pack("{s:o, s:o}", "sandboxes", page, "next_cursor", next));
+}
+
+int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        int h, rc;
+        json_t *sb;
+        if ((rc = find(r, &h, &sb, err)) < 0)
+                return rc;
+        /* Its cost so far, from the ledger: each meter's usage times the rate in
+         * force for its hour, summed exactly and rounded once. */
+        const char *p[] = { r->id, r->caller.account };
+        PGresult *res = db_query(req_db(r), "cost a sandbox", PGRES_TUPLES_OK,
+                                 "SELECT coalesce(round(sum("
+                                 "  cpu_ns::numeric * rate_at(account_plan(account_id), 'cpu', hour) / meter_unit_base('cpu')"
+                                 "+ mem_byte_ns * rate_at(account_plan(account_id), 'memory', hour) / meter_unit_base('memory')"
+                                 "+ storage_byte_ns * rate_at(account_plan(account_id), 'storage', hour) / meter_unit_base('storage')"
+                                 ")), 0)::bigint FROM usage_hourly WHERE sandbox_id = $1 AND account_id = $2",
+                                 2, p);
+        if (res) {
+                json_object_set_new(sb, "cost_nanodollars", json_integer(strtoll(PQgetvalue(res, 0, 0), NULL, 10)));
+                PQclear(res);
+        } else {
+                json_object_set_new(sb, "cost_nanodollars", json_null());
+        }
+        scrub(sb);
+        return reply_json(out, 200, sb);
+}
+
+/* Finds the sandbox, then runs an action on its host. */
+static int act(struct api_req *r, const char *method, const char *action, json_t *body, int ok, bool check,
+               struct api_reply *out, struct api_error *err)
+{
+        int h, rc;
+        json_t *sb;
+        if ((rc = find(r, &h, &sb, err)) < 0)
+                return rc;
+        if (check) {
+                char key[EVENT_ID_MAX + 1];
+                snprintf(key, sizeof(key), "%s", json_string_value(json_object_get(sb, "key")) ?: "");
+                if ((rc = check_block(r, key, err)) < 0) {
+                        json_decref(sb);
+                        return rc;
+                }
+        }
+        json_decref(sb);
+        req_db_release(r);
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", r->id, *action ? "/" : "", action);
+        json_t *j = NULL;
+        long st = vmm_call(h, method, path, body, &j);
+        return forward(st, j, ok, out, err);
+}
+
+int h_sandbox_delete(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        if (r->json)
+                return api_fail(err, 400, "unknown_field", "body", "DELETE takes no body");
+        return act(r, "DELETE", "", NULL, 200, false, out, err);
+}
+
+int h_sandbox_pause(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { NULL };
+        int rc = body_check_fields(r->json, allowed, err);
+        return rc < 0 ? rc : act(r, "POST", "pause", NULL, 200, false, out, err);
+}
+
+int h_sandbox_resume(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { NULL };
+        int rc = body_check_fields(r->json, allowed, err);
+        return rc < 0 ? rc : act(r, "POST", "resume", NULL, 200, true, out, err);
+}
+
+int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "command", "stdin", "timeout_ms", "output_cap", NULL };
+        int rc;
+        if (!r->json)
+                return api_fail(err, 400, "missing_field", "command", "command is required");
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0 ||
+            (rc = check_type(r->json, "stdin", JSON_STRING, err, "a string")) < 0 ||
+            (rc = check_type(r->json, "timeout_ms", JSON_INTEGER, err, "an integer")) < 0 ||
+            (rc = check_type(r->json, "output_cap", JSON_INTEGER, err, "an integer")) < 0)
+                return rc;
+        json_t *cmd = json_object_get(r->json, "command");
+        if (!cmd || (!json_is_string(cmd) && !json_is_array(cmd)))
+                return api_fail(err, 400, "invalid_field", "command", "command must be a string or an array of strings");
+        return act(r, "POST", "exec", r->json, 200, false, out, err);
+}
+
+int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "count", NULL };
+        int rc;
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0)
+                return rc;
+        json_t *c = json_object_get(r->json, "count");
+        if (c && (!json_is_integer(c) || json_integer_value(c) < 1 || json_integer_value(c) > 10))
+                return api_fail(err, 400, "invalid_field", "count", "count must be an integer from 1 to 10");
+        return act(r, "POST", "fork", r->json, 201, true, out, err);
+}
+
+int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "timeout_s", NULL };
+        int rc;
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0)
+                return rc;
+        json_t *t = json_object_get(r->json, "timeout_s");
+        if (!t || !json_is_integer(t) || json_integer_value(t) < 1 || json_integer_value(t) > 31536000)
+                return api_fail(err, 400, "invalid_field", "timeout_s", "timeout_s must be an integer from 1 to 31536000");
+        return act(r, "POST", "timeout", r->json, 200, false, out, err);
+}

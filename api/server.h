@@ -1,0 +1,183 @@
+/* server.h — tally-api's insides, shared by its own files (server.c, auth.c,
+ * keys.c, sandboxes.c, idempotency.c, pool.c, admin.c). The read handlers see
+ * only api.h: nothing here is part of that contract. */
+#pragma once
+
+#include "api.h"
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct api_config {
+        char *database_url;
+        char *listen_address;
+        int64_t port;
+        char *vmm_sockets;
+        int64_t threads;
+        int64_t max_connections;
+        int64_t per_ip_connections;
+        int64_t connection_timeout_s;
+        int64_t body_max_bytes;
+        int64_t db_pool_size;
+        int64_t session_ttl_s;
+        bool cookie_secure;
+        int64_t rate_per_s;
+        int64_t rate_burst;
+        int64_t signin_max_failures;
+        int64_t signin_window_s;
+        int64_t idempotency_wait_ms;
+        char *log_level;
+};
+
+/* ---- pool.c: a fixed set of libpq connections shared by the request threads ---- */
+struct db_pool;
+/* Opens size connections. Returns 0 and *ret, or a negative errno with err filled. */
+int db_pool_new(const char *url, int size, struct db_pool **ret, char *err, size_t errlen);
+/* Waits for a free connection (reconnecting one that broke). Never NULL. */
+PGconn *db_pool_get(struct db_pool *p);
+/* Returns c; a connection left inside a transaction is rolled back first. */
+void db_pool_put(struct db_pool *p, PGconn *c);
+void db_pool_free(struct db_pool *p);
+void db_pool_stats(struct db_pool *p, int *ret_size, int *ret_in_use, uint64_t *ret_waits);
+
+/* ---- the request as handlers see it ---- */
+#define API_MAX_PARAMS 32
+
+struct api_server;
+
+struct api_req {
+        struct api_server *srv;
+        const char *method;
+        const char *path;
+        char id[EVENT_ID_MAX + 1]; /* the {id} of the route, "" if none */
+        const char *body;          /* NUL-terminated, "" when none */
+        size_t body_len;
+        json_t *json;              /* the parsed body of a POST/PUT, NULL when empty */
+        struct api_caller caller;
+        char ip[64];
+        void *conn;                /* struct MHD_Connection * */
+        PGconn *db;                /* held while the request runs; use req_db() */
+        int nparams;
+        const char *param_names[API_MAX_PARAMS];
+        const char *param_values[API_MAX_PARAMS];
+        char *joined[API_MAX_PARAMS]; /* repeated parameters joined with commas */
+};
+
+/* What a handler answers: status and a malloc'd body (the server frees it),
+ * plus up to two extra headers ("Set-Cookie: ...", "Retry-After: ..."). */
+struct api_reply {
+        int status;
+        char *body;
+        size_t len;
+        const char *content_type;
+        char headers[2][512];
+};
+
+typedef int (*api_handler_fn)(struct api_req *r, struct api_reply *out, struct api_error *err);
+
+/* A connection for r, taken from the pool on first use and held until the
+ * request ends (or req_db_release). */
+PGconn *req_db(struct api_req *r);
+void req_db_release(struct api_req *r);
+/* A request header, NULL when absent. */
+const char *req_header(struct api_req *r, const char *name);
+/* A cookie sent with the request, NULL when absent. */
+const char *req_cookie(struct api_req *r, const char *name);
+/* One query parameter, repeated ones joined with commas; NULL when absent. */
+const char *req_param(void *r, const char *name);
+const struct api_config *req_config(struct api_req *r);
+
+/* Fills out with json (stolen) as the body. Returns 0. */
+int reply_json(struct api_reply *out, int status, json_t *json);
+/* Fills err and returns -EINVAL (4xx) or -EIO (5xx). field may be NULL. */
+int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+/* Refuses a body field that is not in allowed (NULL-terminated). Returns 0 or api_fail. */
+int body_check_fields(json_t *body, const char *const *allowed, struct api_error *err);
+/* Runs a parameterized statement (text parameters); returns the result when
+ * its status is want, else logs "could not <what>", clears it and returns NULL. */
+PGresult *db_query(PGconn *db, const char *what, ExecStatusType want, const char *sql, int n,
+                   const char *const *params);
+/* The ids every tally table uses: [A-Za-z0-9_.:-]{1,64}. */
+bool id_valid(const char *s);
+
+/* ---- server.c ---- */
+/* Starts the HTTP server. Returns 0 and *ret, or a negative errno with err filled. */
+int api_server_start(const struct api_config *cfg, struct api_server **ret, char *err, size_t errlen);
+/* The TCP port it listens on (useful with port 0). */
+int api_server_port(struct api_server *s);
+void api_server_stop(struct api_server *s);
+/* The route table, for the OpenAPI check: the i-th route's pattern (with
+ * "{id}") and *ret_method; NULL past the last. */
+const char *api_route(size_t i, const char **ret_method);
+
+/* ---- auth.c: secrets, people, sessions ---- */
+#define API_KEY_PREFIX_LEN 11 /* "tk_" + 8 characters shown in lists */
+/* A fresh secret: n random bytes (OpenSSL RAND_bytes) as lowercase hex into out
+ * (2n+1 bytes). Returns 0 or -EIO. */
+int secret_hex(char *out, size_t n);
+/* SHA-256 of s as 64 hex characters + NUL. */
+void sha256_hex(const char *s, size_t len, char out[65]);
+/* A new API key "tk_<48 hex>" (192 random bits) into out (at least 52 bytes). */
+int api_key_generate(char *out, size_t size);
+/* A yescrypt hash of password (malloc'd). Returns 0 or a negative errno. */
+int password_hash(const char *password, char **ret);
+/* Whether password matches the crypt(3) string stored (constant time; stored may be NULL). */
+bool password_verify(const char *password, const char *stored);
+/* Finds the caller from Authorization: Bearer or the session cookie. Returns
+ * 0 (caller filled), or api_fail with 401. For a session, *ret_csrf_hash gets
+ * the CSRF token's hash (65 bytes). */
+int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err);
+/* Whether the sign-in attempts of this email or address are over the limit;
+ * *ret_retry_s how long until they are not. */
+bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s);
+void signin_failed(const struct api_config *cfg, const char *email, const char *ip);
+void signin_succeeded(const char *email);
+/* Per-caller request budget (token bucket). Returns true when allowed; else *ret_retry_s. */
+bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s);
+
+int h_session_create(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_session_get(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_session_delete(struct api_req *r, struct api_reply *out, struct api_error *err);
+
+/* ---- keys.c ---- */
+/* Creates a key for account (made by actor, "person:ID" or "admin"): fills
+ * *ret with its row and the secret (shown once). Runs its own transaction. */
+int key_create(PGconn *db, const char *account, const char *actor, const char *name, json_t *limit,
+               const char *policy, json_t **ret, struct api_error *err);
+int h_keys_list(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_keys_create(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_get(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_limit_delete(struct api_req *r, struct api_reply *out, struct api_error *err);
+
+/* ---- sandboxes.c ---- */
+/* Splits the comma-separated socket list into hosts; call once at start. */
+int vmm_hosts_init(const char *sockets, char *err, size_t errlen);
+void vmm_hosts_free(void);
+int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_delete(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_pause(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_resume(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error *err);
+
+/* ---- idempotency.c ---- */
+enum idem_result {
+        IDEM_RUN,    /* no earlier request: run it, then idem_finish */
+        IDEM_REPLAY, /* out holds the stored answer */
+};
+/* For a write with an Idempotency-Key: takes the (account, key) row as a lock
+ * in its own committed transaction, or replays, or refuses (422 another
+ * request, 409 still running after the wait). Returns IDEM_RUN, IDEM_REPLAY or
+ * a negative errno with err filled. */
+int idem_begin(struct api_req *r, const char *key, struct api_reply *out, struct api_error *err);
+/* Stores the answer (a 5xx, 402 or 409 deletes the row instead, so a retry runs again). */
+void idem_finish(struct api_req *r, const char *key, const struct api_reply *out);
