@@ -448,7 +448,10 @@ static void test_pause(void)
 {
         json_t *sb = create("key-pause", "1", "64", "120", "while :; do :; done");
         const char *id = jstr(sb, "id");
-        sleep_ms(300);
+        /* Let the loop burn 100 ms of CPU first, however loaded the machine is
+         * (the wait is on the cgroup's own counter, bounded at 30 s). */
+        for (int i = 0; i < 300 && cgroup_cpu(sb) <= 100000000ULL; i++)
+                sleep_ms(100);
         int rc;
         json_t *p = cli(&rc, "pause", id, NULL);
         CHECK(rc == 0 && strcmp(jstr(p, "state"), "paused") == 0, "pause: %s", json_dumps(p, 0));
