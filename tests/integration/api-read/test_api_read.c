@@ -188,6 +188,13 @@ static void load(void)
             " VALUES ('ar-b-0', 'ar-b', 'ar-kb1', 1, 0, '{\"agent\": \"alpha\"}', 'running')");
         sql("INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns)"
             " VALUES ('ar-b-0', '2025-11-01 00:00+00', 'ar-b', 'ar-kb1', 7200000000000)");
+        /* Account D (not in accounts: the default plan): one hour of memory whose exact cost is
+         * 1,000,000,000,000.49999999999999806 nano-dollars: with D = 2^30 x 3.6e12 / 7.5e6 =
+         * 515,396,075,520,000 byte-ns per nano-dollar it holds 10^12 x D + D/2 - 1 byte-ns. Rounded
+         * once it is 10^12; PostgreSQL's numeric quotient of that size keeps 4 decimals (.5000),
+         * so round(a / b) would make it 10^12 + 1. */
+        sql("INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, mem_byte_ns) VALUES"
+            " ('ar-d-0', '2025-11-02 00:00+00', 'ar-d', 'ar-kd1', 515396075520257698037759999)");
         /* Account C (ar-plan): 1 vCPU-hour at 2025-11-14 23:00 ($0.02) and at 2025-11-15 00:00 ($0.04). */
         sql("INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns) VALUES"
             " ('ar-c-0', '2025-11-14 23:00+00', 'ar-c', 'ar-kc1', 3600000000000),"
@@ -328,6 +335,12 @@ static void test_usage_groups(void)
               str(json_array_get(d, 1), "period_end"));
         check_row(json_array_get(d, 0), "clipped day 1", "cpu", "2.000000000", "7200000000000", 50000000, 5);
         check_row(json_array_get(d, 1), "clipped day 2", "cpu", "1.000000000", "3600000000000", 25000000, 3);
+        json_decref(p);
+
+        struct api_caller pd = person("ar-d");
+        p = ok(USAGE, &pd, MONTH "&granularity=month&meter=memory");
+        check_row(json_array_get(data(p), 0), "D month", "memory", "133333.333333400", "515396075520257698037759999",
+                  1000000000000LL, 100000);
         json_decref(p);
 
         /* The rate in force per hour: account C's 1 vCPU-hour at $0.02 then 1 at $0.04 (ar-plan). */
