@@ -217,13 +217,8 @@ static void add(struct sqlbuf *b, const char *fmt, ...)
  * Each dimension's value is carried as a sort key that is never NULL ('0' for
  * no value, '1' || value otherwise) in the C collation, so rows order and
  * compare with the cursor the same way whatever the values and the locale. */
-static void build_sql(const struct usage_query *q, struct sqlbuf *b)
+static void add_dims(const struct usage_query *q, struct sqlbuf *b)
 {
-        bool labels = false;
-        for (int i = 0; i < q->ndims; i++)
-                labels |= q->dims[i] == DIM_LABEL;
-        add(b, "WITH p AS MATERIALIZED (SELECT account_plan($1) AS plan),"
-               " h AS (SELECT date_trunc($5, u.hour, 'UTC') AS period, u.hour");
         for (int i = 0; i < q->ndims; i++) {
                 switch (q->dims[i]) {
                 case DIM_KEY:
@@ -237,25 +232,70 @@ static void build_sql(const struct usage_query *q, struct sqlbuf *b)
                         break;
                 }
         }
-        add(b, ", sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st"
-               " FROM usage_hourly u");
-        if (labels)
-                add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
-        add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
-               " AND u.hour >= $3::timestamptz AND u.hour < $4::timestamptz"
-               " AND ($7::timestamptz IS NULL OR u.hour >= $7::timestamptz)"
-               " GROUP BY 1, 2");
-        for (int i = 0; i < q->ndims; i++)
-                add(b, ", g%d", i);
-        add(b, "), r AS (SELECT hh.hour, m.meter, rate_at(p.plan, m.meter, hh.hour) AS rate"
-               " FROM (SELECT DISTINCT hour FROM h) hh CROSS JOIN p CROSS JOIN unnest($6::text[]) AS m(meter)),"
-               " x AS (SELECT h.period");
-        for (int i = 0; i < q->ndims; i++)
-                add(b, ", h.g%d", i);
-        add(b, ", m.meter COLLATE \"C\" AS meter, m.q, m.q * r.rate AS rated FROM h"
-               " CROSS JOIN LATERAL (VALUES ('cpu', h.cpu), ('memory', h.mem), ('storage', h.st)) AS m(meter, q)"
-               " JOIN r ON r.hour = h.hour AND r.meter = m.meter),"
-               " y AS (SELECT period");
+}
+
+/* Whole UTC days by day or month read the daily rollups of sql/005 (usage
+ * per sandbox and day, or per key and day when no dimension needs the
+ * sandbox), whose rated sums are the same exact Σ quantity x rate per hour;
+ * anything else reads usage_hourly and rates each hour here. */
+static bool whole_days(const struct usage_query *q)
+{
+        const int64_t day_us = INT64_C(86400) * 1000000;
+        return strcmp(q->granularity, "hour") != 0 && q->from_us % day_us == 0 && q->to_us % day_us == 0;
+}
+
+static void build_sql(const struct usage_query *q, struct sqlbuf *b)
+{
+        bool labels = false, per_sandbox = false;
+        for (int i = 0; i < q->ndims; i++) {
+                labels |= q->dims[i] == DIM_LABEL;
+                per_sandbox |= q->dims[i] != DIM_KEY;
+        }
+        if (whole_days(q)) {
+                add(b, "WITH h AS (SELECT date_trunc($5, u.day::timestamp) AT TIME ZONE 'UTC' AS period");
+                add_dims(q, b);
+                add(b, ", sum(u.cpu_ns) AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st,"
+                       " sum(u.cpu_rated) AS cr, sum(u.memory_rated) AS mr, sum(u.storage_rated) AS sr FROM %s u",
+                    per_sandbox ? "usage_daily" : "usage_key_daily");
+                if (labels)
+                        add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
+                add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
+                       " AND u.day >= ($3::timestamptz AT TIME ZONE 'UTC')::date"
+                       " AND u.day < ($4::timestamptz AT TIME ZONE 'UTC')::date"
+                       " AND ($7::timestamptz IS NULL OR u.day >= ($7::timestamptz AT TIME ZONE 'UTC')::date)"
+                       " GROUP BY 1");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", g%d", i);
+                add(b, "), x AS (SELECT h.period");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", h.g%d", i);
+                add(b, ", m.meter COLLATE \"C\" AS meter, m.q, m.rated FROM h CROSS JOIN LATERAL"
+                       " (VALUES ('cpu', h.cpu, h.cr), ('memory', h.mem, h.mr), ('storage', h.st, h.sr))"
+                       " AS m(meter, q, rated) WHERE m.meter = ANY ($6::text[])),");
+        } else {
+                add(b, "WITH p AS MATERIALIZED (SELECT account_plan($1) AS plan),"
+                       " h AS (SELECT date_trunc($5, u.hour, 'UTC') AS period, u.hour");
+                add_dims(q, b);
+                add(b, ", sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st"
+                       " FROM usage_hourly u");
+                if (labels)
+                        add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
+                add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
+                       " AND u.hour >= $3::timestamptz AND u.hour < $4::timestamptz"
+                       " AND ($7::timestamptz IS NULL OR u.hour >= $7::timestamptz)"
+                       " GROUP BY 1, 2");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", g%d", i);
+                add(b, "), r AS (SELECT hh.hour, m.meter, rate_at(p.plan, m.meter, hh.hour) AS rate"
+                       " FROM (SELECT DISTINCT hour FROM h) hh CROSS JOIN p CROSS JOIN unnest($6::text[]) AS m(meter)),"
+                       " x AS (SELECT h.period");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", h.g%d", i);
+                add(b, ", m.meter COLLATE \"C\" AS meter, m.q, m.q * r.rate AS rated FROM h"
+                       " CROSS JOIN LATERAL (VALUES ('cpu', h.cpu), ('memory', h.mem), ('storage', h.st)) AS m(meter, q)"
+                       " JOIN r ON r.hour = h.hour AND r.meter = m.meter),");
+        }
+        add(b, " y AS (SELECT period");
         for (int i = 0; i < q->ndims; i++)
                 add(b, ", g%d", i);
         add(b, ", meter, sum(q) AS q, sum(rated) AS rated, meter_unit_base(meter) AS base FROM x GROUP BY period");

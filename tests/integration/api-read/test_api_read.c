@@ -675,6 +675,52 @@ static void test_alerts(void)
         json_decref(p);
 }
 
+/* ---- the daily rollups (sql/005) follow every write to usage_hourly ---- */
+
+/* The same rows through the rollups (whole days) and through usage_hourly (a
+ * from that is not midnight: October's last hour holds nothing). */
+static void same_both_ways(const struct api_caller *c, const char *rest)
+{
+        char q1[512], q2[512];
+        snprintf(q1, sizeof(q1), MONTH "&limit=1000&%s", rest);
+        snprintf(q2, sizeof(q2), "from=2025-10-31T23:00:00Z&to=2025-12-01T00:00:00Z&limit=1000&%s", rest);
+        json_t *a = ok(USAGE, c, q1), *b = ok(USAGE, c, q2);
+        CHECK(json_array_size(data(a)) > 0 && json_equal(data(a), data(b)),
+              "%s: %zu rows from the rollups, %zu from the hours, or they differ", rest, json_array_size(data(a)),
+              json_array_size(data(b)));
+        json_decref(a);
+        json_decref(b);
+}
+
+static void test_rollups(void)
+{
+        struct api_caller pa = person("ar-a"), ka1 = key("ar-a", "ar-ka1"), pc = person("ar-c");
+        /* As the aggregator writes: one statement adding to an existing hour of ar-t-0 (1 vCPU-hour)
+         * and making a new hour for ar-t-1 (1 vCPU-hour more). ar-ka1's month: 300,000 + 7,200 CPU-s
+         * = 85.333... vCPU-h; x $0.025 = $2.1333... -> 2,133,333,333 nd, 213 cents. */
+        sql("INSERT INTO usage_hourly AS u (sandbox_id, hour, account_id, key_id, cpu_ns) VALUES"
+            " ('ar-t-0', '2025-11-01 00:00+00', 'ar-a', 'ar-ka1', 3600000000000),"
+            " ('ar-t-1', '2025-11-20 00:00+00', 'ar-a', 'ar-ka1', 3600000000000)"
+            " ON CONFLICT (sandbox_id, hour) DO UPDATE SET cpu_ns = u.cpu_ns + EXCLUDED.cpu_ns");
+        json_t *p = ok(USAGE, &ka1, MONTH "&granularity=month&meter=cpu");
+        check_row(json_array_get(data(p), 0), "after upsert", "cpu", "85.333333333", "307200000000000", 2133333333,
+                  213);
+        json_decref(p);
+        same_both_ways(&pa, "granularity=month");
+        same_both_ways(&pa, "granularity=day");
+        same_both_ways(&pa, "granularity=day&group_by=key");
+        same_both_ways(&pa, "granularity=month&group_by=sandbox,label:agent&meter=cpu");
+        same_both_ways(&ka1, "granularity=month&group_by=label:team,key");
+        same_both_ways(&pc, "granularity=day");
+        /* A deleted hour leaves them too: 85.333... - 1 = 84.333... vCPU-h, $2.108333... */
+        sql("DELETE FROM usage_hourly WHERE sandbox_id = 'ar-t-1' AND hour = '2025-11-20 00:00+00'");
+        p = ok(USAGE, &ka1, MONTH "&granularity=month&meter=cpu");
+        check_row(json_array_get(data(p), 0), "after delete", "cpu", "84.333333333", "303600000000000", 2108333333,
+                  211);
+        json_decref(p);
+        same_both_ways(&pa, "granularity=day&group_by=sandbox");
+}
+
 /* ---- the OpenAPI document ---- */
 
 static void test_openapi(void)
@@ -752,6 +798,7 @@ int main(void)
         test_spend();
         test_alerts();
         test_openapi();
+        test_rollups();
         PQfinish(db);
         test_db_drop(url);
         return test_result();
