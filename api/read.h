@@ -40,8 +40,10 @@ json_t *read_cursor_decode(const char *s);
 /* Makes an application/json body from o (which it steals). Returns 0 or -ENOMEM. */
 int read_json_body(json_t *o, struct api_body *ret, struct api_error *err);
 
-/* Runs a parameterized statement expecting rows. Returns the result, or NULL
- * after logging "could not <what>" and filling a 500 error. */
+/* Runs a parameterized statement expecting rows, as a statement prepared on
+ * db the first time this text runs there (named for a hash of the text), so
+ * it is planned once per connection. Returns the result, or NULL after
+ * logging "could not <what>" and filling a 500 error. */
 PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
                     struct api_error *err);
 

@@ -3,9 +3,10 @@
  * limit at that rate (docs/api.md, "Spend", defines each figure).
  *
  * Today's spend is spend_daily.nanodollars, the figure enforcement uses. The
- * burn rate is computed exactly in PostgreSQL numeric from usage_hourly: the
- * window's usage rated per hour, summed over a common denominator of the three
- * meters' units, then divided and rounded once. Scoped to the caller's account
+ * burn rate is computed exactly in PostgreSQL numeric from usage_key_hourly
+ * (sql/005: usage_hourly per key and hour, rated per hour): the window's rated
+ * sums over a common denominator of the three meters' units, divided and
+ * rounded once. Scoped to the caller's account
  * and, for an API key, to that key alone. Nothing here writes. */
 #include "api.h"
 #include "read.h"
@@ -25,7 +26,6 @@
         "                       THEN date_trunc('hour', t, 'UTC')"                                                   \
         "                       ELSE date_trunc('hour', t, 'UTC') - interval '1 hour' END AS ws"                     \
         "             FROM (SELECT now() AS t) n),"                                                                  \
-        " p AS MATERIALIZED (SELECT account_plan($1) AS plan),"                                                     \
         " k AS (SELECT a.id, a.name, a.revoked_at, a.daily_limit_nanodollars, a.limit_policy FROM api_keys a, w"    \
         "        WHERE a.account_id = $1 AND ($2::text IS NULL OR a.id = $2::text)"                                 \
         "          AND ($3::text IS NULL OR a.id COLLATE \"C\" > $3::text COLLATE \"C\")"                            \
@@ -38,14 +38,10 @@
         "         FROM k CROSS JOIN w"                                                                               \
         "         LEFT JOIN spend_daily d ON d.key_id = k.id AND d.account_id = $1 AND d.day = w.day"               \
         "         LEFT JOIN LATERAL ("                                                                               \
-        "              SELECT sum(hh.cpu * rate_at(p.plan, 'cpu', hh.hour) * 94371840000000000"                     \
-        "                       + hh.mem * rate_at(p.plan, 'memory', hh.hour) * 87890625"                           \
-        "                       + hh.st * rate_at(p.plan, 'storage', hh.hour) * 131072) AS n"                       \
-        "                FROM p, (SELECT u.hour, sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem,"          \
-        "                                sum(u.storage_byte_ns) AS st"                                                \
-        "                           FROM usage_hourly u"                                                             \
-        "                          WHERE u.account_id = $1 AND u.key_id = k.id AND u.hour >= w.ws AND u.hour <= w.t" \
-        "                          GROUP BY u.hour) hh) b ON true),"                                                 \
+        "              SELECT sum(h.cpu_rated * 94371840000000000 + h.memory_rated * 87890625"                       \
+        "                         + h.storage_rated * 131072) AS n"                                                  \
+        "                FROM usage_key_hourly h"                                                                    \
+        "               WHERE h.account_id = $1 AND h.key_id = k.id AND h.hour >= w.ws AND h.hour <= w.t) b ON true),"  \
         " r AS (SELECT s.*, CASE WHEN window_us > 0"                                                                 \
         "                        THEN div(2 * n * 3600000000 + 339738624000000000000000000000 * window_us,"         \
         "                                 2 * 339738624000000000000000000000 * window_us) ELSE 0 END AS burn"       \

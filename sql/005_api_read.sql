@@ -39,6 +39,20 @@ CREATE TABLE usage_key_daily (
     PRIMARY KEY (account_id, day, key_id)
 ) WITH (fillfactor = 70);
 
+-- Per key and hour: what GET /v1/spend's burn rate reads (the last one or two hours).
+CREATE TABLE usage_key_hourly (
+    account_id      text NOT NULL,
+    key_id          text NOT NULL,
+    hour            timestamptz NOT NULL,
+    cpu_ns          numeric NOT NULL DEFAULT 0,
+    mem_byte_ns     numeric NOT NULL DEFAULT 0,
+    storage_byte_ns numeric NOT NULL DEFAULT 0,
+    cpu_rated       numeric NOT NULL DEFAULT 0,
+    memory_rated    numeric NOT NULL DEFAULT 0,
+    storage_rated   numeric NOT NULL DEFAULT 0,
+    PRIMARY KEY (account_id, key_id, hour)
+) WITH (fillfactor = 70);
+
 -- One function for the three statement triggers below: the statement's
 -- change (rows inserted, updated rows' new minus old values, rows deleted taken
 -- away), rated per (account, hour), added to both rollups in one statement.
@@ -60,13 +74,24 @@ BEGIN
         WITH g AS (SELECT account_id, key_id, sandbox_id, hour, account_plan(account_id) AS plan,
                           sum(cpu) AS cpu, sum(mem) AS mem, sum(sto) AS sto
                      FROM (%s) r GROUP BY account_id, key_id, sandbox_id, hour),
+             gr AS (SELECT account_id, key_id, sandbox_id, hour, cpu, mem, sto,
+                           cpu * rate_at(plan, 'cpu', hour) AS cpu_r, mem * rate_at(plan, 'memory', hour) AS mem_r,
+                           sto * rate_at(plan, 'storage', hour) AS sto_r
+                      FROM g),
+             kh AS (INSERT INTO usage_key_hourly AS u (account_id, key_id, hour, cpu_ns, mem_byte_ns, storage_byte_ns,
+                                                      cpu_rated, memory_rated, storage_rated)
+                    SELECT account_id, key_id, hour, sum(cpu), sum(mem), sum(sto), sum(cpu_r), sum(mem_r), sum(sto_r)
+                      FROM gr GROUP BY account_id, key_id, hour
+                    ON CONFLICT (account_id, key_id, hour) DO UPDATE SET
+                        cpu_ns = u.cpu_ns + EXCLUDED.cpu_ns, mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,
+                        storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,
+                        cpu_rated = u.cpu_rated + EXCLUDED.cpu_rated,
+                        memory_rated = u.memory_rated + EXCLUDED.memory_rated,
+                        storage_rated = u.storage_rated + EXCLUDED.storage_rated),
              d AS (SELECT account_id, (hour AT TIME ZONE 'UTC')::date AS day, key_id, sandbox_id,
                           sum(cpu) AS cpu, sum(mem) AS mem, sum(sto) AS sto,
-                          sum(cpu * rate_at(plan, 'cpu', hour)) AS cpu_r,
-                          sum(mem * rate_at(plan, 'memory', hour)) AS mem_r,
-                          sum(sto * rate_at(plan, 'storage', hour)) AS sto_r
-                     FROM g
-                    GROUP BY 1, 2, 3, 4),
+                          sum(cpu_r) AS cpu_r, sum(mem_r) AS mem_r, sum(sto_r) AS sto_r
+                     FROM gr GROUP BY 1, 2, 3, 4),
              k AS (INSERT INTO usage_key_daily AS u (account_id, day, key_id, cpu_ns, mem_byte_ns, storage_byte_ns,
                                                     cpu_rated, memory_rated, storage_rated)
                    SELECT account_id, day, key_id, sum(cpu), sum(mem), sum(sto), sum(cpu_r), sum(mem_r), sum(sto_r)
@@ -97,6 +122,13 @@ CREATE TRIGGER usage_rollup_delete AFTER DELETE ON usage_hourly
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_rollup();
 
 -- The hours written before this migration.
+INSERT INTO usage_key_hourly (account_id, key_id, hour, cpu_ns, mem_byte_ns, storage_byte_ns,
+                              cpu_rated, memory_rated, storage_rated)
+SELECT account_id, key_id, hour, cpu, mem, sto, cpu * rate_at(plan, 'cpu', hour), mem * rate_at(plan, 'memory', hour),
+       sto * rate_at(plan, 'storage', hour)
+  FROM (SELECT account_id, key_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,
+               sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto
+          FROM usage_hourly GROUP BY account_id, key_id, hour) g;
 INSERT INTO usage_daily (account_id, day, key_id, sandbox_id, cpu_ns, mem_byte_ns, storage_byte_ns,
                          cpu_rated, memory_rated, storage_rated)
 SELECT account_id, (hour AT TIME ZONE 'UTC')::date, key_id, sandbox_id, sum(cpu_ns), sum(mem_byte_ns),
