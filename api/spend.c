@@ -1,6 +1,6 @@
 /* spend.c — GET /v1/spend: per API key, today's (UTC) spend against its daily
  * limit, the burn rate over the last minutes and when the key reaches its
- * limit at that rate (docs/api.md, "Spend", defines each figure).
+ * limit at that rate (docs/api-usage.md defines each figure).
  *
  * Today's spend is spend_daily.nanodollars, the figure enforcement uses. The
  * burn rate is computed exactly in PostgreSQL numeric from usage_key_hourly
@@ -46,18 +46,18 @@
         "                        THEN div(2 * n * 3600000000 + 339738624000000000000000000000 * window_us,"         \
         "                                 2 * 339738624000000000000000000000 * window_us) ELSE 0 END AS burn"       \
         "         FROM s)"                                                                                           \
-        " SELECT id, name, revoked_at IS NOT NULL, spend, div(2 * spend + 10000000, 20000000),"                     \
+        " SELECT r.id, r.name, r.revoked_at IS NOT NULL, r.spend, div(2 * spend + 10000000, 20000000),"                     \
         "        daily_limit_nanodollars, limit_policy, blocked, burn,"                                              \
         "        CASE WHEN daily_limit_nanodollars IS NOT NULL AND spend < daily_limit_nanodollars AND burn > 0"     \
-        "             THEN to_char((t + div((daily_limit_nanodollars - spend)::numeric * 3600 + burn - 1, burn)"     \
+        "             THEN to_char((r.t + div((daily_limit_nanodollars - spend)::numeric * 3600 + burn - 1, burn)"     \
         "                              * interval '1 second') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')" \
         "        END,"                                                                                               \
         "        CASE WHEN daily_limit_nanodollars IS NOT NULL"                                                      \
         "             THEN greatest(daily_limit_nanodollars - spend, 0) END,"                                        \
-        "        day::text, to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"                     \
-        "        to_char(ws AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"                                  \
+        "        w.day::text, to_char(w.t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"                     \
+        "        to_char(w.ws AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"                                  \
         "        daily_limit_nanodollars IS NOT NULL AND spend >= daily_limit_nanodollars"                           \
-        "   FROM r ORDER BY id COLLATE \"C\""
+        "   FROM w LEFT JOIN r ON true ORDER BY r.id COLLATE \"C\""
 
 enum {
         COL_ID, COL_NAME, COL_REVOKED, COL_SPEND, COL_SPEND_CENTS, COL_LIMIT, COL_POLICY, COL_BLOCKED, COL_BURN,
@@ -96,7 +96,8 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 json_decref(cur);
                 return -EIO;
         }
-        int rows = PQntuples(res);
+        /* One row even when there is no key (its id NULL): the day and clock. */
+        int rows = PQntuples(res) == 1 && PQgetisnull(res, 0, COL_ID) ? 0 : PQntuples(res);
         bool more = rows > limit;
         if (more)
                 rows = limit;
@@ -128,7 +129,7 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 }
         }
         /* The day, the instant and the window are the statement's own, the
-         * same on every row; a page with no keys still names them. */
+         * same on every row. */
         json_t *day = json_null(), *as_of = json_null(), *window = json_null();
         if (PQntuples(res) > 0) {
                 json_decref(day);

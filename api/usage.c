@@ -1,5 +1,5 @@
 /* usage.c — GET /v1/usage: usage and its cost per period, grouped, rated as
- * docs/billing.md says, in JSON pages or one CSV answer (docs/api.md, "Usage").
+ * docs/billing.md says, in JSON pages or one CSV answer (docs/api-usage.md).
  *
  * Every row is computed in PostgreSQL numeric from usage_hourly's integer base
  * units: each hour is rated with the rate in force at that hour for the

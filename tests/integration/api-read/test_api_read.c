@@ -613,6 +613,13 @@ static void test_spend(void)
               "ar-kb1 over its limit: spend %lld remaining %lld", num(b1, "spend_nanodollars"),
               num(b1, "remaining_nanodollars"));
         json_decref(p);
+        /* An account with no key still learns the day and the clock. */
+        struct api_caller nobody = person("ar-nobody");
+        p = ok(SPEND, &nobody, "");
+        CHECK(json_array_size(data(p)) == 0 && json_is_string(json_object_get(p, "day")) &&
+                      json_is_string(json_object_get(p, "as_of")),
+              "no keys: %zu rows, day %s", json_array_size(data(p)), str(p, "day"));
+        json_decref(p);
 }
 
 /* ---- alerts ---- */
