@@ -286,7 +286,7 @@ static void build_sql(const struct usage_query *q, struct sqlbuf *b)
                        " GROUP BY 1, 2");
                 for (int i = 0; i < q->ndims; i++)
                         add(b, ", g%d", i);
-                add(b, "), r AS (SELECT hh.hour, m.meter, rate_at(p.plan, m.meter, hh.hour) AS rate"
+                add(b, "), r AS (SELECT hh.hour, m.meter, coalesce(rate_at(p.plan, m.meter, hh.hour), 0) AS rate"
                        " FROM (SELECT DISTINCT hour FROM h) hh CROSS JOIN p CROSS JOIN unnest($6::text[]) AS m(meter)),"
                        " x AS (SELECT h.period");
                 for (int i = 0; i < q->ndims; i++)

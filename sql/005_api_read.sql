@@ -9,7 +9,9 @@
 -- triggers on usage_hourly, in the writer's own transaction (the aggregator's
 -- batch, with its Kafka offsets): a rollup never differs from the hours it
 -- sums. Like spend_daily, an hour is rated when it is written: a rate or plan
--- changed afterwards for past hours does not re-rate them here.
+-- changed afterwards for past hours does not re-rate them here, and an hour
+-- its plan has no rate for (sql/003's rating_gaps) counts as nothing, as in
+-- spend_daily.
 
 CREATE TABLE usage_daily (
     account_id      text NOT NULL,
@@ -75,8 +77,8 @@ BEGIN
                           sum(cpu) AS cpu, sum(mem) AS mem, sum(sto) AS sto
                      FROM (%s) r GROUP BY account_id, key_id, sandbox_id, hour),
              gr AS (SELECT account_id, key_id, sandbox_id, hour, cpu, mem, sto,
-                           cpu * rate_at(plan, 'cpu', hour) AS cpu_r, mem * rate_at(plan, 'memory', hour) AS mem_r,
-                           sto * rate_at(plan, 'storage', hour) AS sto_r
+                           cpu * coalesce(rate_at(plan, 'cpu', hour), 0) AS cpu_r, mem * coalesce(rate_at(plan, 'memory', hour), 0) AS mem_r,
+                           sto * coalesce(rate_at(plan, 'storage', hour), 0) AS sto_r
                       FROM g),
              kh AS (INSERT INTO usage_key_hourly AS u (account_id, key_id, hour, cpu_ns, mem_byte_ns, storage_byte_ns,
                                                       cpu_rated, memory_rated, storage_rated)
@@ -124,17 +126,17 @@ CREATE TRIGGER usage_rollup_delete AFTER DELETE ON usage_hourly
 -- The hours written before this migration.
 INSERT INTO usage_key_hourly (account_id, key_id, hour, cpu_ns, mem_byte_ns, storage_byte_ns,
                               cpu_rated, memory_rated, storage_rated)
-SELECT account_id, key_id, hour, cpu, mem, sto, cpu * rate_at(plan, 'cpu', hour), mem * rate_at(plan, 'memory', hour),
-       sto * rate_at(plan, 'storage', hour)
+SELECT account_id, key_id, hour, cpu, mem, sto, cpu * coalesce(rate_at(plan, 'cpu', hour), 0), mem * coalesce(rate_at(plan, 'memory', hour), 0),
+       sto * coalesce(rate_at(plan, 'storage', hour), 0)
   FROM (SELECT account_id, key_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,
                sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto
           FROM usage_hourly GROUP BY account_id, key_id, hour) g;
 INSERT INTO usage_daily (account_id, day, key_id, sandbox_id, cpu_ns, mem_byte_ns, storage_byte_ns,
                          cpu_rated, memory_rated, storage_rated)
 SELECT account_id, (hour AT TIME ZONE 'UTC')::date, key_id, sandbox_id, sum(cpu_ns), sum(mem_byte_ns),
-       sum(storage_byte_ns), sum(cpu_ns::numeric * rate_at(account_plan(account_id), 'cpu', hour)),
-       sum(mem_byte_ns * rate_at(account_plan(account_id), 'memory', hour)),
-       sum(storage_byte_ns * rate_at(account_plan(account_id), 'storage', hour))
+       sum(storage_byte_ns), sum(cpu_ns::numeric * coalesce(rate_at(account_plan(account_id), 'cpu', hour), 0)),
+       sum(mem_byte_ns * coalesce(rate_at(account_plan(account_id), 'memory', hour), 0)),
+       sum(storage_byte_ns * coalesce(rate_at(account_plan(account_id), 'storage', hour), 0))
   FROM usage_hourly GROUP BY 1, 2, 3, 4;
 INSERT INTO usage_key_daily (account_id, day, key_id, cpu_ns, mem_byte_ns, storage_byte_ns,
                              cpu_rated, memory_rated, storage_rated)

@@ -726,6 +726,25 @@ static void test_rollups(void)
                   211);
         json_decref(p);
         same_both_ways(&pa, "granularity=day&group_by=sandbox");
+
+        /* An hour its plan has no rate for counts as nothing (as in spend_daily) and does not spoil
+         * the day's later hours: ar-late rates memory only from 2025-11-05 01:00. Two statements,
+         * 00:00 then 01:00, each 1 vCPU-hour and 4 GiB-hours: CPU 2 vCPU-h, $0.05; memory 8 GiB-h
+         * of which 4 are rated, 4 x $0.0075 = $0.03. */
+        sql("INSERT INTO price_plans (id, name) VALUES ('ar-late', 'memory rated late')");
+        sql("INSERT INTO plan_rates VALUES ('ar-late', 'cpu', '2020-01-01 00:00+00', 25000000, 'vCPU-hour'),"
+            " ('ar-late', 'memory', '2025-11-05 01:00+00', 7500000, 'GiB-hour')");
+        sql("INSERT INTO accounts (id, name, plan_id) VALUES ('ar-e', 'E', 'ar-late')");
+        sql("INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns) VALUES"
+            " ('ar-e-0', '2025-11-05 00:00+00', 'ar-e', 'ar-ke1', 3600000000000, 4294967296::numeric * 3600000000000)");
+        sql("INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns) VALUES"
+            " ('ar-e-0', '2025-11-05 01:00+00', 'ar-e', 'ar-ke1', 3600000000000, 4294967296::numeric * 3600000000000)");
+        struct api_caller pe = person("ar-e");
+        p = ok(USAGE, &pe, MONTH "&granularity=month&meter=cpu,memory");
+        check_row(json_array_get(data(p), 0), "E", "cpu", "2.000000000", "7200000000000", 50000000, 5);
+        check_row(json_array_get(data(p), 1), "E", "memory", "8.000000000", "30923764531200000000000", 30000000, 3);
+        json_decref(p);
+        same_both_ways(&pe, "granularity=day&group_by=sandbox");
 }
 
 /* ---- the OpenAPI document ---- */
