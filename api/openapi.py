@@ -144,7 +144,7 @@ paths = {
                                                  {"type": "object"}, opid="setSandboxTimeout")},
     "/v1/usage": {"get": op(
         "Usage and its cost per period, grouped, rated as docs/billing.md says.", ANY,
-        dict({"200": {"description": "A page of rows (JSON), or every row (CSV, Accept: text/csv)",
+        dict({"200": {"description": "A page of rows (JSON), or every row (CSV: Accept: text/csv or csv=true)",
                       "content": {"application/json": {"schema": ref("UsagePage")},
                                   "text/csv": {"schema": {
                                       "type": "string",
@@ -160,6 +160,7 @@ paths = {
          qparam("group_by", "Comma-separated dimensions: key, sandbox, label:NAME (at most 4), e.g. key,label:agent.",
                 {"type": "string"}),
          qparam("meter", "Comma-separated meters (default all): cpu, memory, storage.", {"type": "string"}),
+         qparam("csv", "true: answer text/csv, as Accept: text/csv does.", {"type": "boolean", "default": False}),
          CURSOR, LIMIT], opid="getUsage",
         desc="A person sees the account; an API key sees the usage of sandboxes it created. Each row is one "
              "(period, group, meter): its exact sum of quantity x rate in force per hour, divided once and rounded "

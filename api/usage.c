@@ -434,6 +434,11 @@ static int render_json(const struct usage_query *q, PGresult *res, int rows, boo
 int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ctx, bool csv, struct api_body *ret,
               struct api_error *err)
 {
+        /* CSV is asked for by the server (Accept: text/csv) or by csv=true. */
+        const char *cp = get(ctx, "csv");
+        if (cp && strcmp(cp, "true") != 0 && strcmp(cp, "false") != 0)
+                return read_fail(err, 400, "invalid_field", "csv", "csv is true or false");
+        csv = csv || (cp && !strcmp(cp, "true"));
         struct usage_query q = { 0 };
         int r = parse_query(&q, get, ctx, csv, err);
         if (r < 0)

@@ -438,6 +438,15 @@ static void test_usage_csv(void)
                 "3600000000000,cpu-ns,25000000,3\r\n";
         CHECK(r == 0 && !strcmp(body, want), "CSV is\n%s\nwant\n%s", body ? body : "", want);
         free(body);
+        /* csv=true selects it as the Accept header does. */
+        struct params cp;
+        params_parse(&cp, MONTH "&granularity=month&group_by=key,label:agent&meter=cpu&csv=true");
+        struct api_body b = { 0 };
+        r = api_usage(db, &pa, get_param, &cp, false, &b, &err);
+        CHECK(r == 0 && !strcmp(b.data, want) && !strcmp(b.content_type, "text/csv; charset=utf-8"),
+              "csv=true: %s", r == 0 ? b.data : err.message);
+        free(b.data);
+        free(cp.buf);
         /* An empty answer is the header alone. */
         r = call(USAGE_CSV, &pa, "from=2024-01-01T00:00:00Z&to=2024-01-02T00:00:00Z&meter=cpu", &body, &err);
         CHECK(r == 0 && !strcmp(body, "period_start,period_end,meter,unit,quantity,quantity_base,base_unit,"
@@ -489,6 +498,7 @@ static void test_bad_input(void)
         bad(USAGE, MONTH "&cursor=5b5d", "cursor"); /* "[]" */
         bad(USAGE_CSV, MONTH "&limit=10", "limit");
         bad(USAGE_CSV, MONTH "&cursor=5b5d", "cursor");
+        bad(USAGE, MONTH "&csv=yes", "csv");
         bad(SPEND, "limit=0", "limit");
         bad(SPEND, "cursor=00", "cursor");
         bad(ALERTS, "state=sent", "state");
