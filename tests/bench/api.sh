@@ -53,8 +53,9 @@ INSERT INTO spend_daily (key_id, day, account_id, cpu_rated)
      VALUES ('bench-key', (now() AT TIME ZONE 'UTC')::date, 'bench-acct', 3600000000000::numeric * 25000000 * 40);
 VACUUM ANALYZE;
 SQL
-FROM=$(psql -tAc "SELECT to_char((date_trunc('hour', now(), 'UTC') - interval '719 hours') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
-TO=$(psql -tAc "SELECT to_char((date_trunc('hour', now(), 'UTC') + interval '1 hour') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')")
+# The month by day: the 30 UTC days ending tomorrow at midnight (whole days, as a dashboard asks).
+FROM=$(date -u -d "today -29 days" +%Y-%m-%dT00:00:00Z)
+TO=$(date -u -d "tomorrow" +%Y-%m-%dT00:00:00Z)
 USAGE_QS="from=$FROM&to=$TO&granularity=day"
 ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE account_id = 'bench-acct'")
 [ "$ROWS" = 720000 ] || die "generated $ROWS usage rows, want 720000"
