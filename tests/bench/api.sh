@@ -82,8 +82,8 @@ wrk_run() { # PATH -> "RPS P99_MS NON2XX"
 HTTP=false
 if [ -x "$API" ]; then
   HTTP=true
-  "$API" --database-url "$DB" --port 0 --rate-per-s 1000000 --rate-burst 1000000 --log-level warn \
-    --cookie-secure false 2>"$WORK/api.log" &
+  "$API" --database-url="$DB" --port=0 --rate-per-s=1000000 --rate-burst=1000000 --log-level=warn \
+    --cookie-secure=false 2>"$WORK/api.log" &
   API_PID=$!
   # The port is logged at start (level info); ask the kernel instead, whatever the log level.
   PORT=
