@@ -73,13 +73,17 @@ BEGIN
         src := format('SELECT %s, -cpu_ns::numeric AS cpu, -mem_byte_ns AS mem, -storage_byte_ns AS sto FROM old_rows', cols);
     END IF;
     EXECUTE format($q$
-        WITH g AS (SELECT account_id, key_id, sandbox_id, hour, account_plan(account_id) AS plan,
-                          sum(cpu) AS cpu, sum(mem) AS mem, sum(sto) AS sto
+        WITH g AS (SELECT account_id, key_id, sandbox_id, hour, sum(cpu) AS cpu, sum(mem) AS mem, sum(sto) AS sto
                      FROM (%s) r GROUP BY account_id, key_id, sandbox_id, hour),
-             gr AS (SELECT account_id, key_id, sandbox_id, hour, cpu, mem, sto,
-                           cpu * coalesce(rate_at(plan, 'cpu', hour), 0) AS cpu_r, mem * coalesce(rate_at(plan, 'memory', hour), 0) AS mem_r,
-                           sto * coalesce(rate_at(plan, 'storage', hour), 0) AS sto_r
-                      FROM g),
+             -- Rates once per (account, hour), not per sandbox.
+             rt AS (SELECT account_id, hour, coalesce(rate_at(plan, 'cpu', hour), 0) AS rc,
+                           coalesce(rate_at(plan, 'memory', hour), 0) AS rm,
+                           coalesce(rate_at(plan, 'storage', hour), 0) AS rs
+                      FROM (SELECT account_id, hour, account_plan(account_id) AS plan
+                              FROM (SELECT DISTINCT account_id, hour FROM g) ah) p),
+             gr AS (SELECT g.account_id, g.key_id, g.sandbox_id, g.hour, g.cpu, g.mem, g.sto,
+                           g.cpu * rt.rc AS cpu_r, g.mem * rt.rm AS mem_r, g.sto * rt.rs AS sto_r
+                      FROM g JOIN rt ON rt.account_id = g.account_id AND rt.hour = g.hour),
              kh AS (INSERT INTO usage_key_hourly AS u (account_id, key_id, hour, cpu_ns, mem_byte_ns, storage_byte_ns,
                                                       cpu_rated, memory_rated, storage_rated)
                     SELECT account_id, key_id, hour, sum(cpu), sum(mem), sum(sto), sum(cpu_r), sum(mem_r), sum(sto_r)

@@ -71,6 +71,8 @@ wrk_run() { # PATH -> "RPS P99_MS NON2XX"
   out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency -H "Authorization: Bearer $SECRET" \
         "http://127.0.0.1:$PORT$1")
   printf '%s\n' "$out" >>"$WORK/wrk.txt"
+  # The distribution behind the p99, for the reader (stderr).
+  say "  $1: $(awk '/^Requests\/sec:/ { r = $2 } $1 ~ /^(50|75|90|99)%$/ { d = d " p" $1 "=" $2 } END { print r " req/s" d }' <<<"$out")"
   local rps p99 bad
   rps=$(awk '/^Requests\/sec:/ { printf "%d", $2 }' <<<"$out")
   p99=$(awk '$1 == "99%" { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
