@@ -42,8 +42,10 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err);
 
 /* Runs a parameterized statement expecting rows, as a statement prepared on
  * db the first time this text runs there (named for a hash of the text), so
- * it is planned once per connection. Returns the result, or NULL after
- * logging "could not <what>" and filling a 500 error. */
+ * it is planned once per connection (a connection whose statements were
+ * discarded simply prepares again). Call it outside a transaction: preparing
+ * after the first attempt fails would find an aborted one. Returns the
+ * result, or NULL after logging "could not <what>" and filling a 500 error. */
 PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
                     struct api_error *err);
 
