@@ -18,6 +18,7 @@ TALLY_DEB_PACKAGES=(
   qemu-system-x86 busybox-static cpio
   clang llvm bpftool libbpf-dev
   libseccomp-dev e2fsprogs
+  python3 wrk
 )
 
 say() { printf '%s\n' "$*" >&2; }

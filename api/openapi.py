@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+# api/openapi.py OUT.json OUT.c — writes tally-api's OpenAPI 3.1 document
+# (every route the server answers; docs/api.md describes them in prose) as
+# JSON, and as a C file defining api_openapi_json() that returns it. Run by
+# meson at build time; the document is data, so it lives here rather than in
+# a C string written by hand.
+import json
+import sys
+
+
+def ref(name):
+    return {"$ref": "#/components/schemas/" + name}
+
+
+def resp(desc, schema=None, ctype="application/json"):
+    r = {"description": desc}
+    if schema is not None:
+        r["content"] = {ctype: {"schema": schema}}
+    return r
+
+
+ERRORS = {
+    "400": {"$ref": "#/components/responses/BadRequest"},
+    "401": {"$ref": "#/components/responses/Unauthorized"},
+    "429": {"$ref": "#/components/responses/TooManyRequests"},
+    "500": {"$ref": "#/components/responses/Internal"},
+}
+
+
+def errors(*codes):
+    out = {c: ERRORS[c] for c in ("400", "401", "429", "500")}
+    for c in codes:
+        out[c] = {"$ref": "#/components/responses/" + {
+            "402": "OverLimit", "403": "Forbidden", "404": "NotFound", "409": "Conflict",
+            "413": "TooLarge", "422": "Unprocessable"}[c]}
+    return out
+
+
+def qparam(name, desc, schema, required=False):
+    return {"name": name, "in": "query", "required": required, "description": desc, "schema": schema}
+
+
+ID = {"name": "id", "in": "path", "required": True, "schema": ref("Id")}
+IDEM = {"name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "Makes a write safe to retry: the first answer is stored and replayed for 24 hours; "
+                       "the same key with another body or route gets 422; a retry while the first runs waits or gets 409.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+CURSOR = qparam("cursor", "The next_cursor of the previous page (opaque).", {"type": "string"})
+LIMIT = qparam("limit", "Rows per page (default 100).", {"type": "integer", "minimum": 1, "maximum": 1000})
+ANY = [{"apiKey": []}, {"session": []}]
+PERSON = [{"session": []}]
+KEY = [{"apiKey": []}]
+
+
+def op(summary, security, responses, params=None, body=None, opid=None, desc=None):
+    o = {"operationId": opid, "summary": summary, "responses": responses}
+    if desc:
+        o["description"] = desc
+    if security is not None:
+        o["security"] = security
+    if params:
+        o["parameters"] = params
+    if body is not None:
+        o["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    return o
+
+
+def write(summary, security, ok, params=None, body=None, opid=None, extra=(), desc=None):
+    return op(summary, security, dict(ok, **errors("404", "409", "413", "422", *extra)),
+              [IDEM] + (params or []), body, opid, desc)
+
+
+paths = {
+    "/healthz": {"get": op("Liveness: the server answers and reaches PostgreSQL.", [],
+                           {"200": resp("Healthy", {"type": "object"}), "503": resp("Unhealthy", ref("Error"))},
+                           opid="getHealthz")},
+    "/metrics": {"get": op("Prometheus text: requests by route and status, latency histogram, pool use.", [],
+                           {"200": resp("Metrics", {"type": "string"}, "text/plain; version=0.0.4")},
+                           opid="getMetrics")},
+    "/v1/openapi.json": {"get": op("This document.", [], {"200": resp("OpenAPI 3.1", {"type": "object"})},
+                                   opid="getOpenapi")},
+    "/v1/sessions": {"post": op(
+        "Sign in a person with email and password: sets the session cookie and returns the CSRF token.", [],
+        dict({"201": resp("Signed in", ref("Session"))}, **errors("413")),
+        body=ref("SignIn"), opid="createSession",
+        desc="Failures are rate limited per email and per IP (429 with Retry-After).")},
+    "/v1/sessions/current": {
+        "get": op("The signed-in person.", PERSON, dict({"200": resp("Session", ref("Session"))}, **errors("403")),
+                  opid="getSession"),
+        "delete": op("Sign out: the session ends and its cookie is cleared.", PERSON,
+                     dict({"204": resp("Signed out")}, **errors("403")), [IDEM], opid="deleteSession"),
+    },
+    "/v1/keys": {
+        "get": op("List the account's API keys (person only).", PERSON,
+                  dict({"200": resp("A page of keys", ref("KeyPage"))}, **errors("403")), [CURSOR, LIMIT],
+                  opid="listKeys"),
+        "post": write("Create an API key (person only); the secret is shown once.", PERSON,
+                      {"201": resp("Created", ref("KeyCreated"))}, body=ref("KeyCreate"), opid="createKey",
+                      extra=("403",)),
+    },
+    "/v1/keys/{id}": {
+        "get": op("One API key (person only).", PERSON, dict({"200": resp("Key", ref("Key"))}, **errors("403", "404")),
+                  [ID], opid="getKey"),
+        "delete": write("Revoke an API key (person only); it gets 401 afterwards.", PERSON,
+                        {"200": resp("Revoked", ref("Key"))}, [ID], opid="revokeKey", extra=("403",)),
+    },
+    "/v1/keys/{id}/limit": {
+        "put": write("Set, raise or lower a key's daily limit and its policy (person only; never an API key).",
+                     PERSON, {"200": resp("Key", ref("Key"))}, [ID], ref("LimitSet"), opid="setKeyLimit",
+                     extra=("403",),
+                     desc="Raising the limit above today's spend lifts today's block; paused sandboxes stay paused."),
+        "delete": write("Remove a key's daily limit (person only).", PERSON, {"200": resp("Key", ref("Key"))}, [ID],
+                        opid="deleteKeyLimit", extra=("403",)),
+    },
+    "/v1/sandboxes": {
+        "get": op("List sandboxes (an API key sees those it created).", ANY,
+                  dict({"200": resp("A page of sandboxes", ref("SandboxPage"))}, **errors()),
+                  [qparam("state", "Filter by state (several: comma-separated).", {"type": "string"}),
+                   qparam("label", "Filter by label, NAME=VALUE (several: comma-separated).", {"type": "string"}),
+                   CURSOR, LIMIT], opid="listSandboxes"),
+        "post": write("Create a sandbox for the calling key (402 while the key is over its daily limit).", KEY,
+                      {"201": resp("Created", ref("Sandbox"))}, body=ref("SandboxCreate"), opid="createSandbox",
+                      extra=("402", "403")),
+    },
+    "/v1/sandboxes/{id}": {
+        "get": op("One sandbox, with its cost so far.", ANY,
+                  dict({"200": resp("Sandbox", ref("Sandbox"))}, **errors("404")), [ID], opid="getSandbox"),
+        "delete": write("Stop and delete a sandbox.", ANY, {"200": resp("Stopped", ref("Sandbox"))}, [ID],
+                        opid="deleteSandbox"),
+    },
+    "/v1/sandboxes/{id}/exec": {"post": write("Run a command in a sandbox.", ANY,
+                                              {"200": resp("Its result", {"type": "object"})}, [ID],
+                                              {"type": "object"}, opid="execSandbox")},
+    "/v1/sandboxes/{id}/pause": {"post": write("Pause a sandbox.", ANY, {"200": resp("Paused", ref("Sandbox"))},
+                                               [ID], None, opid="pauseSandbox")},
+    "/v1/sandboxes/{id}/resume": {"post": write("Resume a sandbox (402 while its key is over its daily limit).",
+                                                ANY, {"200": resp("Running", ref("Sandbox"))}, [ID], None,
+                                                opid="resumeSandbox", extra=("402",))},
+    "/v1/sandboxes/{id}/fork": {"post": write("Fork a sandbox into a new one.", ANY,
+                                              {"201": resp("The copy", ref("Sandbox"))}, [ID], None,
+                                              opid="forkSandbox", extra=("402",))},
+    "/v1/sandboxes/{id}/timeout": {"post": write("Set a sandbox's timeout.", ANY,
+                                                 {"200": resp("Sandbox", ref("Sandbox"))}, [ID],
+                                                 {"type": "object"}, opid="setSandboxTimeout")},
+    "/v1/usage": {"get": op(
+        "Usage and its cost per period, grouped, rated as docs/billing.md says.", ANY,
+        dict({"200": {"description": "A page of rows (JSON), or every row (CSV: Accept: text/csv or csv=true)",
+                      "content": {"application/json": {"schema": ref("UsagePage")},
+                                  "text/csv": {"schema": {
+                                      "type": "string",
+                                      "description": "RFC 4180 with a header row: period_start, period_end, one "
+                                                     "column per group_by dimension in the order asked, meter, unit, "
+                                                     "quantity, quantity_base, base_unit, cost_nanodollars, "
+                                                     "cost_cents. No cursor or limit: more than 100,000 rows is a 422."}}}}},
+             **errors("422")),
+        [qparam("from", "Start (inclusive), RFC 3339, on a whole UTC hour.", {"type": "string", "format": "date-time"}, True),
+         qparam("to", "End (exclusive), RFC 3339, on a whole UTC hour; after from, at most 366 days later.",
+                {"type": "string", "format": "date-time"}, True),
+         qparam("granularity", "Period of a row (UTC).", {"type": "string", "enum": ["hour", "day", "month"], "default": "day"}),
+         qparam("group_by", "Comma-separated dimensions: key, sandbox, label:NAME (at most 4), e.g. key,label:agent.",
+                {"type": "string"}),
+         qparam("meter", "Comma-separated meters (default all): cpu, memory, storage.", {"type": "string"}),
+         qparam("csv", "true: answer text/csv, as Accept: text/csv does.", {"type": "boolean", "default": False}),
+         CURSOR, LIMIT], opid="getUsage",
+        desc="A person sees the account; an API key sees the usage of sandboxes it created. Each row is one "
+             "(period, group, meter): its exact sum of quantity x rate in force per hour, divided once and rounded "
+             "once half away from zero to nano-dollars and to cents.")},
+    "/v1/spend": {"get": op(
+        "Today's (UTC) spend per key against its daily limit, the burn rate and when the limit is reached at that rate.",
+        ANY, dict({"200": resp("A page of keys", ref("SpendPage"))}, **errors()), [CURSOR, LIMIT], opid="getSpend",
+        desc="burn_rate_nanodollars_per_hour: the key's usage from burn_window_start to as_of, rated, divided by "
+             "the window's length (the current UTC hour, or the previous and current when the current is under 15 "
+             "minutes old). reaches_limit_at: as_of + ceil(remaining x 3600 / burn rate) seconds.")},
+    "/v1/alerts": {"get": op(
+        "Spend alerts (50, 80, 100 % of a key's daily limit) with their delivery state, newest first.", ANY,
+        dict({"200": resp("A page of alerts", ref("AlertPage"))}, **errors()),
+        [qparam("key", "Only this key's alerts.", ref("Id")),
+         qparam("state", "Only pending or delivered alerts.", {"type": "string", "enum": ["pending", "delivered"]}),
+         CURSOR, LIMIT], opid="listAlerts")},
+}
+
+nullable_int = {"type": ["integer", "null"]}
+nullable_str = {"type": ["string", "null"]}
+schemas = {
+    "Id": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"},
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message", "field"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                       "field": {"type": "string", "description": "The field at fault, \"\" if none."}}}}},
+    "SignIn": {"type": "object", "additionalProperties": False, "required": ["email", "password"],
+               "properties": {"email": {"type": "string", "maxLength": 254},
+                              "password": {"type": "string", "maxLength": 1024}}},
+    "Session": {"type": "object", "properties": {"person": {"type": "string"}, "account": {"type": "string"},
+                                                 "email": {"type": "string"}, "csrf_token": {"type": "string"}}},
+    "Key": {"type": "object", "properties": {
+        "id": ref("Id"), "name": {"type": "string"}, "prefix": {"type": "string"},
+        "daily_limit_nanodollars": nullable_int,
+        "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]},
+        "created_at": {"type": "string", "format": "date-time"}, "revoked_at": nullable_str}},
+    "KeyCreated": {"allOf": [ref("Key"), {"type": "object", "properties": {
+        "secret": {"type": "string", "description": "tk_..., shown once."}}}]},
+    "KeyCreate": {"type": "object", "additionalProperties": False, "properties": {
+        "name": {"type": "string"}, "daily_limit_nanodollars": nullable_int,
+        "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]}}},
+    "KeyPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Key")},
+                                                 "next_cursor": nullable_str}},
+    "LimitSet": {"type": "object", "additionalProperties": False, "required": ["daily_limit_nanodollars"],
+                 "properties": {"daily_limit_nanodollars": nullable_int,
+                                "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]}}},
+    "Sandbox": {"type": "object", "properties": {
+        "id": ref("Id"), "key": ref("Id"), "state": {"type": "string", "enum": ["running", "paused", "stopped"]},
+        "vcpus": {"type": "integer"}, "mem_size_bytes": {"type": "integer"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "cost_nanodollars": {"type": "integer"}}},
+    "SandboxCreate": {"type": "object", "additionalProperties": False, "properties": {
+        "vcpus": {"type": "integer"}, "mem_size_bytes": {"type": "integer"}, "disk_size_bytes": {"type": "integer"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}}, "timeout_s": {"type": "integer"}}},
+    "SandboxPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Sandbox")},
+                                                     "next_cursor": nullable_str}},
+    "UsageRow": {"type": "object", "required": ["period_start", "period_end", "group", "meter", "unit", "quantity",
+                                                "quantity_base", "base_unit", "cost_nanodollars", "cost_cents"],
+                 "properties": {
+                     "period_start": {"type": "string", "format": "date-time",
+                                      "description": "The period's start, or from if later."},
+                     "period_end": {"type": "string", "format": "date-time",
+                                    "description": "The period's end, or to if earlier (exclusive)."},
+                     "group": {"type": "object", "additionalProperties": nullable_str,
+                               "description": "One member per group_by dimension; null: the sandbox has no such label."},
+                     "meter": {"type": "string", "enum": ["cpu", "memory", "storage"]},
+                     "unit": {"type": "string", "enum": ["vCPU-hour", "GiB-hour", "GB-month"]},
+                     "quantity": {"type": "string", "pattern": "^[0-9]+\\.[0-9]{9}$",
+                                  "description": "In billing units, rounded half away from zero to 9 decimals."},
+                     "quantity_base": {"type": "string", "pattern": "^[0-9]+$",
+                                       "description": "Exact, in base units (cpu-ns or byte-ns)."},
+                     "base_unit": {"type": "string", "enum": ["cpu-ns", "byte-ns"]},
+                     "cost_nanodollars": {"type": "integer"}, "cost_cents": {"type": "integer"}}},
+    "UsagePage": {"type": "object", "properties": {
+        "from": {"type": "string"}, "to": {"type": "string"}, "granularity": {"type": "string"},
+        "group_by": {"type": "array", "items": {"type": "string"}},
+        "data": {"type": "array", "items": ref("UsageRow")}, "next_cursor": nullable_str}},
+    "SpendKey": {"type": "object", "properties": {
+        "key": ref("Id"), "name": {"type": "string"}, "revoked": {"type": "boolean"},
+        "spend_nanodollars": {"type": "integer"}, "spend_cents": {"type": "integer"},
+        "limit_nanodollars": nullable_int, "limit_policy": {"type": "string"},
+        "remaining_nanodollars": nullable_int, "limit_reached": {"type": "boolean"}, "blocked": {"type": "boolean"},
+        "burn_rate_nanodollars_per_hour": {"type": "integer"},
+        "reaches_limit_at": {"type": ["string", "null"], "format": "date-time"}}},
+    "SpendPage": {"type": "object", "properties": {
+        "day": nullable_str, "as_of": nullable_str, "burn_window_start": nullable_str,
+        "data": {"type": "array", "items": ref("SpendKey")}, "next_cursor": nullable_str}},
+    "Alert": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "key": ref("Id"), "day": {"type": "string", "format": "date"},
+        "threshold_pct": {"type": "integer", "enum": [50, 80, 100]}, "spend_nanodollars": {"type": "integer"},
+        "limit_nanodollars": {"type": "integer"}, "created_at": {"type": "string", "format": "date-time"},
+        "state": {"type": "string", "enum": ["pending", "delivered"]},
+        "delivered_at": {"type": ["string", "null"], "format": "date-time"}}},
+    "AlertPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Alert")},
+                                                   "next_cursor": nullable_str}},
+}
+
+
+def err_resp(desc):
+    return {"description": desc, "content": {"application/json": {"schema": ref("Error")}}}
+
+
+doc = {
+    "openapi": "3.1.0",
+    "info": {"title": "tally API", "version": "1",
+             "description": "Usage, spend, limits, keys and sandboxes of tally. Errors are "
+                            "{\"error\": {\"code\", \"message\", \"field\"}}. Money is integer nano-dollars (1e-9 USD)."},
+    "servers": [{"url": "/"}],
+    "security": ANY,
+    "paths": paths,
+    "components": {
+        "securitySchemes": {
+            "apiKey": {"type": "http", "scheme": "bearer", "description": "An API key, tk_..."},
+            "session": {"type": "apiKey", "in": "cookie", "name": "tally_session",
+                        "description": "A person's session; writes also need the X-CSRF-Token header."},
+        },
+        "schemas": schemas,
+        "responses": {
+            "BadRequest": err_resp("Bad input; error.field names the field at fault."),
+            "Unauthorized": err_resp("No valid API key or session."),
+            "OverLimit": err_resp("The key is over its daily spend limit today."),
+            "Forbidden": err_resp("Not allowed to this caller (e.g. an API key on a person-only route)."),
+            "NotFound": err_resp("No such object in the caller's account."),
+            "Conflict": err_resp("The same Idempotency-Key is still running."),
+            "TooLarge": err_resp("The body is over the size limit."),
+            "Unprocessable": err_resp("Idempotency-Key reused with another request, or too many rows."),
+            "TooManyRequests": err_resp("Over the request rate (Retry-After says when to retry)."),
+            "Internal": err_resp("Something failed on our side."),
+        },
+    },
+}
+
+text = json.dumps(doc, indent=1, sort_keys=False)
+with open(sys.argv[1], "w") as f:
+    f.write(text + "\n")
+with open(sys.argv[2], "w") as f:
+    f.write("/* Generated by api/openapi.py: do not edit. */\n#include \"api.h\"\n\n"
+            "static const char doc[] =\n")
+    for line in text.splitlines():
+        f.write("        " + json.dumps(line + "\n") + "\n")
+    f.write("        ;\n\nconst char *api_openapi_json(void)\n{\n        return doc;\n}\n")

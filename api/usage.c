@@ -1,0 +1,484 @@
+/* usage.c — GET /v1/usage: usage and its cost per period, grouped, rated as
+ * docs/billing.md says, in JSON pages or one CSV answer (docs/api-usage.md).
+ *
+ * Every row is computed in PostgreSQL numeric from usage_hourly's integer base
+ * units: each hour is rated with the rate in force at that hour for the
+ * account's plan, the row's exact sum is divided once and rounded once, half
+ * away from zero, with integer division (div), never through a rounded
+ * quotient. The query is always scoped to the caller's account, and to the
+ * caller's key when the caller is an API key. Nothing here writes. */
+#include "api.h"
+#include "csv.h"
+#include "read.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP_MAX     4
+#define LABEL_NAME_MAX 63
+#define CSV_ROWS_MAX  100000
+#define RANGE_MAX_US  (INT64_C(366) * 86400 * 1000000)
+
+enum dim { DIM_KEY, DIM_SANDBOX, DIM_LABEL };
+
+struct usage_query {
+        int64_t from_us, to_us;
+        char from[40], to[40];
+        const char *granularity; /* "hour", "day", "month" (static) */
+        int ndims;
+        enum dim dims[GROUP_MAX];
+        char names[GROUP_MAX][LABEL_NAME_MAX + 8]; /* as asked: "key", "sandbox", "label:NAME" */
+        char meters[64];                            /* a text[] literal: {cpu,memory} */
+        char fingerprint[512];                      /* binds a cursor to the query it came from */
+        int limit;                                  /* rows wanted (CSV: the cap) */
+        json_t *cursor;                             /* decoded: ["u1", fingerprint, period, meter, g1...] */
+};
+
+static int parse_time(api_param_fn get, void *ctx, const char *name, int64_t *us, char *text, size_t size,
+                      struct api_error *err)
+{
+        const char *s = get(ctx, name);
+        if (!s || !*s)
+                return read_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
+        if (read_time_parse(s, us) < 0)
+                return read_fail(err, 400, "invalid_field", name,
+                                "%s must be an RFC 3339 time such as 2026-11-01T00:00:00Z (encode + as %%2B)", name);
+        if (*us % (INT64_C(3600) * 1000000) != 0)
+                return read_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
+        read_time_format(text, size, *us);
+        return 0;
+}
+
+static int parse_group_by(struct usage_query *q, const char *s, struct api_error *err)
+{
+        if (!s || !*s)
+                return 0;
+        const char *p = s;
+        for (;;) {
+                const char *e = strchr(p, ',');
+                size_t n = e ? (size_t)(e - p) : strlen(p);
+                if (q->ndims == GROUP_MAX)
+                        return read_fail(err, 400, "invalid_field", "group_by", "group_by takes at most %d dimensions",
+                                        GROUP_MAX);
+                enum dim d;
+                if (n == 3 && !memcmp(p, "key", 3)) {
+                        d = DIM_KEY;
+                } else if (n == 7 && !memcmp(p, "sandbox", 7)) {
+                        d = DIM_SANDBOX;
+                } else if (n > 6 && !memcmp(p, "label:", 6) && n - 6 <= LABEL_NAME_MAX) {
+                        d = DIM_LABEL;
+                        for (size_t i = 6; i < n; i++) {
+                                if ((unsigned char)p[i] < 0x21 || (unsigned char)p[i] > 0x7e)
+                                        return read_fail(err, 400, "invalid_field", "group_by",
+                                                        "a label name in group_by is printable ASCII without spaces");
+                        }
+                } else {
+                        return read_fail(err, 400, "invalid_field", "group_by",
+                                        "group_by is a comma-separated list of key, sandbox and label:NAME "
+                                        "(NAME 1 to %d characters)",
+                                        LABEL_NAME_MAX);
+                }
+                snprintf(q->names[q->ndims], sizeof(q->names[0]), "%.*s", (int)n, p);
+                for (int i = 0; i < q->ndims; i++) {
+                        if (!strcmp(q->names[i], q->names[q->ndims]))
+                                return read_fail(err, 400, "invalid_field", "group_by", "group_by names %s twice",
+                                                q->names[i]);
+                }
+                q->dims[q->ndims++] = d;
+                if (!e)
+                        return 0;
+                p = e + 1;
+        }
+}
+
+static int parse_meters(struct usage_query *q, const char *s, struct api_error *err)
+{
+        static const char *const all[] = { "cpu", "memory", "storage" };
+        bool want[3] = { false, false, false };
+        if (!s || !*s) {
+                want[0] = want[1] = want[2] = true;
+        } else {
+                const char *p = s;
+                for (;;) {
+                        const char *e = strchr(p, ',');
+                        size_t n = e ? (size_t)(e - p) : strlen(p);
+                        int found = -1;
+                        for (int i = 0; i < 3; i++) {
+                                if (strlen(all[i]) == n && !memcmp(p, all[i], n))
+                                        found = i;
+                        }
+                        if (found < 0)
+                                return read_fail(err, 400, "invalid_field", "meter",
+                                                "meter is one or more of cpu, memory, storage");
+                        want[found] = true;
+                        if (!e)
+                                break;
+                        p = e + 1;
+                }
+        }
+        size_t len = 0;
+        q->meters[len++] = '{';
+        for (int i = 0; i < 3; i++) {
+                if (want[i])
+                        len += (size_t)snprintf(q->meters + len, sizeof(q->meters) - len, "%s%s",
+                                                len > 1 ? "," : "", all[i]);
+        }
+        snprintf(q->meters + len, sizeof(q->meters) - len, "}");
+        return 0;
+}
+
+static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool csv, struct api_error *err)
+{
+        int r;
+        if ((r = parse_time(get, ctx, "from", &q->from_us, q->from, sizeof(q->from), err)) < 0 ||
+            (r = parse_time(get, ctx, "to", &q->to_us, q->to, sizeof(q->to), err)) < 0)
+                return r;
+        if (q->to_us <= q->from_us)
+                return read_fail(err, 400, "invalid_field", "to", "to must be after from");
+        if (q->to_us - q->from_us > RANGE_MAX_US)
+                return read_fail(err, 400, "invalid_field", "to", "from and to may be at most 366 days apart");
+        const char *g = get(ctx, "granularity");
+        if (!g || !strcmp(g, "day"))
+                q->granularity = "day";
+        else if (!strcmp(g, "hour"))
+                q->granularity = "hour";
+        else if (!strcmp(g, "month"))
+                q->granularity = "month";
+        else
+                return read_fail(err, 400, "invalid_field", "granularity", "granularity is hour, day or month");
+        if ((r = parse_group_by(q, get(ctx, "group_by"), err)) < 0 || (r = parse_meters(q, get(ctx, "meter"), err)) < 0)
+                return r;
+        int n = snprintf(q->fingerprint, sizeof(q->fingerprint), "%s|%s|%s|%s|", q->from, q->to, q->granularity,
+                         q->meters);
+        for (int i = 0; i < q->ndims && n > 0 && (size_t)n < sizeof(q->fingerprint); i++)
+                n += snprintf(q->fingerprint + n, sizeof(q->fingerprint) - (size_t)n, "%s,", q->names[i]);
+
+        const char *cur = get(ctx, "cursor");
+        if (csv) {
+                if (cur)
+                        return read_fail(err, 400, "invalid_field", "cursor",
+                                        "a CSV answer holds every row: narrow from and to instead of paging");
+                if (get(ctx, "limit"))
+                        return read_fail(err, 400, "invalid_field", "limit",
+                                        "a CSV answer holds every row: narrow from and to instead of paging");
+                q->limit = CSV_ROWS_MAX;
+                return 0;
+        }
+        if ((r = read_param_limit(get, ctx, READ_PAGE_DEFAULT, READ_PAGE_MAX, &q->limit, err)) < 0)
+                return r;
+        if (cur) {
+                json_t *a = read_cursor_decode(cur);
+                bool ok = a && json_array_size(a) == (size_t)(4 + q->ndims) &&
+                          json_is_string(json_array_get(a, 0)) &&
+                          !strcmp(json_string_value(json_array_get(a, 0)), "u1");
+                for (size_t i = 1; ok && i < json_array_size(a); i++)
+                        ok = json_is_string(json_array_get(a, i));
+                if (!ok) {
+                        json_decref(a);
+                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                }
+                if (strcmp(json_string_value(json_array_get(a, 1)), q->fingerprint) != 0) {
+                        json_decref(a);
+                        return read_fail(err, 400, "invalid_field", "cursor",
+                                        "cursor belongs to a query with other from, to, granularity, group_by "
+                                        "or meter");
+                }
+                q->cursor = a;
+        }
+        return 0;
+}
+
+/* SQL text appended piece by piece; the pieces are fixed text and $n
+ * placeholders, never values. */
+struct sqlbuf {
+        char s[8192];
+        size_t n;
+};
+
+static void add(struct sqlbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(struct sqlbuf *b, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        int r = vsnprintf(b->s + b->n, sizeof(b->s) - b->n, fmt, ap);
+        va_end(ap);
+        if (r > 0)
+                b->n = b->n + (size_t)r < sizeof(b->s) ? b->n + (size_t)r : sizeof(b->s) - 1;
+}
+
+/* Parameters: $1 account, $2 key (NULL: the whole account), $3 from, $4 to,
+ * $5 granularity, $6 meters, $7 cursor period (NULL: first page), $8 cursor
+ * meter, $9 row limit, then per dimension i (0-based) $(10+2i) its cursor key
+ * and $(11+2i) its label name (NULL unless a label).
+ *
+ * Each dimension's value is carried as a sort key that is never NULL ('0' for
+ * no value, '1' || value otherwise) in the C collation, so rows order and
+ * compare with the cursor the same way whatever the values and the locale. */
+static void add_dims(const struct usage_query *q, struct sqlbuf *b)
+{
+        for (int i = 0; i < q->ndims; i++) {
+                switch (q->dims[i]) {
+                case DIM_KEY:
+                        add(b, ", ('1' || u.key_id) COLLATE \"C\" AS g%d", i);
+                        break;
+                case DIM_SANDBOX:
+                        add(b, ", ('1' || u.sandbox_id) COLLATE \"C\" AS g%d", i);
+                        break;
+                case DIM_LABEL:
+                        add(b, ", coalesce('1' || (s.labels ->> $%d::text), '0') COLLATE \"C\" AS g%d", 11 + 2 * i, i);
+                        break;
+                }
+        }
+}
+
+/* Whole UTC days by day or month read the daily rollups of sql/005 (usage
+ * per sandbox and day, or per key and day when no dimension needs the
+ * sandbox), whose rated sums are the same exact Σ quantity x rate per hour;
+ * anything else reads usage_hourly and rates each hour here. */
+static bool whole_days(const struct usage_query *q)
+{
+        const int64_t day_us = INT64_C(86400) * 1000000;
+        return strcmp(q->granularity, "hour") != 0 && q->from_us % day_us == 0 && q->to_us % day_us == 0;
+}
+
+static void build_sql(const struct usage_query *q, struct sqlbuf *b)
+{
+        bool labels = false, per_sandbox = false;
+        for (int i = 0; i < q->ndims; i++) {
+                labels |= q->dims[i] == DIM_LABEL;
+                per_sandbox |= q->dims[i] != DIM_KEY;
+        }
+        if (whole_days(q)) {
+                add(b, "WITH h AS (SELECT date_trunc($5, u.day::timestamp) AT TIME ZONE 'UTC' AS period");
+                add_dims(q, b);
+                add(b, ", sum(u.cpu_ns) AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st,"
+                       " sum(u.cpu_rated) AS cr, sum(u.memory_rated) AS mr, sum(u.storage_rated) AS sr FROM %s u",
+                    per_sandbox ? "usage_daily" : "usage_key_daily");
+                if (labels)
+                        add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
+                add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
+                       " AND u.day >= ($3::timestamptz AT TIME ZONE 'UTC')::date"
+                       " AND u.day < ($4::timestamptz AT TIME ZONE 'UTC')::date"
+                       " AND ($7::timestamptz IS NULL OR u.day >= ($7::timestamptz AT TIME ZONE 'UTC')::date)"
+                       " GROUP BY 1");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", g%d", i);
+                add(b, "), x AS (SELECT h.period");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", h.g%d", i);
+                add(b, ", m.meter COLLATE \"C\" AS meter, m.q, m.rated FROM h CROSS JOIN LATERAL"
+                       " (VALUES ('cpu', h.cpu, h.cr), ('memory', h.mem, h.mr), ('storage', h.st, h.sr))"
+                       " AS m(meter, q, rated) WHERE m.meter = ANY ($6::text[])),");
+        } else {
+                add(b, "WITH p AS MATERIALIZED (SELECT account_plan($1) AS plan),"
+                       " h AS (SELECT date_trunc($5, u.hour, 'UTC') AS period, u.hour");
+                add_dims(q, b);
+                add(b, ", sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st"
+                       " FROM usage_hourly u");
+                if (labels)
+                        add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
+                add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
+                       " AND u.hour >= $3::timestamptz AND u.hour < $4::timestamptz"
+                       " AND ($7::timestamptz IS NULL OR u.hour >= $7::timestamptz)"
+                       " GROUP BY 1, 2");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", g%d", i);
+                add(b, "), r AS (SELECT hh.hour, m.meter, coalesce(rate_at(p.plan, m.meter, hh.hour), 0) AS rate"
+                       " FROM (SELECT DISTINCT hour FROM h) hh CROSS JOIN p CROSS JOIN unnest($6::text[]) AS m(meter)),"
+                       " x AS (SELECT h.period");
+                for (int i = 0; i < q->ndims; i++)
+                        add(b, ", h.g%d", i);
+                add(b, ", m.meter COLLATE \"C\" AS meter, m.q, m.q * r.rate AS rated FROM h"
+                       " CROSS JOIN LATERAL (VALUES ('cpu', h.cpu), ('memory', h.mem), ('storage', h.st)) AS m(meter, q)"
+                       " JOIN r ON r.hour = h.hour AND r.meter = m.meter),");
+        }
+        add(b, " y AS (SELECT period");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, ", meter, sum(q) AS q, sum(rated) AS rated, meter_unit_base(meter) AS base FROM x GROUP BY period");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, ", meter HAVING $7::timestamptz IS NULL OR (period");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, ", meter) > ($7::timestamptz");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", $%d::text COLLATE \"C\"", 10 + 2 * i);
+        add(b, ", $8::text COLLATE \"C\")");
+        add(b, " ORDER BY period");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, ", meter LIMIT $9::int)"
+               /* Column 0: the period's own start (the cursor's), 1-2: the row's
+                * bounds clipped to [from, to), 3: meter, 4: quantity in billing
+                * units to 9 decimals, 5: quantity in base units, 6: cost in
+                * nano-dollars, 7: in cents, 8...: the dimensions' sort keys. */
+               " SELECT to_char(period AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+               " to_char(greatest(period, $3::timestamptz) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+               " to_char(least((period AT TIME ZONE 'UTC') + ('1 ' || $5)::interval,"
+               "               $4::timestamptz AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+               " meter,"
+               " (div(2 * q * 1000000000 + base, 2 * base) * 0.000000001)::text,"
+               " q::text,"
+               " div(2 * rated + base, 2 * base)::text,"
+               " div(2 * rated + base * 10000000, 2 * base * 10000000)::text");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, " FROM y ORDER BY period");
+        for (int i = 0; i < q->ndims; i++)
+                add(b, ", g%d", i);
+        add(b, ", meter");
+}
+
+static const char *unit_of(const char *meter)
+{
+        return !strcmp(meter, "cpu") ? "vCPU-hour" : !strcmp(meter, "memory") ? "GiB-hour" : "GB-month";
+}
+
+static const char *base_unit_of(const char *meter)
+{
+        return !strcmp(meter, "cpu") ? "cpu-ns" : "byte-ns";
+}
+
+/* A dimension's value from its sort key: NULL when there is none. */
+static const char *dim_value(const char *key)
+{
+        return key[0] == '1' ? key + 1 : NULL;
+}
+
+static int render_csv(const struct usage_query *q, PGresult *res, int rows, struct api_body *ret,
+                      struct api_error *err)
+{
+        struct csv c = { 0 };
+        csv_field(&c, "period_start");
+        csv_field(&c, "period_end");
+        for (int i = 0; i < q->ndims; i++)
+                csv_field(&c, q->names[i]);
+        static const char *const tail[] = { "meter", "unit", "quantity", "quantity_base", "base_unit",
+                                            "cost_nanodollars", "cost_cents" };
+        for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++)
+                csv_field(&c, tail[i]);
+        csv_end_record(&c);
+        for (int r = 0; r < rows; r++) {
+                const char *meter = PQgetvalue(res, r, 3);
+                csv_field(&c, PQgetvalue(res, r, 1));
+                csv_field(&c, PQgetvalue(res, r, 2));
+                for (int i = 0; i < q->ndims; i++)
+                        csv_field(&c, dim_value(PQgetvalue(res, r, 8 + i)));
+                csv_field(&c, meter);
+                csv_field(&c, unit_of(meter));
+                csv_field(&c, PQgetvalue(res, r, 4));
+                csv_field(&c, PQgetvalue(res, r, 5));
+                csv_field(&c, base_unit_of(meter));
+                csv_field(&c, PQgetvalue(res, r, 6));
+                csv_field(&c, PQgetvalue(res, r, 7));
+                csv_end_record(&c);
+        }
+        size_t len;
+        char *text = csv_take(&c, &len);
+        if (!text) {
+                read_fail(err, 500, "internal", "", "could not make the answer");
+                return -ENOMEM;
+        }
+        ret->data = text;
+        ret->len = len;
+        ret->content_type = "text/csv; charset=utf-8";
+        return 0;
+}
+
+static int render_json(const struct usage_query *q, PGresult *res, int rows, bool more, struct api_body *ret,
+                       struct api_error *err)
+{
+        json_t *data = json_array();
+        for (int r = 0; r < rows; r++) {
+                const char *meter = PQgetvalue(res, r, 3);
+                json_t *group = json_object();
+                for (int i = 0; i < q->ndims; i++) {
+                        const char *v = dim_value(PQgetvalue(res, r, 8 + i));
+                        json_object_set_new(group, q->names[i], v ? json_string(v) : json_null());
+                }
+                json_array_append_new(
+                        data, json_pack("{s:s, s:s, s:o, s:s, s:s, s:s, s:s, s:s, s:I, s:I}", "period_start",
+                                        PQgetvalue(res, r, 1), "period_end", PQgetvalue(res, r, 2), "group", group,
+                                        "meter", meter, "unit", unit_of(meter), "quantity", PQgetvalue(res, r, 4),
+                                        "quantity_base", PQgetvalue(res, r, 5), "base_unit", base_unit_of(meter),
+                                        "cost_nanodollars", (json_int_t)read_int64(res, r, 6), "cost_cents",
+                                        (json_int_t)read_int64(res, r, 7)));
+        }
+        json_t *next = json_null();
+        if (more && rows > 0) {
+                int last = rows - 1;
+                json_t *a = json_pack("[s, s, s, s]", "u1", q->fingerprint, PQgetvalue(res, last, 0),
+                                      PQgetvalue(res, last, 3));
+                for (int i = 0; i < q->ndims; i++)
+                        json_array_append_new(a, json_string(PQgetvalue(res, last, 8 + i)));
+                char *c = read_cursor_encode(a);
+                json_decref(a);
+                if (c) {
+                        json_decref(next);
+                        next = json_string(c);
+                        free(c);
+                }
+        }
+        json_t *groups = json_array();
+        for (int i = 0; i < q->ndims; i++)
+                json_array_append_new(groups, json_string(q->names[i]));
+        return read_json_body(json_pack("{s:s, s:s, s:s, s:o, s:o, s:o}", "from", q->from, "to", q->to, "granularity",
+                                       q->granularity, "group_by", groups, "data", data, "next_cursor", next),
+                             ret, err);
+}
+
+int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ctx, bool csv, struct api_body *ret,
+              struct api_error *err)
+{
+        /* CSV is asked for by the server (Accept: text/csv) or by csv=true. */
+        const char *cp = get(ctx, "csv");
+        if (cp && strcmp(cp, "true") != 0 && strcmp(cp, "false") != 0)
+                return read_fail(err, 400, "invalid_field", "csv", "csv is true or false");
+        csv = csv || (cp && !strcmp(cp, "true"));
+        struct usage_query q = { 0 };
+        int r = parse_query(&q, get, ctx, csv, err);
+        if (r < 0)
+                return r;
+        struct sqlbuf b = { .n = 0 };
+        build_sql(&q, &b);
+
+        char limit[16];
+        snprintf(limit, sizeof(limit), "%d", q.limit + 1);
+        const char *params[10 + 2 * GROUP_MAX] = { 0 };
+        params[0] = c->account;
+        params[1] = c->key[0] ? c->key : NULL;
+        params[2] = q.from;
+        params[3] = q.to;
+        params[4] = q.granularity;
+        params[5] = q.meters;
+        params[6] = q.cursor ? json_string_value(json_array_get(q.cursor, 2)) : NULL;
+        params[7] = q.cursor ? json_string_value(json_array_get(q.cursor, 3)) : NULL;
+        params[8] = limit;
+        for (int i = 0; i < q.ndims; i++) {
+                params[9 + 2 * i] = q.cursor ? json_string_value(json_array_get(q.cursor, 4 + (size_t)i)) : NULL;
+                params[10 + 2 * i] = q.dims[i] == DIM_LABEL ? q.names[i] + 6 : NULL;
+        }
+        PGresult *res = read_query(db, "usage", b.s, 9 + 2 * q.ndims, params, err);
+        if (!res) {
+                json_decref(q.cursor);
+                return -EIO;
+        }
+        int rows = PQntuples(res);
+        bool more = rows > q.limit;
+        if (more)
+                rows = q.limit;
+        if (csv && more)
+                r = read_fail(err, 422, "too_many_rows", "to",
+                             "more than %d rows: narrow from and to, or use JSON pages", CSV_ROWS_MAX);
+        else if (csv)
+                r = render_csv(&q, res, rows, ret, err);
+        else
+                r = render_json(&q, res, rows, more, ret, err);
+        PQclear(res);
+        json_decref(q.cursor);
+        return r;
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tests/bench/api.sh — tally-api's read side on this machine, with the goals of
+# issue 11 beside them; the last line is JSON.
+#
+# The ledger gets one month of hourly usage for 1,000 sandboxes of one account
+# (720 hours x 1,000 = 720,000 usage_hourly rows, one API key, labels), then
+#  - in-process: the handlers alone (tests/bench/api/bench-api), one connection:
+#      GET /v1/usage (the month by day, as the key) and GET /v1/spend;
+#  - over HTTP: wrk (Debian's) against a real tally-api, each route for DURATION
+#      seconds with CONNECTIONS connections: /v1/spend, /v1/usage (the month by
+#      day) and a static route of the same daemon (STATIC, default
+#      /v1/openapi.json: no database) as the ceiling. Requests/s and p99 each.
+# Without a tally-api binary in the build, the HTTP figures are null and say so.
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/lib.sh"
+BUILD=${TALLY_BUILD:?run through scripts/bench}
+BENCH=$BUILD/tests/bench/api/bench-api
+API=$BUILD/api/tally-api
+DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-32}
+THREADS=${THREADS:-2}
+STATIC=${STATIC:-/v1/openapi.json}
+CALLS=${CALLS:-200}
+ensure_packages wrk
+WORK=$(mktemp -d /tmp/tally-bench-api.XXXXXX)
+API_PID=
+cleanup() {
+  [ -n "$API_PID" ] && kill "$API_PID" 2>/dev/null && wait "$API_PID" 2>/dev/null
+  stop_test_services "$WORK"
+}
+trap cleanup EXIT
+start_test_services "$WORK" "$BUILD"
+DB="${TALLY_TEST_PG_URL%/*}/tally"
+"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" "$@"; }
+
+SECRET=tk_bench0123456789abcdef0123456789abcdef0123456789
+say "generating a month of hourly usage for 1,000 sandboxes"
+# The 720 hours ending with the current one; the key also spent today and burns now.
+psql <<SQL
+INSERT INTO accounts (id, name) VALUES ('bench-acct', 'bench');
+INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars)
+     VALUES ('bench-key', 'bench-acct', sha256('$SECRET'::bytea), 100000000000);
+INSERT INTO sandboxes (id, account_id, key_id, vcpus, mem_size_bytes, labels, state)
+SELECT 'bench-sb-' || i, 'bench-acct', 'bench-key', 2, 4294967296,
+       jsonb_build_object('agent', 'agent-' || (i % 10)), 'running'
+  FROM generate_series(0, 999) AS i;
+INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, mem_peak_bytes)
+SELECT 'bench-sb-' || i, date_trunc('hour', now(), 'UTC') - h * interval '1 hour', 'bench-acct', 'bench-key',
+       (i % 7 + 1) * 300000000000::bigint, 4294967296::numeric * 3600000000000, 1000000000
+  FROM generate_series(0, 999) AS i, generate_series(0, 719) AS h;
+INSERT INTO spend_daily (key_id, day, account_id, cpu_rated)
+     VALUES ('bench-key', (now() AT TIME ZONE 'UTC')::date, 'bench-acct', 3600000000000::numeric * 25000000 * 40);
+VACUUM ANALYZE;
+SQL
+# The month by day: the 30 UTC days ending tomorrow at midnight (whole days, as a dashboard asks).
+FROM=$(date -u -d "today -29 days" +%Y-%m-%dT00:00:00Z)
+TO=$(date -u -d "tomorrow" +%Y-%m-%dT00:00:00Z)
+USAGE_QS="from=$FROM&to=$TO&granularity=day"
+ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE account_id = 'bench-acct'")
+[ "$ROWS" = 720000 ] || die "generated $ROWS usage rows, want 720000"
+
+say "in-process: the handlers alone ($CALLS calls each, one connection)"
+IP_USAGE=$("$BENCH" "$DB" bench-acct bench-key usage "$CALLS" "$USAGE_QS")
+IP_SPEND=$("$BENCH" "$DB" bench-acct bench-key spend "$((CALLS * 10))" "")
+field() { sed -n "s/^$2=//p" <<<"$1"; }
+
+# wrk's "Requests/sec:" and its 99% latency (us, ms or s) in milliseconds.
+wrk_run() { # PATH -> "RPS P99_MS NON2XX"
+  local out
+  out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency -H "Authorization: Bearer $SECRET" \
+        "http://127.0.0.1:$PORT$1")
+  printf '%s\n' "$out" >>"$WORK/wrk.txt"
+  # The distribution behind the p99, for the reader (stderr).
+  say "  $1: $(awk '/^Requests\/sec:/ { r = $2 } $1 ~ /^(50|75|90|99)%$/ { d = d " p" $1 "=" $2 } END { print r " req/s" d }' <<<"$out")"
+  local rps p99 bad
+  rps=$(awk '/^Requests\/sec:/ { printf "%d", $2 }' <<<"$out")
+  p99=$(awk '$1 == "99%" { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
+               if (u == "us") v /= 1000; else if (u == "s") v *= 1000; printf "%.2f", v }' <<<"$out")
+  bad=$(awk '/Non-2xx or 3xx responses:/ { print $NF }' <<<"$out")
+  echo "$rps $p99 ${bad:-0}"
+}
+
+HTTP=false
+if [ -x "$API" ]; then
+  HTTP=true
+  "$API" --database-url="$DB" --port=0 --rate-per-s=1000000 --rate-burst=1000000 --log-level=warn \
+    --cookie-secure=false 2>"$WORK/api.log" &
+  API_PID=$!
+  # The port is logged at start (level info); ask the kernel instead, whatever the log level.
+  PORT=
+  for _ in $(seq 100); do
+    PORT=$(ss -Hltnp 2>/dev/null | awk -v pid="pid=$API_PID," 'index($0, pid) { n = split($4, a, ":"); print a[n]; exit }')
+    [ -n "$PORT" ] && break
+    kill -0 "$API_PID" 2>/dev/null || die "tally-api exited: $(tail -3 "$WORK/api.log")"
+    sleep 0.1
+  done
+  [ -n "$PORT" ] || die "tally-api opened no port"
+  code=$(curl -s -o "$WORK/usage.json" -w '%{http_code}' -H "Authorization: Bearer $SECRET" "http://127.0.0.1:$PORT/v1/usage?$USAGE_QS")
+  [ "$code" = 200 ] || die "GET /v1/usage answered $code: $(head -c 300 "$WORK/usage.json")"
+  code=$(curl -s -o "$WORK/spend.json" -w '%{http_code}' -H "Authorization: Bearer $SECRET" "http://127.0.0.1:$PORT/v1/spend")
+  [ "$code" = 200 ] || die "GET /v1/spend answered $code: $(head -c 300 "$WORK/spend.json")"
+  say "over HTTP: wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s, one route at a time"
+  read -r S_RPS S_P99 S_BAD < <(wrk_run /v1/spend)
+  read -r U_RPS U_P99 U_BAD < <(wrk_run "/v1/usage?$USAGE_QS")
+  read -r T_RPS T_P99 T_BAD < <(wrk_run "$STATIC")
+  for b in "$S_BAD" "$U_BAD" "$T_BAD"; do
+    [ "$b" = 0 ] || die "wrk saw $b answers that were not 2xx (see $WORK/wrk.txt)"
+  done
+else
+  say "no $API in this build: the HTTP figures are not measured"
+  S_RPS=null S_P99=null U_RPS=null U_P99=null T_RPS=null T_P99=null
+fi
+
+printf '%-40s %12s   %s\n' "figure" "measured" "goal (issue 11)"
+printf '%-40s %12s   %s\n' "in-process usage calls/s (month by day)" "$(field "$IP_USAGE" calls_per_s)" "-"
+printf '%-40s %12s   %s\n' "in-process usage p99 (ms)" "$(field "$IP_USAGE" p99_ms)" "< 50"
+printf '%-40s %12s   %s\n' "in-process spend calls/s" "$(field "$IP_SPEND" calls_per_s)" "-"
+printf '%-40s %12s   %s\n' "in-process spend p99 (ms)" "$(field "$IP_SPEND" p99_ms)" "-"
+printf '%-40s %12s   %s\n' "GET /v1/spend requests/s" "$S_RPS" ">= 10000"
+printf '%-40s %12s   %s\n' "GET /v1/spend p99 (ms)" "$S_P99" "< 20"
+printf '%-40s %12s   %s\n' "GET /v1/usage requests/s (month by day)" "$U_RPS" "-"
+printf '%-40s %12s   %s\n' "GET /v1/usage p99 (ms)" "$U_P99" "< 50"
+printf '%-40s %12s   %s\n' "GET $STATIC requests/s (ceiling)" "$T_RPS" "-"
+printf '%-40s %12s   %s\n' "GET $STATIC p99 (ms)" "$T_P99" "-"
+$HTTP || printf '%-40s %12s   %s\n' "HTTP figures" "" "NOT MEASURED: no tally-api in this build"
+printf '{"usage_rows": %s, "spend_rps": %s, "spend_p99_ms": %s, "usage_rps": %s, "usage_p99_ms": %s, "static_rps": %s, "static_p99_ms": %s, "inprocess_usage_p99_ms": %s, "inprocess_spend_p99_ms": %s}\n' \
+  "$ROWS" "$S_RPS" "$S_P99" "$U_RPS" "$U_P99" "$T_RPS" "$T_P99" "$(field "$IP_USAGE" p99_ms)" "$(field "$IP_SPEND" p99_ms)"
