@@ -889,7 +889,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
                 default_host_id(c->host_id, sizeof(c->host_id));
         }
         if ((r = state_prepare(c->state_dir)) < 0 ||
-            (mkdir(c->registry_dir, 0755) < 0 && errno != EEXIST && (r = -errno))) {
+            (mkdir(c->registry_dir, 0700) < 0 && errno != EEXIST && (r = -errno))) {
                 snprintf(err, errlen, "could not create the state folders under %s: %s", c->state_dir, strerror(-r));
                 goto fail;
         }

@@ -12,24 +12,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int mkdir_one(const char *path)
+/* The collector's own folders hold account and key ids (spooled finals):
+ * root's alone, 0700, also when an older collector made them 0755. */
+static int mkdir_one(const char *path, mode_t mode)
 {
-        return mkdir(path, 0755) < 0 && errno != EEXIST ? -errno : 0;
+        if (mkdir(path, mode) < 0 && errno != EEXIST)
+                return -errno;
+        return mode == 0700 && chmod(path, mode) < 0 ? -errno : 0;
 }
 
 int state_prepare(const char *state_dir)
 {
         char path[PATH_MAX];
-        int r = mkdir_one(state_dir);
+        int r = mkdir_one(state_dir, 0755);
         snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR, state_dir);
         if (r == 0)
-                r = mkdir_one(path);
+                r = mkdir_one(path, 0700);
         snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/epochs", state_dir);
         if (r == 0)
-                r = mkdir_one(path);
+                r = mkdir_one(path, 0700);
         snprintf(path, sizeof(path), "%s/" COLLECTOR_DIR "/spool", state_dir);
         if (r == 0)
-                r = mkdir_one(path);
+                r = mkdir_one(path, 0700);
         return r;
 }
 

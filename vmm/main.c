@@ -24,6 +24,7 @@ struct vmm_config {
         char *cgroup_mount;
         char *cgroup_parent;
         char *kafka_brokers;
+        struct kafka_client_settings kafka;
         char *limits_database_url;
         char *blocked_key_query;
         int64_t timeout_max_s;
@@ -60,6 +61,7 @@ static const struct setting settings[] = {
           "Parent cgroup of the sandboxes' cgroups, relative to each hierarchy's root" },
         { "kafka_brokers", SETTING_STRING, "", false, offsetof(struct vmm_config, kafka_brokers), 0, 0,
           "Kafka bootstrap servers, host:port[,...] (required by the daemon, not by the client commands)" },
+        SETTING_KAFKA_CLIENT(struct vmm_config, kafka),
         { "limits_database_url", SETTING_STRING, "", false, offsetof(struct vmm_config, limits_database_url), 0, 0,
           "PostgreSQL URL to check that a key is not blocked before creating (empty: no check)" },
         { "blocked_key_query", SETTING_STRING, DEFAULT_BLOCKED_KEY_QUERY, false,
@@ -143,6 +145,12 @@ int main(int argc, char **argv)
                 status = 2;
                 goto out;
         }
+        char kerr[512];
+        if (kafka_client_settings_check(&cfg.kafka, kerr, sizeof(kerr)) < 0) {
+                fprintf(stderr, "tally-vmm: invalid value for kafka_settings: %s\n", kerr);
+                status = 2;
+                goto out;
+        }
         if (*cfg.host_id)
                 snprintf(host, sizeof(host), "%s", cfg.host_id);
         else if (gethostname(host, sizeof(host) - 1) < 0)
@@ -150,7 +158,7 @@ int main(int argc, char **argv)
         struct vmm_settings s = {
                 .state_dir = cfg.state_dir, .host_id = host, .backend = cfg.backend,
                 .cgroup_mount = cfg.cgroup_mount, .cgroup_parent = cfg.cgroup_parent,
-                .kafka_brokers = cfg.kafka_brokers, .limits_database_url = cfg.limits_database_url,
+                .kafka_brokers = cfg.kafka_brokers, .kafka = &cfg.kafka, .limits_database_url = cfg.limits_database_url,
                 .blocked_key_query = cfg.blocked_key_query, .timeout_max_s = cfg.timeout_max_s,
                 .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
                 .exec_output_cap_default = cfg.exec_output_cap,

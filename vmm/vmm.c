@@ -1408,6 +1408,12 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         rd_kafka_conf_set_opaque(conf, v);
+        if (kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
         /* Lifecycle events are never given up on: delivery retries until the broker takes them. */
         static const char *const producer_pairs[] = { "message.timeout.ms=0", "linger.ms=1", NULL };
         if (!(v->producer = kafka_producer_new(s->kafka_brokers, conf, producer_pairs, kerr, sizeof(kerr)))) {
@@ -1420,6 +1426,12 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
         conf = rd_kafka_conf_new();
         rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
         rd_kafka_conf_set_opaque(conf, v);
+        if (kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+                r = -EINVAL;
+                goto fail;
+        }
         static const char *const consumer_pairs[] = { "session.timeout.ms=6000", "heartbeat.interval.ms=500",
                                                       "fetch.wait.max.ms=50", NULL };
         if (!(v->consumer = kafka_consumer_new(s->kafka_brokers, group, conf, consumer_pairs, kerr, sizeof(kerr)))) {

@@ -10,6 +10,8 @@
  * (docs/registry.md). */
 #pragma once
 
+#include "kafka.h"
+
 #include "backend.h"
 #include "control.h"
 #include "spec.h"
@@ -25,6 +27,7 @@ struct vmm_settings {
         const char *cgroup_mount;        /* "" : /sys/fs/cgroup */
         const char *cgroup_parent;       /* e.g. "tally" */
         const char *kafka_brokers;
+        const struct kafka_client_settings *kafka; /* TLS/SASL for the event producer and command consumer */
         const char *limits_database_url; /* "": no spend-limit check at create */
         const char *blocked_key_query;   /* $1 account, $2 key: a row means blocked */
         int64_t timeout_max_s;

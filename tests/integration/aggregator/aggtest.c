@@ -147,13 +147,20 @@ pid_t aggtest_spawn(struct aggtest *t, const char *const *extra)
         pid_t pid = test_spawn((char *const *)argv, NULL, log);
         /* Wait until it is running (its signal handlers installed), so a quick
          * SIGTERM tests a clean stop rather than racing the start. */
-        for (int i = 0; i < 200; i++) {
+        bool up = false;
+        for (int i = 0; i < 1200 && !up; i++) {
                 char *text = test_read_file(log);
-                bool up = text && strstr(text, "aggregator started");
+                up = text && strstr(text, "aggregator started");
                 free(text);
-                if (up)
-                        break;
-                time_sleep_ns(25 * NS_PER_MS);
+                if (!up)
+                        time_sleep_ns(25 * NS_PER_MS);
+        }
+        if (!up) {
+                char *text = test_read_file(log);
+                fprintf(stderr, "FAIL: the aggregator did not say it started in 30 s; its log:\n%s\n", text ? text : "");
+                free(text);
+                kill(pid, SIGKILL);
+                exit(1);
         }
         return pid;
 }
