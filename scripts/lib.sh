@@ -248,7 +248,7 @@ kafka_start() {
       fi
     done
   fi
-  rm -f "$dir/bootstrap"
+  mkdir -p "$dir"; rm -f "$dir/bootstrap"
   echo "$nodes" >"$dir/nodes"; echo "$heap" >"$dir/heap"
   local bootstrap=()
   for n in $(seq 1 "$nodes"); do
@@ -342,8 +342,11 @@ start_test_services() {
   export TALLY_TEST_WORK=$work
 }
 stop_test_services() {
-  local work=$1
+  local work=$1 f
   stop_pidfile "$work/run/broker.pid"
+  # Apache Kafka nodes a test or this script started and did not stop (a timeout, a crash).
+  while IFS= read -r f; do kill -KILL "$(cat "$f")" 2>/dev/null || true; done \
+    < <(find "$work" -path '*/node.*/pid' 2>/dev/null)
   pg_stop "$work/pg/data"
   rm -rf "$work"
 }
