@@ -26,6 +26,10 @@ void test_kafka_start(struct test_kafka *k, const char *dir, int partitions, int
 {
         memset(k, 0, sizeof(*k));
         snprintf(k->dir, sizeof(k->dir), "%s", dir);
+        if (nodes <= 0) {
+                const char *n = getenv("TALLY_TEST_KAFKA_NODES");
+                nodes = n && *n ? atoi(n) : 1;
+        }
         k->nodes = nodes;
         char file[600], parts[16];
         snprintf(parts, sizeof(parts), "%d", partitions);

@@ -53,7 +53,8 @@ char *test_tmpdir(const char *prefix);
  * TALLY_TEST_KAFKA=apache (`scripts/test --kafka apache`, meson test setup
  * "apache") a real Apache Kafka that scripts/kafka (TALLY_KAFKA_SCRIPT) formats
  * and starts in a folder of the test's own, topics usage and control created
- * with `partitions`. nodes: 1, or 3 for a KRaft quorum (Apache Kafka only).
+ * with `partitions`. nodes: 1, or 3 for a KRaft quorum (Apache Kafka only), or
+ * 0: as TALLY_TEST_KAFKA_NODES says (default 1).
  * Exits the test on failure. */
 struct test_kafka {
         char bootstrap[512];

@@ -26,8 +26,8 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions)
 {
         memset(t, 0, sizeof(*t));
         t->dir = test_tmpdir(name);
-        /* The development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache. */
-        test_kafka_start(&t->kafka, t->dir, partitions, 1);
+        /* The development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache (TALLY_TEST_KAFKA_NODES nodes). */
+        test_kafka_start(&t->kafka, t->dir, partitions, 0);
         t->bootstrap = strdup(t->kafka.bootstrap);
 
         t->db_url = test_db_create(name);
