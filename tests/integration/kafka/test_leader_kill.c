@@ -26,7 +26,7 @@ int main(void)
         aggtest_start(&t, "kafka_leader_kill", 4);
         CHECK(t.kafka.apache && t.kafka.nodes == 3, "not a 3-node Apache Kafka");
         struct gen_stream g;
-        gen_stream_make(&g, seed, 40, 100, aggtest_utc(2026, 10, 31, 22, 0, 0));
+        gen_stream_make(&g, seed, 40, 100, aggtest_utc(2026, 3, 31, 22, 0, 0));
         fprintf(stderr, "%zu messages for %zu sandboxes\n", g.nmessages, g.nsandboxes);
 
         const char *extra[] = { "--batch-messages", "150", "--batch-ms", "30", "--consumer-settings",
