@@ -259,6 +259,7 @@ kafka_start() {
     bootstrap+=("127.0.0.1:$(cat "$dir/node.$n/port")")
   done
   (IFS=,; echo "${bootstrap[*]}") >"$dir/bootstrap.pending"
+  # A random cluster id (16 bytes, base64url); it may begin with "-", hence --cluster-id=ID below.
   cluster=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
   local pids=()
   for n in $(seq 1 "$nodes"); do
@@ -270,7 +271,7 @@ kafka_start() {
         -e "s|@SEGMENT_BYTES@|${TALLY_KAFKA_SEGMENT_BYTES:-1073741824}|" \
         "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties"
     rm -rf "$dir/node.$n/data"
-    kafka_tool kafka.tools.StorageTool format -t "$cluster" -c "$dir/node.$n/server.properties" \
+    kafka_tool kafka.tools.StorageTool format "--cluster-id=$cluster" -c "$dir/node.$n/server.properties" \
       >"$dir/node.$n/format.log" 2>&1 &
     pids+=($!)
   done

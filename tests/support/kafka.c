@@ -72,6 +72,15 @@ void test_kafka_start(struct test_kafka *k, const char *dir, int partitions, int
 
 void test_kafka_stop(struct test_kafka *k)
 {
+        if (k->apache && test_failures) {
+                /* What the topic held, for the failure's reader: the order producers' messages reached it. */
+                char *out = NULL;
+                char *argv[] = { (char *)test_env("TALLY_KAFKA_SCRIPT"), "dump", k->dir, "usage", NULL };
+                test_run(argv, &out, NULL);
+                fprintf(stderr, "---- usage topic on Apache Kafka (partition, offset, create time, key, value)\n%s",
+                        out ? out : "");
+                free(out);
+        }
         if (k->apache) {
                 script(k, "stop", NULL, NULL, NULL, NULL);
         } else if (k->pid > 0) {
