@@ -234,6 +234,15 @@ kafka_create_topic() {
   die "could not create topic $name on $dir"
 }
 
+# kafka_new_port DIR: a free port none of DIR's nodes has taken yet.
+kafka_new_port() {
+  local p
+  while :; do
+    p=$(free_port)
+    cat "$1"/node.*/port "$1"/node.*/controller_port 2>/dev/null | grep -qx "$p" || { echo "$p"; return 0; }
+  done
+}
+
 # kafka_start DIR NODES PARTITIONS RETENTION_MS HEAP [PORT]: a fresh KRaft cluster in DIR
 # (formatted, started, topics usage and control created); writes DIR/bootstrap last.
 kafka_start() {
@@ -253,8 +262,8 @@ kafka_start() {
   local bootstrap=()
   for n in $(seq 1 "$nodes"); do
     mkdir -p "$dir/node.$n"
-    if [ -n "$port" ]; then echo $((port + n - 1)) >"$dir/node.$n/port"; else free_port >"$dir/node.$n/port"; fi
-    free_port >"$dir/node.$n/controller_port"
+    if [ -n "$port" ]; then echo $((port + n - 1)) >"$dir/node.$n/port"; else kafka_new_port "$dir" >"$dir/node.$n/port"; fi
+    kafka_new_port "$dir" >"$dir/node.$n/controller_port"
     voters+="${voters:+,}$n@127.0.0.1:$(cat "$dir/node.$n/controller_port")"
     bootstrap+=("127.0.0.1:$(cat "$dir/node.$n/port")")
   done
