@@ -19,6 +19,7 @@ TALLY_DEB_PACKAGES=(
   clang llvm bpftool libbpf-dev
   libseccomp-dev e2fsprogs
   python3 wrk
+  maven openjdk-17-jre-headless
 )
 
 say() { printf '%s\n' "$*" >&2; }
@@ -150,6 +151,192 @@ stop_pidfile() {
   rm -f "$f"
 }
 
+# ---- Apache Kafka (scripts/kafka): jars from kafka/pom.xml through Maven, KRaft nodes on loopback.
+
+KAFKA_POM=$TALLY_ROOT/kafka/pom.xml
+kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM"; }
+kafka_cache() { echo "${TALLY_KAFKA_CACHE:-${XDG_CACHE_HOME:-/var/cache}/tally/kafka}"; }
+
+# kafka_fetch: the folder of jars kafka/pom.xml resolves to, fetched through Maven the first
+# time (keyed by the descriptor's content, so editing it fetches again) and reused after.
+kafka_fetch() {
+  local cache ver dir
+  cache=$(kafka_cache); ver=$(kafka_version)
+  [ -n "$ver" ] || die "no kafka.version in $KAFKA_POM"
+  dir=$cache/$ver-$(md5sum <"$KAFKA_POM" | cut -c1-8)
+  if [ ! -f "$dir/.complete" ]; then
+    mkdir -p "$cache"
+    (
+      flock 9
+      if [ ! -f "$dir/.complete" ]; then
+        say "fetching Apache Kafka $ver through Maven into $dir"
+        rm -rf "$dir.tmp"
+        mvn -q -B -f "$KAFKA_POM" dependency:copy-dependencies -DincludeScope=runtime \
+          -DoutputDirectory="$dir.tmp" >"$cache/mvn.log" 2>&1 \
+          || { tail -30 "$cache/mvn.log" >&2; die "Maven could not resolve $KAFKA_POM (log: $cache/mvn.log)"; }
+        rm -rf "$TALLY_ROOT/kafka/target"
+        touch "$dir.tmp/.complete"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+      fi
+    ) 9>"$cache/.lock" || exit 1
+  fi
+  echo "$dir"
+}
+
+# kafka_tool CLASS ARGS...: one of Kafka's command-line tools, in the foreground.
+kafka_tool() {
+  local cls=$1; shift
+  java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" "$cls" "$@"
+}
+
+# kafka_start_node DIR N: starts node N of DIR's cluster in the background (its
+# server.properties written and its storage formatted before).
+kafka_start_node() {
+  local dir=$1 n=$2 nd heap
+  nd=$dir/node.$n
+  KAFKA_LIBS=${KAFKA_LIBS:-$(kafka_fetch)}
+  heap=$(cat "$dir/heap")
+  # Detached from the caller's terminal, stdin and pipes: the node outlives the command that started it.
+  setsid java -Xms64m "-Xmx$heap" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    "-Dkafka.logs.dir=$nd" "-Dlog4j2.configurationFile=$TALLY_ROOT/kafka/log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$nd/server.properties" </dev/null >"$nd/stdout.log" 2>&1 &
+  echo $! >"$nd/pid"
+}
+
+# kafka_wait_node DIR N: waits (60 s at most) until node N accepts connections.
+kafka_wait_node() {
+  local dir=$1 n=$2 port i
+  port=$(cat "$dir/node.$n/port")
+  for i in $(seq 1 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    kill -0 "$(cat "$dir/node.$n/pid")" 2>/dev/null || { tail -20 "$dir/node.$n/server.log" "$dir/node.$n/stdout.log" >&2; die "kafka node $n exited (log: $dir/node.$n/server.log)"; }
+    sleep 0.1
+  done
+  die "kafka node $n did not listen on $port within 60 s (log: $dir/node.$n/server.log)"
+}
+
+# kafka_create_topic DIR NAME PARTITIONS RETENTION_MS: creates a topic replicated on every node
+# (min.insync.replicas: 2 of 3, 1 of 1), retrying while the brokers register.
+kafka_create_topic() {
+  local dir=$1 name=$2 parts=$3 retention=$4 n rf minisr i out
+  n=$(cat "$dir/nodes"); rf=$n; minisr=$(( n > 1 ? 2 : 1 ))
+  KAFKA_LIBS=${KAFKA_LIBS:-$(kafka_fetch)}
+  local extra=() c
+  for c in ${TALLY_KAFKA_TOPIC_CONFIG:-}; do extra+=(--config "$c"); done
+  for i in $(seq 1 30); do
+    if out=$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(cat "$dir/bootstrap.pending")" \
+               --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor "$rf" \
+               --config "retention.ms=$retention" --config "min.insync.replicas=$minisr" "${extra[@]}" 2>&1); then
+      return 0
+    fi
+    sleep 1
+  done
+  say "$out"
+  die "could not create topic $name on $dir"
+}
+
+# kafka_new_port DIR: a free port none of DIR's nodes has taken yet.
+kafka_new_port() {
+  local p
+  while :; do
+    p=$(free_port)
+    cat "$1"/node.*/port "$1"/node.*/controller_port 2>/dev/null | grep -qx "$p" || { echo "$p"; return 0; }
+  done
+}
+
+# kafka_start DIR NODES PARTITIONS RETENTION_MS HEAP [PORT]: a fresh KRaft cluster in DIR
+# (formatted, started, topics usage and control created); writes DIR/bootstrap last.
+kafka_start() {
+  local dir=$1 nodes=$2 parts=$3 retention=$4 heap=$5 port=${6:-} n voters="" cluster t0
+  t0=$(date +%s%N)
+  command -v java >/dev/null || die "java is not installed (scripts/lib.sh installs it)"
+  KAFKA_LIBS=$(kafka_fetch)
+  if [ -f "$dir/nodes" ]; then
+    for n in $(seq 1 "$(cat "$dir/nodes")"); do
+      if [ -f "$dir/node.$n/pid" ] && kill -0 "$(cat "$dir/node.$n/pid")" 2>/dev/null; then
+        die "kafka already runs in $dir (scripts/kafka stop $dir first)"
+      fi
+    done
+  fi
+  mkdir -p "$dir"; rm -f "$dir/bootstrap"
+  echo "$nodes" >"$dir/nodes"; echo "$heap" >"$dir/heap"
+  local bootstrap=()
+  for n in $(seq 1 "$nodes"); do
+    mkdir -p "$dir/node.$n"
+    if [ -n "$port" ]; then echo $((port + n - 1)) >"$dir/node.$n/port"; else kafka_new_port "$dir" >"$dir/node.$n/port"; fi
+    kafka_new_port "$dir" >"$dir/node.$n/controller_port"
+    voters+="${voters:+,}$n@127.0.0.1:$(cat "$dir/node.$n/controller_port")"
+    bootstrap+=("127.0.0.1:$(cat "$dir/node.$n/port")")
+  done
+  (IFS=,; echo "${bootstrap[*]}") >"$dir/bootstrap.pending"
+  # A random cluster id (16 bytes, base64url); it may begin with "-", hence --cluster-id=ID below.
+  cluster=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  local pids=()
+  for n in $(seq 1 "$nodes"); do
+    sed -e "s|@NODE_ID@|$n|" -e "s|@VOTERS@|$voters|" \
+        -e "s|@PORT@|$(cat "$dir/node.$n/port")|" -e "s|@CONTROLLER_PORT@|$(cat "$dir/node.$n/controller_port")|" \
+        -e "s|@DATA_DIR@|$dir/node.$n/data|" -e "s|@PARTITIONS@|$parts|" \
+        -e "s|@REPLICATION@|$nodes|" -e "s|@MIN_ISR@|$(( nodes > 1 ? 2 : 1 ))|" \
+        -e "s|@RETENTION_MS@|$retention|" -e "s|@RETENTION_CHECK_MS@|${TALLY_KAFKA_RETENTION_CHECK_MS:-300000}|" \
+        -e "s|@SEGMENT_BYTES@|${TALLY_KAFKA_SEGMENT_BYTES:-1073741824}|" \
+        "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties"
+    rm -rf "$dir/node.$n/data"
+    kafka_tool kafka.tools.StorageTool format "--cluster-id=$cluster" -c "$dir/node.$n/server.properties" \
+      >"$dir/node.$n/format.log" 2>&1 &
+    pids+=($!)
+  done
+  for n in $(seq 1 "$nodes"); do
+    wait "${pids[$((n - 1))]}" || { cat "$dir/node.$n/format.log" >&2; die "could not format kafka node $n"; }
+  done
+  for n in $(seq 1 "$nodes"); do kafka_start_node "$dir" "$n"; done
+  for n in $(seq 1 "$nodes"); do kafka_wait_node "$dir" "$n"; done
+  kafka_create_topic "$dir" usage "$parts" "$retention" &
+  local a=$!
+  kafka_create_topic "$dir" control "$parts" "$retention" || { wait $a; return 1; }
+  wait $a || return 1
+  mv "$dir/bootstrap.pending" "$dir/bootstrap"
+  say "kafka $(kafka_version): $nodes node(s) on $(cat "$dir/bootstrap"), topics usage and control ($parts partitions, retention ${retention} ms) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+}
+
+kafka_kill_node() {
+  local f=$1/node.$2/pid pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  kill -KILL "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+}
+
+# kafka_stop DIR: SIGTERM to every node at once (a controlled shutdown), SIGKILL after 15 s.
+kafka_stop() {
+  local dir=$1 f pid i
+  for f in "$dir"/node.*/pid; do
+    [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true
+  done
+  for f in "$dir"/node.*/pid; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    for i in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
+
+kafka_status() {
+  local dir=$1 f n up=0
+  for f in "$dir"/node.*/pid; do
+    [ -f "$f" ] || continue
+    n=$(basename "$(dirname "$f")")
+    if kill -0 "$(cat "$f")" 2>/dev/null; then
+      echo "kafka $n  running  pid $(cat "$f")  port $(cat "$(dirname "$f")/port")  log $(dirname "$f")/server.log"
+      up=$((up + 1))
+    else
+      echo "kafka $n  stopped"
+    fi
+  done
+  [ -f "$dir/bootstrap" ] && echo "bootstrap $(cat "$dir/bootstrap")"
+  [ "$up" -gt 0 ]
+}
+
 # start_test_services WORK: a throwaway PostgreSQL cluster and development
 # broker under WORK, for tests and benchmarks; exports TALLY_TEST_PG_URL,
 # TALLY_TEST_BROKERS, TALLY_TEST_BROKER_CONTROL and TALLY_TEST_WORK.
@@ -166,8 +353,11 @@ start_test_services() {
   export TALLY_TEST_WORK=$work
 }
 stop_test_services() {
-  local work=$1
+  local work=$1 f
   stop_pidfile "$work/run/broker.pid"
+  # Apache Kafka nodes a test or this script started and did not stop (a timeout, a crash).
+  while IFS= read -r f; do kill -KILL "$(cat "$f")" 2>/dev/null || true; done \
+    < <(find "$work" -path '*/node.*/pid' 2>/dev/null)
   pg_stop "$work/pg/data"
   rm -rf "$work"
 }

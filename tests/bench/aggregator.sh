@@ -16,6 +16,11 @@
 #  freeze_latency_ms_p50/p99   the sample that crosses a key's daily limit produced -> pause command
 #                              published -> consumed by a real tally-vmm -> its process
 #                              sandbox's freezer cgroup reads FROZEN
+#
+#  --kafka apache              also runs the end-to-end and commit-latency phases, in the same run,
+#                              against one real Apache Kafka node (scripts/kafka, same partitions,
+#                              a database of their own), reported as apache_e2e_samples_per_s,
+#                              apache_e2e_samples_per_s_with_join, apache_commit_latency_ms_p50/p99
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
@@ -27,6 +32,15 @@ SAMPLES=${SAMPLES:-100}
 # older messages silently: with 4 partitions, most of a 1,000,000-sample preload. Every phase
 # checks that all its samples were billed; PARTITIONS=128 gives the broker room for the preload.
 PARTITIONS=${PARTITIONS:-4}
+KAFKA=dev
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kafka) KAFKA=${2:-}; shift ;;
+    *) die "unknown argument $1 (aggregator takes --kafka apache)" ;;
+  esac
+  shift
+done
+case "$KAFKA" in dev|apache) ;; *) die "--kafka is dev or apache" ;; esac
 WORK=$(mktemp -d /tmp/tally-bench-aggregator.XXXXXX)
 AGG_PID=
 VMM_PID=
@@ -64,72 +78,95 @@ start_agg() { "$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" 
 say "fold stage alone"
 FOLD=$("$BENCH" fold 20000000 | sed -n 's/^fold_samples_per_s_per_core=//p')
 
-TOTAL=$((SANDBOXES * SAMPLES))
-say "preloading $TOTAL samples ($SANDBOXES sandboxes x $SAMPLES)"
-"$BENCH" produce "$TALLY_TEST_BROKERS" "$SANDBOXES" "$SAMPLES" 0 >&2
-say "end to end: broker -> fold -> exactly-once commits"
-T0=$(date +%s%N)
-"$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info 2>"$WORK/agg.e2e.log" &
-AGG_PID=$!
-wait_committed "$TOTAL" 600
-T1=$(date +%s%N)
-kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
-# Throughput from the moment the aggregator holds its partitions (joining the
-# group takes ~3 s in the development broker; printed separately) to the last commit.
-ASSIGNED_TS=$(sed -n 's/^ts=\([^ ]*\) .*partition assigned.*/\1/p' "$WORK/agg.e2e.log" | head -1)
-TA=$(date -d "$ASSIGNED_TS" +%s%N)
-JOIN_MS=$(( (TA - T0) / 1000000 ))
-E2E=$(( TOTAL * 1000000000 / (T1 - TA) ))
-E2E_WITH_JOIN=$(( TOTAL * 1000000000 / (T1 - T0) ))
+# The end-to-end and commit-latency phases against BROKERS, billing into DB (a fresh database).
+phases() {
+  TOTAL=$((SANDBOXES * SAMPLES))
+  say "preloading $TOTAL samples ($SANDBOXES sandboxes x $SAMPLES)"
+  "$BENCH" produce "$BROKERS" "$SANDBOXES" "$SAMPLES" 0 >&2
+  say "end to end: broker -> fold -> exactly-once commits"
+  T0=$(date +%s%N)
+  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level info 2>"$WORK/agg.e2e.log" &
+  AGG_PID=$!
+  wait_committed "$TOTAL" 600
+  T1=$(date +%s%N)
+  kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  # Throughput from the moment the aggregator holds its partitions (joining the
+  # group takes ~3 s in the development broker; printed separately) to the last commit.
+  ASSIGNED_TS=$(sed -n 's/^ts=\([^ ]*\) .*partition assigned.*/\1/p' "$WORK/agg.e2e.log" | head -1)
+  TA=$(date -d "$ASSIGNED_TS" +%s%N)
+  JOIN_MS=$(( (TA - T0) / 1000000 ))
+  E2E=$(( TOTAL * 1000000000 / (T1 - TA) ))
+  E2E_WITH_JOIN=$(( TOTAL * 1000000000 / (T1 - T0) ))
 
-# Each sample's cpu_ns is k x 0.7 s and its wall time t0 + k s (k = 0..SAMPLES-1), running, 4 GiB:
-# a sandbox is billed (SAMPLES-1) x 0.7 CPU-s and 4 GiB x (SAMPLES-1) s, worked by hand here.
-want_billed() { # SANDBOXES
-  echo "$1 $(( $1 * (SAMPLES - 1) * 700000000 )) $(psql -tAc "SELECT $1::numeric * 4 * 1073741824 * ($SAMPLES - 1) * 1000000000")"
+  # Each sample's cpu_ns is k x 0.7 s and its wall time t0 + k s (k = 0..SAMPLES-1), running, 4 GiB:
+  # a sandbox is billed (SAMPLES-1) x 0.7 CPU-s and 4 GiB x (SAMPLES-1) s, worked by hand here.
+  want_billed() { # SANDBOXES
+    echo "$1 $(( $1 * (SAMPLES - 1) * 700000000 )) $(psql -tAc "SELECT $1::numeric * 4 * 1073741824 * ($SAMPLES - 1) * 1000000000")"
+  }
+  E2E_BILLED=$(billed bench-sb)
+  E2E_WANT=$(want_billed "$SANDBOXES")
+  # Memory is billed for each interval between two samples the aggregator saw: a sample it never
+  # got (dropped by the broker) leaves its interval to the next one, but samples lost from the
+  # start of a sandbox's stream leave theirs unbilled. So memory tells how much was consumed.
+  E2E_INTERVALS=$(psql -tAc "SELECT coalesce(sum(mem_byte_ns), 0) / (4 * 1073741824::numeric * 1000000000) FROM usage_hourly WHERE sandbox_id LIKE 'bench-sb-%'")
+  E2E_INTERVALS=${E2E_INTERVALS%%.*}
+  E2E_JSON=$E2E
+  if [ "$E2E_BILLED" != "$E2E_WANT" ]; then
+    say "end to end: NOT ALL BILLED: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED, want $E2E_WANT;"
+    say "  memory for $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) sample intervals: the broker dropped the rest (PARTITIONS=$PARTITIONS)"
+    E2E_NOTE="INVALID: only $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) intervals billed; the broker dropped the rest"
+    E2E_JSON=null
+  else
+    say "end to end: all billed: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED"
+    E2E_NOTE=""
+  fi
+
+  say "commit latency at a steady 50,000 samples/s, on fresh samples"
+  # 5,000 sandboxes the ledger has never seen (bench-lat-N): every sample is new
+  # usage to fold, rate and write, none a duplicate of the end-to-end phase's.
+  LAT_SANDBOXES=5000
+  LAT_BEFORE=$(billed bench-lat)
+  [ "$LAT_BEFORE" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $LAT_BEFORE"
+  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
+  AGG_PID=$!
+  wait_log "$WORK/agg.lat.log" "partition assigned" 30
+  sleep 1
+  "$BENCH" produce "$BROKERS" "$LAT_SANDBOXES" "$SAMPLES" 50000 bench-lat >&2
+  wait_committed $(( TOTAL + LAT_SANDBOXES * SAMPLES )) 300
+  kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  LAT_BILLED=$(billed bench-lat)
+  LAT_WANT=$(want_billed "$LAT_SANDBOXES")
+  say "latency phase billed (sandboxes cpu_ns mem_byte_ns): $LAT_BILLED (want $LAT_WANT)"
+  [ "$LAT_BILLED" = "$LAT_WANT" ] || die "the latency phase's samples were not all billed: $LAT_BILLED, want $LAT_WANT"
+  LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-%'")
+  # The batches behind the latency: how many, how big, how long (the aggregator's debug lines).
+  LAT_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.lat.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
+    awk '$1 > 0 { n++; m += $1; t += $2; if ($2 > mx) mx = $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms each on average, longest %d ms", n, m / n, t / n, mx }')
+  say "latency phase: $LAT_BATCHES"
+  LAT=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.log")
+  P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$LAT")
+  P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$LAT")
+
 }
-E2E_BILLED=$(billed bench-sb)
-E2E_WANT=$(want_billed "$SANDBOXES")
-# Memory is billed for each interval between two samples the aggregator saw: a sample it never
-# got (dropped by the broker) leaves its interval to the next one, but samples lost from the
-# start of a sandbox's stream leave theirs unbilled. So memory tells how much was consumed.
-E2E_INTERVALS=$(psql -tAc "SELECT coalesce(sum(mem_byte_ns), 0) / (4 * 1073741824::numeric * 1000000000) FROM usage_hourly WHERE sandbox_id LIKE 'bench-sb-%'")
-E2E_INTERVALS=${E2E_INTERVALS%%.*}
-E2E_JSON=$E2E
-if [ "$E2E_BILLED" != "$E2E_WANT" ]; then
-  say "end to end: NOT ALL BILLED: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED, want $E2E_WANT;"
-  say "  memory for $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) sample intervals: the broker dropped the rest (PARTITIONS=$PARTITIONS)"
-  E2E_NOTE="INVALID: only $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) intervals billed; the broker dropped the rest"
-  E2E_JSON=null
-else
-  say "end to end: all billed: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED"
-  E2E_NOTE=""
-fi
 
-say "commit latency at a steady 50,000 samples/s, on fresh samples"
-# 5,000 sandboxes the ledger has never seen (bench-lat-N): every sample is new
-# usage to fold, rate and write, none a duplicate of the end-to-end phase's.
-LAT_SANDBOXES=5000
-LAT_BEFORE=$(billed bench-lat)
-[ "$LAT_BEFORE" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $LAT_BEFORE"
-"$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
-AGG_PID=$!
-wait_log "$WORK/agg.lat.log" "partition assigned" 30
-sleep 1
-"$BENCH" produce "$TALLY_TEST_BROKERS" "$LAT_SANDBOXES" "$SAMPLES" 50000 bench-lat >&2
-wait_committed $(( TOTAL + LAT_SANDBOXES * SAMPLES )) 120
-kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
-LAT_BILLED=$(billed bench-lat)
-LAT_WANT=$(want_billed "$LAT_SANDBOXES")
-say "latency phase billed (sandboxes cpu_ns mem_byte_ns): $LAT_BILLED (want $LAT_WANT)"
-[ "$LAT_BILLED" = "$LAT_WANT" ] || die "the latency phase's samples were not all billed: $LAT_BILLED, want $LAT_WANT"
-LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-%'")
-# The batches behind the latency: how many, how big, how long (the aggregator's debug lines).
-LAT_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.lat.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
-  awk '$1 > 0 { n++; m += $1; t += $2; if ($2 > mx) mx = $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms each on average, longest %d ms", n, m / n, t / n, mx }')
-say "latency phase: $LAT_BATCHES"
-LAT=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.log")
-P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$LAT")
-P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$LAT")
+BROKERS=$TALLY_TEST_BROKERS
+phases
+
+if [ "$KAFKA" = apache ]; then
+  D=(E2E E2E_JSON E2E_WITH_JOIN JOIN_MS E2E_NOTE P50 P99 LAT_ROWS LAT_BATCHES)
+  for v in "${D[@]}"; do eval "DEV_$v=\$$v"; done
+  say "the same phases against Apache Kafka $(kafka_version), one node, $PARTITIONS partitions"
+  kafka_start "$WORK/kafka" 1 "$PARTITIONS" 1209600000 "${TALLY_KAFKA_HEAP:-1g}" >/dev/null
+  BROKERS=$(cat "$WORK/kafka/bootstrap")
+  psql -c "CREATE DATABASE tally_apache"
+  DEV_DB=$DB
+  DB="${TALLY_TEST_PG_URL%/*}/tally_apache"
+  "$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+  phases
+  for v in "${D[@]}"; do eval "APACHE_$v=\$$v; $v=\$DEV_$v"; done
+  DB=$DEV_DB
+  kafka_stop "$WORK/kafka"
+fi
 
 say "freeze latency: limit crossed -> pause command -> tally-vmm sandbox frozen"
 TRIALS=${TRIALS:-20}
@@ -169,7 +206,18 @@ printf '%-34s %14s   %s\n' "  (with the ${JOIN_MS} ms group join)" "$E2E_WITH_JO
 printf '%-34s %14s   %s\n' "fold samples/s per core" "$FOLD" "-"
 printf '%-34s %14s   %s\n' "commit latency p50 (ms)" "$P50" "- (fresh samples: $LAT_SANDBOXES new sandboxes, $LAT_ROWS usage_hourly rows written)"
 printf '%-34s %14s   %s\n' "commit latency p99 (ms)" "$P99" "<= 2000"
+if [ "$KAFKA" = apache ]; then
+  printf '%-34s %14s   %s\n' "Apache Kafka e2e samples/s" "$APACHE_E2E" "(one node, $PARTITIONS partitions, same run)"
+  [ -z "$APACHE_E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  Apache e2e samples/s is" "" "$APACHE_E2E_NOTE"
+  printf '%-34s %14s   %s\n' "  (with the ${APACHE_JOIN_MS} ms group join)" "$APACHE_E2E_WITH_JOIN" ""
+  printf '%-34s %14s   %s\n' "Apache Kafka commit latency p50" "$APACHE_P50" "($APACHE_LAT_ROWS usage_hourly rows written)"
+  printf '%-34s %14s   %s\n' "Apache Kafka commit latency p99" "$APACHE_P99" "<= 2000"
+  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s' \
+    "$(kafka_version)" "$APACHE_E2E_JSON" "$APACHE_E2E_WITH_JOIN" "$APACHE_P50" "$APACHE_P99" "$APACHE_LAT_ROWS")
+else
+  APACHE_JSON=
+fi
 printf '%-34s %14s   %s\n' "freeze latency p50 (ms, $N trials)" "$F50" "-"
 printf '%-34s %14s   %s\n' "freeze latency p99 (ms)" "$F99" "<= 2000"
-printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s}\n' \
-  "$PARTITIONS" "$E2E_JSON" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99"
+printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s%s}\n' \
+  "$PARTITIONS" "$E2E_JSON" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99" "$APACHE_JSON"

@@ -47,3 +47,27 @@ char *test_read_file(const char *path);
 
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
+
+/* The Kafka a test runs against. By default the development broker (a
+ * tally-broker process of the test's own, TALLY_BROKER_BIN); with
+ * TALLY_TEST_KAFKA=apache (`scripts/test --kafka apache`, meson test setup
+ * "apache") a real Apache Kafka that scripts/kafka (TALLY_KAFKA_SCRIPT) formats
+ * and starts in a folder of the test's own, topics usage and control created
+ * with `partitions`. nodes: 1, or 3 for a KRaft quorum (Apache Kafka only), or
+ * 0: as TALLY_TEST_KAFKA_NODES says (default 1).
+ * Exits the test on failure. */
+struct test_kafka {
+        char bootstrap[512];
+        char dir[512];
+        pid_t pid; /* the development broker; 0 for Apache Kafka */
+        int apache;
+        int nodes;
+};
+int test_kafka_is_apache(void);
+void test_kafka_start(struct test_kafka *k, const char *dir, int partitions, int nodes);
+void test_kafka_stop(struct test_kafka *k);
+/* Apache Kafka only: SIGKILL node (1..nodes), or start it again on its data. */
+void test_kafka_kill_node(struct test_kafka *k, int node);
+void test_kafka_restart_node(struct test_kafka *k, int node);
+/* Apache Kafka only: the process id of node (1..nodes), 0 if it does not run. */
+pid_t test_kafka_node_pid(struct test_kafka *k, int node);

@@ -26,18 +26,9 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions)
 {
         memset(t, 0, sizeof(*t));
         t->dir = test_tmpdir(name);
-        char file[1024], log[1024], parts[16];
-        snprintf(file, sizeof(file), "%s/broker.bootstrap", t->dir);
-        snprintf(log, sizeof(log), "%s/broker.log", t->dir);
-        snprintf(parts, sizeof(parts), "%d", partitions);
-        char *argv[] = { (char *)test_env("TALLY_BROKER_BIN"), "--port", "0", "--partitions", parts,
-                         "--bootstrap-file", file, NULL };
-        t->broker_pid = test_spawn(argv, NULL, log);
-        if (test_wait_file(file, 10000) < 0) {
-                fprintf(stderr, "FAIL: the development broker did not start (log %s)\n", log);
-                exit(1);
-        }
-        t->bootstrap = test_read_file(file);
+        /* The development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache (TALLY_TEST_KAFKA_NODES nodes). */
+        test_kafka_start(&t->kafka, t->dir, partitions, 0);
+        t->bootstrap = strdup(t->kafka.bootstrap);
 
         t->db_url = test_db_create(name);
         char *out = NULL, *err = NULL;
@@ -72,10 +63,7 @@ void aggtest_stop(struct aggtest *t)
                 rd_kafka_destroy(t->producer);
         }
         PQfinish(t->db);
-        if (t->broker_pid > 0) {
-                kill(t->broker_pid, SIGTERM);
-                waitpid(t->broker_pid, NULL, 0);
-        }
+        test_kafka_stop(&t->kafka);
         test_db_drop(t->db_url);
         free(t->bootstrap);
         free(t->dir);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "event.h"
+#include "support.h"
 
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
@@ -15,7 +16,7 @@ struct aggtest {
         char *dir;          /* scratch folder */
         char *db_url;
         PGconn *db;
-        pid_t broker_pid;
+        struct test_kafka kafka; /* the development broker, or Apache Kafka (support.h) */
         char *bootstrap;
         rd_kafka_t *producer;
         int spawned;        /* aggregators started, for log names */

@@ -103,18 +103,10 @@ void pipe_start(struct pipeline *p, const char *name, int tick_ms, const char *c
         pipe_exec_sql(p, "INSERT INTO accounts (id, name) VALUES ('acct_pipe', 'pipeline');"
                          "INSERT INTO api_keys (id, account_id, key_hash) VALUES ('key_free', 'acct_pipe', sha256('key_free'))");
 
-        char bootstrap[600];
-        snprintf(bootstrap, sizeof(bootstrap), "%s/broker.bootstrap", p->dir);
-        char *broker[] = { (char *)test_env("TALLY_BROKER_BIN"), "--partitions", "2", "--bootstrap-file", bootstrap,
-                           NULL };
-        p->broker = spawn_logged(p, "broker", broker);
-        if (test_wait_file(bootstrap, 10000) < 0) {
-                fprintf(stderr, "FAIL: the broker did not start\n");
-                exit(1);
-        }
-        char *b = test_read_file(bootstrap);
-        snprintf(p->brokers, sizeof(p->brokers), "%s", b);
-        free(b);
+        /* The development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache. */
+        test_kafka_start(&p->kafka, p->dir, 2, 1);
+        p->broker = p->kafka.pid;
+        snprintf(p->brokers, sizeof(p->brokers), "%s", p->kafka.bootstrap);
 
         const char *vmmd[40] = { test_env("TALLY_VMM_BIN"), "--state-dir", p->state_dir, "--kafka-brokers", p->brokers,
                                  "--cgroup-parent", p->cgroup_parent, "--backend", "process",
@@ -166,7 +158,7 @@ int pipe_finish(struct pipeline *p)
         pipe_daemon_stop(p->aggregator);
         pipe_daemon_stop(p->collector);
         pipe_daemon_stop(p->vmm);
-        pipe_daemon_stop(p->broker);
+        test_kafka_stop(&p->kafka);
         if (test_failures) {
                 tail_log(p, "vmm");
                 for (int i = 0; i < p->collectors; i++) {

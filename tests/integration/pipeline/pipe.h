@@ -10,6 +10,8 @@
  * once its processes have ended, and its life from the test's own clock. */
 #pragma once
 
+#include "support.h"
+
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,6 +24,7 @@ struct pipeline {
         int tick_ms;
         pid_t broker, vmm, collector, aggregator;
         int collectors; /* started, for log names */
+        struct test_kafka kafka; /* the development broker (pid in broker), or Apache Kafka */
 };
 
 /* Starts broker, database (migrated, with account `acct_pipe` and key
