@@ -268,9 +268,12 @@ static int next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, c
                 h->paused_ns = s->paused_ns;
                 h->state_since_boot_ns = s->state_since_boot_ns;
                 registry_held_at(h, c->stamp_boot, &ev->running_ns, &ev->paused_ns);
-                if (s->pub_known && ev->running_ns < s->pub_running_ns)
+                /* A final carries the record's frozen totals exactly: they are the truth,
+                 * and aggregators bill the highest totals seen anyway. */
+                bool final = s->state == STATE_STOPPED;
+                if (!final && s->pub_known && ev->running_ns < s->pub_running_ns)
                         ev->running_ns = s->pub_running_ns;
-                if (s->pub_known && ev->paused_ns < s->pub_paused_ns)
+                if (!final && s->pub_known && ev->paused_ns < s->pub_paused_ns)
                         ev->paused_ns = s->pub_paused_ns;
         }
         return 0;

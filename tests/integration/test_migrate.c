@@ -53,6 +53,44 @@ int main(void)
         CHECK(strstr(one, "/0/") == NULL, "expected the source tree's migrations recorded, got %s", one);
         CHECK(strstr(one, "default" "cpu" "25000000") != NULL, "default plan missing: %s", one);
 
+        /* One rounding of the exact quotient (sql/006), figures worked by hand.
+         * 3,600,000,000,001,799,999,999,999 rated CPU-ns x nd / 3.6e12 is
+         * 1,000,000,000,000.4999999999997222...: one rounding gives
+         * 1,000,000,000,000; numeric's round(a / b) cuts the quotient to 16
+         * digits (…000.5000) first and gives …001 — the control shows the case
+         * really is one where rounding twice goes wrong. */
+        char *twice = query1(url, "SELECT round(3600000000001799999999999::numeric / 3600000000000)");
+        CHECK(strcmp(twice, "1000000000001") == 0, "control: round(a / b) gave %s", twice);
+        free(twice);
+        static const struct {
+                const char *sql, *want;
+        } exact[] = {
+                { "SELECT tally_round_div(3600000000001799999999999, 3600000000000)", "1000000000000" },
+                { "SELECT tally_round_div(3600000000001800000000000, 3600000000000)", "1000000000001" },
+                { "SELECT tally_round_div(5, 2)", "3" },
+                { "SELECT tally_round_div(-5, 2)", "-3" },
+                { "SELECT tally_round_div(5, -2)", "-3" },
+                { "SELECT tally_round_div(7, 3)", "2" },
+                { "SELECT tally_round_div(0, 3)", "0" },
+                /* A key's day: 7,200 CPU-s at $0.025 per vCPU-hour ($0.05) and 4 GiB-hours at
+                 * $0.0075 ($0.03) is 80,000,000 nd; the second key's CPU alone is the case above. */
+                { "WITH i AS (INSERT INTO spend_daily (key_id, day, account_id, cpu_rated, memory_rated) VALUES "
+                  "('k-round-1', '2026-01-01', 'a-round', 7200000000000 * 25000000::numeric,"
+                  " 4 * 1073741824 * 3600000000000 * 7500000::numeric), "
+                  "('k-round-2', '2026-01-01', 'a-round', 3600000000001799999999999, 0) RETURNING 1)"
+                  " SELECT count(*)::text FROM i", "2" },
+                { "SELECT string_agg(nanodollars::text, ',' ORDER BY key_id) FROM spend_daily "
+                  "WHERE account_id = 'a-round'", "80000000,1000000000000" },
+        };
+        for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++) {
+                char *got = query1(url, exact[i].sql);
+                CHECK(strcmp(got, exact[i].want) == 0, "%s: got %s, want %s", exact[i].sql, got, exact[i].want);
+                free(got);
+        }
+        PGconn *clean = PQconnectdb(url);
+        PQclear(PQexec(clean, "DELETE FROM spend_daily WHERE account_id = 'a-round'"));
+        PQfinish(clean);
+
         CHECK(migrate(url, NULL, &err) == 0, "second apply failed: %s", err);
         CHECK(strstr(err, "applied=0") != NULL, "second apply should apply nothing: %s", err);
         free(err);
