@@ -807,7 +807,23 @@ static int mode_disk_fill(const char *dir, long long bytes)
         return 0;
 }
 
-static int mode_ptrace(int pid, unsigned long long addr)
+/* Reads what only a ptrace-capable caller may read of the daemon: its environment. */
+static void read_daemon_environ(int daemon)
+{
+        char path[64];
+        size_t len = 0;
+        snprintf(path, sizeof(path), "/proc/%d/environ", daemon);
+        char *t = read_small(path, &len);
+        step("read-daemon-environ", t ? 0 : -errno);
+        /* only the variable the test planted: the rest of a daemon's environment is not for a log */
+        const char *name = "TALLY_ESCAPE_DAEMON_SECRET=";
+        for (size_t i = 0; t && i < len; i += strlen(t + i) + 1)
+                if (strncmp(t + i, name, strlen(name)) == 0)
+                        printf("daemon environ: %s\n", t + i);
+        free(t);
+}
+
+static int mode_ptrace(int pid, unsigned long long addr, int daemon)
 {
         uint64_t magic = MAGIC;
         int r = ptrace(PTRACE_ATTACH, pid, NULL, NULL) < 0 ? -errno : 0;
@@ -817,10 +833,12 @@ static int mode_ptrace(int pid, unsigned long long addr)
                 r = ptrace(PTRACE_POKEDATA, pid, (void *)(uintptr_t)addr, (void *)(uintptr_t)magic) < 0 ? -errno : 0;
                 step("ptrace-pokedata", r);
                 ptrace(PTRACE_DETACH, pid, NULL, NULL);
-                if (r == 0)
-                        return 0;
         }
+        read_daemon_environ(daemon);
+        if (r == 0)
+                return 0;
         expose_proc();
+        read_daemon_environ(daemon);
         char path[64];
         snprintf(path, sizeof(path), "/proc/%d/mem", pid);
         int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -890,8 +908,8 @@ int main(int argc, char **argv)
                 return mode_forkbomb(atoi(argv[2]), atoi(argv[3]));
         if (strcmp(m, "disk-fill") == 0 && argc == 4)
                 return mode_disk_fill(argv[2], atoll(argv[3]));
-        if (strcmp(m, "ptrace") == 0 && argc == 4)
-                return mode_ptrace(atoi(argv[2]), strtoull(argv[3], NULL, 16));
+        if (strcmp(m, "ptrace") == 0 && argc == 5)
+                return mode_ptrace(atoi(argv[2]), strtoull(argv[3], NULL, 16), atoi(argv[4]));
         fprintf(stderr, "escape-helper: unknown mode or arguments\n");
         return 2;
 }

@@ -248,8 +248,13 @@ static const char *jstr(json_t *j, const char *key)
         return s ? s : "";
 }
 
+/* In the daemon's environment only: seen by whoever may ptrace-read the daemon. */
+static char daemon_secret[64];
+
 static void start_daemon(void)
 {
+        snprintf(daemon_secret, sizeof(daemon_secret), "daemon-secret-%s", token);
+        setenv("TALLY_ESCAPE_DAEMON_SECRET", daemon_secret, 1);
         char *log = fmt("%s/vmm.log", work);
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
                          "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
@@ -1258,7 +1263,8 @@ static void attack_disk_fill(void)
         in_sandbox(&sb, &out, "disk-fill", ".", bytes, NULL);
         long wrote = field_after(out, "wrote "), werr = field_after(out, "write error "),
              ferr = field_after(out, "fsync error ");
-        if (wrote < 0 || wrote > ((long)DISK_MIB << 20) || (werr != ENOSPC && ferr != ENOSPC))
+        CHECK(wrote >= 0, "disk-fill: the helper could not write its disk at all");
+        if (wrote >= 0 && (wrote > ((long)DISK_MIB << 20) || (werr != ENOSPC && ferr != ENOSPC)))
                 ESCAPED("disk-fill: %ld bytes written into a %d MiB disk (write error %ld, fsync error %ld; "
                         "wanted ENOSPC within the size)",
                         wrote, DISK_MIB, werr, ferr);
@@ -1266,14 +1272,17 @@ static void attack_disk_fill(void)
         stop(&sb, "disk-fill");
 }
 
-/* 11. ptrace a process outside: a victim this test started on the host. */
+/* 11. ptrace a process outside: write a victim's memory (a process this test
+ * started on the host), read the daemon's environment (a ptrace-mode read). */
 static void attack_ptrace(void)
 {
-        char pid[16], addr[32];
+        char pid[16], addr[32], dpid[16];
         snprintf(pid, sizeof(pid), "%d", (int)victims[1]);
         snprintf(addr, sizeof(addr), "%llx", victim_addr[1]);
-        char *args[] = { "ptrace", pid, addr, NULL };
+        snprintf(dpid, sizeof(dpid), "%d", (int)daemon_pid);
+        char *args[] = { "ptrace", pid, addr, dpid, NULL };
         char *out = control(&(struct control){ 0 }, args);
+        CTL(strstr(out, daemon_secret) != NULL, "control: the daemon's environment was not read");
         int status = 0;
         pid_t w = 0;
         for (int i = 0; i < 100 && w == 0; i++) {
@@ -1293,7 +1302,9 @@ static void attack_ptrace(void)
         snprintf(pid, sizeof(pid), "%d", (int)victims[0]);
         snprintf(addr, sizeof(addr), "%llx", victim_addr[0]);
         out = NULL;
-        in_sandbox(&sb, &out, "ptrace", pid, addr, NULL);
+        in_sandbox(&sb, &out, "ptrace", pid, addr, dpid, NULL);
+        if (out && strstr(out, daemon_secret))
+                ESCAPED("ptrace: the daemon's environment was read from inside the sandbox");
         sleep_ms(500);
         w = waitpid(victims[0], &status, WNOHANG);
         if (w == victims[0]) {
@@ -1342,6 +1353,7 @@ int main(void)
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
         start_daemon();
+        unsetenv("TALLY_ESCAPE_DAEMON_SECRET");
         start_victims();
         struct {
                 const char *name;
