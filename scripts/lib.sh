@@ -17,6 +17,7 @@ TALLY_DEB_PACKAGES=(
   postgresql-15 postgresql-client-15 valgrind iproute2
   qemu-system-x86 busybox-static cpio
   clang llvm bpftool libbpf-dev
+  libseccomp-dev e2fsprogs
 )
 
 say() { printf '%s\n' "$*" >&2; }

@@ -36,6 +36,9 @@ struct sandbox_spec {
         uint64_t mem_bytes;          /* memory size: the cgroup's limit, the VM's RAM */
         uint64_t disk_bytes;         /* disk size */
         bool network;                /* false: no network at all (the default) */
+        uint32_t pids_max;           /* the cgroup's pids.max; 0: the backend's default (process: 1024) */
+        int64_t lease_deadline_wall_ns; /* the lease's end (CLOCK_REALTIME ns) known at start; 0: none yet
+                                           (set_lease sets it after start) */
         char **command;              /* NULL-terminated argv of the sandbox's main program, or NULL for none
                                         (process: an idle init; qemu: the guest agent alone). Borrowed. */
         const char *image;           /* backend-specific image name, NULL or "" for the default. Borrowed. */
@@ -116,6 +119,12 @@ struct backend_ops {
         int (*fork)(struct backend_sandbox *src, const struct sandbox_spec *spec, const struct sandbox_cgroup *cg,
                     const char *dir, struct backend_sandbox **ret, pid_t *ret_pid, bool *ret_processes_copied,
                     char *why, size_t whylen);
+
+        /* Sets the sandbox's lease: at deadline_wall_ns (CLOCK_REALTIME) the sandbox
+         * is ended by itself (its init, or the kernel), even while tally-vmm is down.
+         * 0 = no lease. The daemon calls it after start, on `timeout`, and on resume
+         * before thawing. NULL: the backend has no lease of its own. */
+        int (*set_lease)(struct backend_sandbox *sb, int64_t deadline_wall_ns);
 
         /* Ends every process of the sandbox. The cgroup stays (the daemon reads its
          * final counter, then removes it). Stopping a stopped sandbox returns 0. */

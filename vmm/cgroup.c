@@ -276,6 +276,24 @@ fail:
         return r;
 }
 
+int cgroup_set_pids_max(const struct sandbox_cgroup *cg, uint64_t max)
+{
+        char text[32];
+        snprintf(text, sizeof(text), "%" PRIu64, max);
+        int set = 0;
+        for (size_t i = 0; i < cg->ndirs; i++) {
+                char path[PATH_MAX + 16];
+                snprintf(path, sizeof(path), "%s/pids.max", cg->dirs[i]);
+                if (access(path, F_OK) < 0)
+                        continue;
+                int r = write_file(cg->dirs[i], "pids.max", text);
+                if (r < 0)
+                        return r;
+                set++;
+        }
+        return set ? 0 : -ENOENT;
+}
+
 int cgroup_enter(const struct sandbox_cgroup *cg, pid_t pid)
 {
         char num[24];

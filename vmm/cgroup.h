@@ -51,6 +51,10 @@ int cgroup_paths(const struct cgroup_host *host, const char *id, struct sandbox_
 int cgroup_create(const struct cgroup_host *host, const char *id, uint32_t vcpus, uint64_t mem_bytes,
                   struct sandbox_cgroup *ret);
 
+/* Writes pids.max = max in every folder of cg that has the file (v1: the pids
+ * hierarchy; v2: the folder). Returns -ENOENT if none has it. */
+int cgroup_set_pids_max(const struct sandbox_cgroup *cg, uint64_t max);
+
 /* Moves pid (0: the caller) with all its threads into every folder of cg.
  * Async-signal-safe (open/write/close only), so a freshly forked child of a
  * threaded daemon may call it before it execs. */

@@ -1,34 +1,37 @@
 /* process.c — the process backend (see process.h).
  *
- * Start: the daemon clone()s the sandbox's init straight into new namespaces;
- * the init waits on a pipe until the daemon has written its pid into every
- * folder of the cgroup, so not one instruction of the sandbox runs outside it.
+ * Start: the daemon clone()s the sandbox's init into new pid, mount, uts, ipc
+ * (and, without network, net) namespaces; the clone child waits on a pipe until
+ * the daemon has written its pid into every folder of the cgroup, so not one
+ * instruction of the sandbox runs outside it, then execs tally-sandbox-init
+ * (vmm/sandbox-init/), which builds the jail and serves exec requests.
  * Exec: the init forks the command on request (its exec socket), so the
- * command starts inside the namespaces and the cgroup. Without that socket, a
- * forked helper joins the init's namespaces (setns needs a single-threaded
- * process, which the daemon is not) and forks the command, which enters the
- * cgroup itself before it execs.
+ * command starts inside the jail and the cgroup. Without that socket a forked
+ * helper execs tally-sandbox-init --join, which enters the cgroup and the
+ * namespaces and runs the command in the jail.
  *
  * Code between fork/clone and exec runs in a copy of a threaded process, so it
- * makes system calls only: no malloc, no stdio, no locks. Everything it needs
- * is prepared before the fork. */
+ * makes system calls only: no malloc, no stdio, no locks (a malloc lock held by
+ * another thread at the clone hung the old in-daemon init for good). Everything
+ * it needs is prepared before the clone; the jail itself is built after exec. */
 #include "process.h"
+#include "jail.h"
 #include "log.h"
+#include "registry.h"
 #include "spec.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <net/if.h>
+#include <libgen.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/mount.h>
-#include <sys/prctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -36,8 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define INIT_STACK_SIZE (256 * 1024)
+#define INIT_STACK_SIZE (64 * 1024)
 #define COMMAND_FILE "command"   /* the main program's argv, NUL-separated, for fork after a restart */
+#define INIT_REQUEST_MAX (SPEC_COMMAND_BYTES_MAX + 64)
+#define INIT_READY_TIMEOUT_MS 60000 /* making and mounting a large disk included */
 
 struct backend_sandbox {
         pid_t init;                  /* the sandbox's pid 1, as this host sees it */
@@ -46,14 +51,6 @@ struct backend_sandbox {
         struct sandbox_cgroup cg;
         char id[EVENT_ID_MAX + 1];
         char dir[PATH_MAX];
-        char disk[PATH_MAX + 8];
-};
-
-static char *const sandbox_env[] = {
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "LANG=C.UTF-8",
-        "TERM=dumb",
-        NULL,
 };
 
 void exec_result_clear(struct exec_result *r)
@@ -65,23 +62,105 @@ void exec_result_clear(struct exec_result *r)
         memset(r, 0, sizeof(*r));
 }
 
-/* Closes every descriptor from 3 up except keep[0..n). Syscalls only. */
-static void close_other_fds(const int *keep, int n)
+/* ---- finding tally-sandbox-init ---- */
+
+static pthread_once_t init_path_once = PTHREAD_ONCE_INIT;
+static char init_path[PATH_MAX];
+
+static void find_init_path(void)
 {
-        unsigned int from = 3;
-        for (;;) {
-                unsigned int next = ~0U;
-                for (int i = 0; i < n; i++)
-                        if ((unsigned int)keep[i] >= from && (unsigned int)keep[i] < next)
-                                next = (unsigned int)keep[i];
-                if (next == ~0U) {
-                        close_range(from, ~0U, 0);
+        const char *env = getenv("TALLY_SANDBOX_INIT");
+        if (env && *env && access(env, X_OK) == 0) {
+                snprintf(init_path, sizeof(init_path), "%s", env);
+                return;
+        }
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        if (n > 0) {
+                self[n] = '\0';
+                char beside[PATH_MAX + 32];
+                snprintf(beside, sizeof(beside), "%s/" JAIL_INIT_NAME, dirname(self));
+                if (access(beside, X_OK) == 0 && strlen(beside) < sizeof(init_path)) {
+                        snprintf(init_path, sizeof(init_path), "%s", beside);
                         return;
                 }
-                if (next > from)
-                        close_range(from, next - 1, 0);
-                from = next + 1;
         }
+        static const char *const known[] = { SANDBOX_INIT_BUILD_PATH, SANDBOX_INIT_INSTALL_PATH };
+        for (size_t i = 0; i < 2; i++)
+                if (access(known[i], X_OK) == 0) {
+                        snprintf(init_path, sizeof(init_path), "%s", known[i]);
+                        return;
+                }
+}
+
+/* The init program's path, or NULL if it is nowhere to be found. */
+static const char *sandbox_init_path(void)
+{
+        pthread_once(&init_path_once, find_init_path);
+        return init_path[0] ? init_path : NULL;
+}
+
+static bool process_available(char *why, size_t whylen)
+{
+        if (sandbox_init_path())
+                return true;
+        snprintf(why, whylen, "the process backend needs %s beside tally-vmm (or at %s)", JAIL_INIT_NAME,
+                 SANDBOX_INIT_INSTALL_PATH);
+        return false;
+}
+
+/* The jail's configuration (jail.h): NUL-terminated strings in a memfd the
+ * init reads. keys[] are "key=value"; argv may be NULL. Returns the fd. */
+static int make_config(const char *const *keys, size_t nkeys, char *const *argv)
+{
+        int fd = memfd_create("tally-jail", MFD_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        FILE *f = fdopen(dup(fd), "we");
+        if (!f) {
+                int e = errno;
+                close(fd);
+                return -e;
+        }
+        for (size_t i = 0; i < nkeys; i++)
+                fwrite(keys[i], 1, strlen(keys[i]) + 1, f);
+        fwrite("--", 1, 3, f);
+        for (char *const *a = argv; a && *a; a++)
+                fwrite(*a, 1, strlen(*a) + 1, f);
+        if (fclose(f) != 0) {
+                int e = errno;
+                close(fd);
+                return -e;
+        }
+        return fd;
+}
+
+/* In a child of the threaded daemon: puts from[i] at descriptor to[i] (from -1:
+ * closed), /dev/null at 0-2 unless given, closes the rest. Syscalls only. */
+static int place_fds(const int *from, const int *to, int n)
+{
+        int high[8];
+        for (int i = 0; i < n; i++)
+                if ((high[i] = from[i] >= 0 ? fcntl(from[i], F_DUPFD, 16) : -1) < 0 && from[i] >= 0)
+                        return -1;
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        for (int t = 0; t < 3; t++) {
+                bool given = false;
+                for (int i = 0; i < n; i++)
+                        given |= to[i] == t;
+                if (!given && null >= 0)
+                        dup2(null, t);
+        }
+        for (int i = 0; i < n; i++) {
+                if (high[i] >= 0) {
+                        if (dup2(high[i], to[i]) < 0)
+                                return -1;
+                } else {
+                        close(to[i]);
+                }
+        }
+        close_range(JAIL_FD_CONFIG + 1, ~0U, 0);
+        return 0;
 }
 
 static void write_str(int fd, const char *s)
@@ -90,272 +169,29 @@ static void write_str(int fd, const char *s)
         (void)r;
 }
 
-/* Where this process's command line and environment strings live
- * (/proc/self/stat fields 48 to 51), so the init can blank its copy of them:
- * the daemon's flags and environment (a database URL with a password, say)
- * must not show in the sandbox's /proc/1/cmdline or /proc/1/environ. */
-struct arg_area {
-        unsigned long arg_start, arg_end, env_start, env_end;
+struct clone_args {
+        int sync_r;                  /* the daemon writes a byte once the child is in the cgroup */
+        int fds[3];                  /* ready, listen (or -1), config */
+        const char *path;
 };
 
-static int read_arg_area(struct arg_area *ret)
+/* The clone child: in the copy of the threaded daemon, system calls only. */
+static int clone_child(void *arg)
 {
-        char buf[2048];
-        FILE *f = fopen("/proc/self/stat", "re");
-        if (!f)
-                return -errno;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        char *p = strrchr(buf, ')');
-        if (!p)
-                return -EINVAL;
-        unsigned long v[52] = { 0 };
-        int field = 2;
-        for (char *save = NULL, *t = strtok_r(p + 1, " ", &save); t && field < 51; t = strtok_r(NULL, " ", &save))
-                v[++field] = strtoul(t, NULL, 10);
-        if (field < 51 || v[48] == 0 || v[49] < v[48] || v[51] < v[50])
-                return -EINVAL;
-        *ret = (struct arg_area){ v[48], v[49], v[50], v[51] };
-        return 0;
-}
-
-struct init_args {
-        int sync_r;                  /* the daemon closes its end once the init is in the cgroup */
-        int ready_w;                 /* the init writes "ok" or the reason it failed */
-        bool network;
-        const char *id;
-        const char *disk;
-        const char *console;         /* the main program's stdout and stderr */
-        char **command;
-        struct arg_area area;        /* zero: unknown, left as is */
-        int listen_fd;               /* <dir>/init.sock: exec requests from the daemon, -1 if none */
-};
-
-static void on_sigchld(int sig) { (void)sig; }
-
-static void fail_init(int fd, const char *what)
-{
-        const char *e = strerrordesc_np(errno);
-        write_str(fd, what);
-        write_str(fd, ": ");
-        write_str(fd, e ? e : "error");
-        _exit(1);
-}
-
-#define INIT_JOBS_MAX 256
-#define INIT_REQUEST_MAX (SPEC_COMMAND_BYTES_MAX + 64)
-
-/* The init's exec server. A request is one SOCK_SEQPACKET message on a fresh
- * connection to <dir>/init.sock: the argv as NUL-terminated strings, with the
- * command's stdin, stdout and stderr passed as SCM_RIGHTS. The init forks the
- * command (already inside the sandbox's namespaces and cgroup: no migration,
- * which on cgroup v1 costs an RCU grace period per exec), answers its pid, then
- * its wait status when it ends. A byte from the daemon, or the connection
- * closing early, kills the command's process group. It also reaps every orphan
- * of the sandbox. Static buffers only: this runs in a copy of a threaded daemon. */
-static struct init_job {
-        int conn;
-        pid_t pid;
-} init_jobs[INIT_JOBS_MAX];
-static char init_request[INIT_REQUEST_MAX];
-static char *init_argv[SPEC_COMMAND_ARGS_MAX + 1];
-
-static void start_job(int conn)
-{
-        int fds[3] = { -1, -1, -1 };
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(fds))];
-        } control;
-        struct iovec iov = { init_request, sizeof(init_request) - 1 };
-        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                              .msg_controllen = sizeof(control.buf) };
-        ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-        struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-        int slot = -1;
-        for (int i = 0; i < INIT_JOBS_MAX && slot < 0; i++)
-                if (init_jobs[i].pid == 0)
-                        slot = i;
-        if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(fds)) || (msg.msg_flags & MSG_TRUNC) ||
-            slot < 0 || init_request[n - 1] != '\0') {
-                if (c && c->cmsg_type == SCM_RIGHTS) {
-                        memcpy(fds, CMSG_DATA(c), sizeof(fds));
-                        for (int i = 0; i < 3; i++)
-                                if (fds[i] >= 0)
-                                        close(fds[i]);
-                }
-                close(conn);
-                return;
-        }
-        memcpy(fds, CMSG_DATA(c), sizeof(fds));
-        size_t argc = 0;
-        for (ssize_t at = 0; at < n && argc < SPEC_COMMAND_ARGS_MAX; at += (ssize_t)strlen(init_request + at) + 1)
-                init_argv[argc++] = init_request + at;
-        init_argv[argc] = NULL;
-        pid_t pid = argc ? fork() : -1;
-        if (pid == 0) {
-                setsid();
-                dup2(fds[0], 0);
-                dup2(fds[1], 1);
-                dup2(fds[2], 2);
-                sigset_t none;
-                sigemptyset(&none);
-                sigprocmask(SIG_SETMASK, &none, NULL);
-                signal(SIGCHLD, SIG_DFL);
-                execvpe(init_argv[0], init_argv, sandbox_env);
-                int e = errno;
-                write_str(2, "tally: could not run ");
-                write_str(2, init_argv[0]);
-                write_str(2, ": ");
-                write_str(2, strerrordesc_np(e) ? strerrordesc_np(e) : "error");
-                write_str(2, "\n");
-                _exit(e == ENOENT ? 127 : 126);
-        }
-        for (int i = 0; i < 3; i++)
-                close(fds[i]);
-        int v = (int)pid;
-        if (pid < 0 || write(conn, &v, sizeof(v)) != sizeof(v)) {
-                if (pid > 0)
-                        kill(pid, SIGKILL); /* reaped below; nobody waits for its status */
-                close(conn);
-                return;
-        }
-        init_jobs[slot].conn = conn;
-        init_jobs[slot].pid = pid;
-}
-
-static _Noreturn void serve_exec(int listen_fd, const sigset_t *none)
-{
-        struct pollfd fds[INIT_JOBS_MAX + 1];
-        int slots[INIT_JOBS_MAX + 1];
-        for (;;) {
-                int status;
-                pid_t p;
-                while ((p = waitpid(-1, &status, WNOHANG)) > 0) {
-                        for (int i = 0; i < INIT_JOBS_MAX; i++) {
-                                if (init_jobs[i].pid != p)
-                                        continue;
-                                if (init_jobs[i].conn >= 0) {
-                                        ssize_t w = write(init_jobs[i].conn, &status, sizeof(status));
-                                        (void)w;
-                                        close(init_jobs[i].conn);
-                                }
-                                init_jobs[i].pid = 0;
-                                init_jobs[i].conn = -1;
-                        }
-                }
-                int n = 0;
-                if (listen_fd >= 0) {
-                        fds[n] = (struct pollfd){ listen_fd, POLLIN, 0 };
-                        slots[n++] = -1;
-                }
-                for (int i = 0; i < INIT_JOBS_MAX; i++)
-                        if (init_jobs[i].pid > 0 && init_jobs[i].conn >= 0) {
-                                fds[n] = (struct pollfd){ init_jobs[i].conn, POLLIN, 0 };
-                                slots[n++] = i;
-                        }
-                if (ppoll(fds, (nfds_t)n, NULL, none) <= 0)
-                        continue; /* SIGCHLD: reap */
-                for (int k = 0; k < n; k++) {
-                        if (!fds[k].revents)
-                                continue;
-                        if (slots[k] < 0) {
-                                int c = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-                                if (c >= 0)
-                                        start_job(c);
-                                continue;
-                        }
-                        /* The daemon asks for a kill, or went away: the command must not outlive it. */
-                        struct init_job *j = &init_jobs[slots[k]];
-                        char b;
-                        ssize_t r = read(j->conn, &b, 1);
-                        if (r == 1 || r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
-                                kill(-j->pid, SIGKILL);
-                                kill(j->pid, SIGKILL);
-                        }
-                        if (r <= 0 && !(r < 0 && (errno == EINTR || errno == EAGAIN))) {
-                                close(j->conn);
-                                j->conn = -1;
-                        }
-                }
-        }
-}
-
-/* The sandbox's pid 1. Sets up its namespaces, starts the main program if
- * there is one, then reaps orphans until it is killed. */
-static int init_main(void *arg)
-{
-        struct init_args *a = arg;
-        int keep[] = { a->sync_r, a->ready_w, a->listen_fd };
-        close_other_fds(keep, 3);
+        struct clone_args *a = arg;
         char byte;
         if (read(a->sync_r, &byte, 1) != 1)
                 _exit(1); /* the daemon gave up before the cgroup held us */
-        close(a->sync_r);
-        prctl(PR_SET_NAME, "tally-init", 0, 0, 0);
-        if (a->area.arg_start) {
-                static const char name[] = "tally-sandbox-init";
-                size_t len = a->area.arg_end - a->area.arg_start;
-                memset((void *)a->area.arg_start, 0, len);
-                memcpy((void *)a->area.arg_start, name, len < sizeof(name) ? len : sizeof(name));
-                if (len < sizeof(name) && len > 0)
-                        ((char *)a->area.arg_start)[len - 1] = '\0';
-                memset((void *)a->area.env_start, 0, a->area.env_end - a->area.env_start);
+        static const int to[3] = { JAIL_FD_READY, JAIL_FD_LISTEN, JAIL_FD_CONFIG };
+        if (place_fds(a->fds, to, 3) < 0) {
+                write_str(a->fds[0], "could not pass descriptors to " JAIL_INIT_NAME);
+                _exit(1);
         }
-        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-        if (null >= 0)
-                dup2(null, 0);
-        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-                fail_init(a->ready_w, "could not make the mounts private");
-        if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-                fail_init(a->ready_w, "could not mount /proc");
-        if (sethostname(a->id, strlen(a->id)) < 0)
-                fail_init(a->ready_w, "could not set the host name");
-        if (!a->network) {
-                /* Only loopback, and up, so local servers work without a network. */
-                int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-                struct ifreq ifr = { 0 };
-                memcpy(ifr.ifr_name, "lo", 3);
-                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
-                        ifr.ifr_flags |= IFF_UP;
-                        ioctl(s, SIOCSIFFLAGS, &ifr);
-                }
-                if (s >= 0)
-                        close(s);
-        }
-        if (chdir(a->disk) < 0)
-                fail_init(a->ready_w, "could not enter the disk folder");
-        setsid();
-        struct sigaction sa = { .sa_handler = on_sigchld, .sa_flags = SA_NOCLDSTOP };
-        sigaction(SIGCHLD, &sa, NULL);
-        sigset_t chld, none;
-        sigemptyset(&chld);
-        sigaddset(&chld, SIGCHLD);
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &chld, NULL);
-        if (a->command) {
-                int out = open(a->console, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-                if (out < 0)
-                        fail_init(a->ready_w, "could not open the console log");
-                pid_t p = fork();
-                if (p < 0)
-                        fail_init(a->ready_w, "could not start the main program");
-                if (p == 0) {
-                        dup2(out, 1);
-                        dup2(out, 2);
-                        close(a->ready_w);
-                        sigprocmask(SIG_SETMASK, &none, NULL);
-                        signal(SIGCHLD, SIG_DFL);
-                        execvpe(a->command[0], a->command, sandbox_env);
-                        write_str(2, "tally: could not run the main program\n");
-                        _exit(127);
-                }
-                close(out);
-        }
-        write_str(a->ready_w, "ok");
-        close(a->ready_w);
-        serve_exec(a->listen_fd, &none);
+        char *const argv[] = { (char *)JAIL_INIT_NAME, NULL };
+        char *const envp[] = { NULL };
+        execve(a->path, argv, envp);
+        write_str(JAIL_FD_READY, "could not run " JAIL_INIT_NAME);
+        _exit(127);
 }
 
 static int write_command_file(const char *dir, char **command)
@@ -488,64 +324,121 @@ static int request_exec(struct backend_sandbox *sb, char *const *argv, int fds[3
         return fd;
 }
 
-static int process_start(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
-                         struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
+
+/* The lease file: a fixed-width decimal so that rewriting it in place (the
+ * init keeps it open) never leaves a shorter number behind. */
+static int write_lease(const char *dir, int64_t deadline_wall_ns)
+{
+        char path[PATH_MAX + 16], text[32];
+        snprintf(path, sizeof(path), "%s/" JAIL_LEASE_FILE, dir);
+        int n = snprintf(text, sizeof(text), "%020lld\n", (long long)(deadline_wall_ns > 0 ? deadline_wall_ns : 0));
+        int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        int r = pwrite(fd, text, (size_t)n, 0) == n ? 0 : -EIO;
+        if (close(fd) < 0 && r == 0)
+                r = -errno;
+        return r;
+}
+
+/* The deadline the daemon recorded before start. The daemon's spec carries it
+ * when it fills lease_deadline_wall_ns; until then, read from the record
+ * (dir is <state_dir>/vmm/<id>). 0 if unknown. */
+static int64_t start_deadline(const struct sandbox_spec *spec, const char *dir)
+{
+        if (spec->lease_deadline_wall_ns > 0)
+                return spec->lease_deadline_wall_ns;
+        char state[PATH_MAX];
+        snprintf(state, sizeof(state), "%s", dir);
+        for (int up = 0; up < 2; up++) {
+                char *slash = strrchr(state, '/');
+                if (!slash || slash == state)
+                        return 0;
+                *slash = '\0';
+        }
+        struct sandbox_record rec;
+        if (registry_read(state, spec->id, &rec) < 0)
+                return 0;
+        int64_t deadline = rec.timeout_ns;
+        sandbox_record_clear(&rec);
+        return deadline;
+}
+
+/* Starts an init for spec; copy_from is a running sandbox's init whose disk
+ * is copied in (fork), or 0. */
+static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
+                      pid_t copy_from, struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
 {
         struct backend_sandbox *sb = calloc(1, sizeof(*sb));
         char *stack = NULL;
-        int sync[2] = { -1, -1 }, ready[2] = { -1, -1 };
+        int sync[2] = { -1, -1 }, ready[2] = { -1, -1 }, listen_fd = -1, config = -1;
         pid_t pid = -1;
         int r;
         if (spec->image && *spec->image) {
-                snprintf(why, whylen, "the process backend runs on the host's file system and has no images "
+                snprintf(why, whylen, "the process backend has no images (its root holds the host's /usr, read-only) "
                          "(image \"%.64s\"); use the qemu backend", spec->image);
                 free(sb);
                 return -EINVAL;
         }
         if (!sb)
                 return -ENOMEM;
+        const char *init = sandbox_init_path();
+        if (!init) {
+                process_available(why, whylen);
+                free(sb);
+                return -ENOENT;
+        }
         sb->cg = *cg;
         sb->network = spec->network;
         sb->is_child = true;
         snprintf(sb->id, sizeof(sb->id), "%s", spec->id);
         snprintf(sb->dir, sizeof(sb->dir), "%s", dir);
-        snprintf(sb->disk, sizeof(sb->disk), "%s/disk", dir);
-        char console[PATH_MAX + 16];
-        snprintf(console, sizeof(console), "%s/console.log", dir);
-        if (mkdir(sb->disk, 0755) < 0 && errno != EEXIST) {
-                r = -errno;
-                snprintf(why, whylen, "could not create the sandbox's disk folder: %s", strerror(-r));
-                goto fail;
-        }
         if ((r = write_command_file(dir, spec->command)) < 0) {
                 snprintf(why, whylen, "could not record the main program: %s", strerror(-r));
+                goto fail;
+        }
+        uint64_t pids_max = spec->pids_max ? spec->pids_max : JAIL_PIDS_MAX_DEFAULT;
+        if ((r = cgroup_set_pids_max(cg, pids_max)) < 0) {
+                snprintf(why, whylen, "could not set the sandbox's pids.max (is the pids controller there?): %s",
+                         strerror(-r));
+                goto fail;
+        }
+        if ((r = write_lease(dir, start_deadline(spec, dir))) < 0) {
+                snprintf(why, whylen, "could not write the sandbox's lease: %s", strerror(-r));
+                goto fail;
+        }
+        char k_id[EVENT_ID_MAX + 8], k_dir[PATH_MAX + 8], k_disk[48], k_net[16], k_copy[32];
+        snprintf(k_id, sizeof(k_id), "id=%s", spec->id);
+        snprintf(k_dir, sizeof(k_dir), "dir=%s", dir);
+        snprintf(k_disk, sizeof(k_disk), "disk_bytes=%" PRIu64, spec->disk_bytes);
+        snprintf(k_net, sizeof(k_net), "network=%d", spec->network ? 1 : 0);
+        snprintf(k_copy, sizeof(k_copy), "copy_from=%d", (int)copy_from);
+        const char *keys[] = { k_id, k_dir, k_disk, k_net, k_copy };
+        if ((config = make_config(keys, 5, spec->command)) < 0) {
+                r = config;
+                snprintf(why, whylen, "could not pass the jail's configuration: %s", strerror(-r));
                 goto fail;
         }
         if (pipe2(sync, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0 || !(stack = malloc(INIT_STACK_SIZE))) {
                 r = errno ? -errno : -ENOMEM;
                 goto fail;
         }
-        int listen_fd = open_init_socket(dir);
-        struct init_args args = { sync[0], ready[1], spec->network, sb->id, sb->disk, console, spec->command, { 0 },
-                                  listen_fd };
-        if (read_arg_area(&args.area) < 0)
-                memset(&args.area, 0, sizeof(args.area));
+        listen_fd = open_init_socket(dir);
+        struct clone_args args = { sync[0], { ready[1], listen_fd, config }, init };
         int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (spec->network ? 0 : CLONE_NEWNET);
-        pid = clone(init_main, stack + INIT_STACK_SIZE, flags | SIGCHLD, &args);
+        pid = clone(clone_child, stack + INIT_STACK_SIZE, flags | SIGCHLD, &args);
         if (pid < 0) {
-                if (listen_fd >= 0)
-                        close(listen_fd);
                 r = -errno;
                 snprintf(why, whylen, "could not create the sandbox's namespaces: %s", strerror(-r));
                 goto fail;
         }
         close(sync[0]);
-        sync[0] = -1;
         close(ready[1]);
-        ready[1] = -1;
+        sync[0] = ready[1] = -1;
         if (listen_fd >= 0)
                 close(listen_fd); /* the init keeps its copy */
-        listen_fd = -1;
+        close(config);
+        listen_fd = config = -1;
         if ((r = cgroup_enter(cg, pid)) < 0) {
                 snprintf(why, whylen, "could not move the sandbox into its cgroup: %s", strerror(-r));
                 goto fail;
@@ -558,11 +451,14 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         close(sync[1]);
         sync[1] = -1;
         /* The init closes its end after "ok" or its reason: read to the end of file. */
-        char reply[200];
+        char reply[600];
         ssize_t n = 0;
         for (;;) {
                 struct pollfd p = { ready[0], POLLIN, 0 };
-                ssize_t m = poll(&p, 1, 10000) == 1 ? read(ready[0], reply + n, sizeof(reply) - 1 - (size_t)n) : -1;
+                int pr = poll(&p, 1, INIT_READY_TIMEOUT_MS);
+                if (pr < 0 && errno == EINTR)
+                        continue;
+                ssize_t m = pr == 1 ? read(ready[0], reply + n, sizeof(reply) - 1 - (size_t)n) : -1;
                 if (m <= 0)
                         break;
                 n += m;
@@ -572,7 +468,7 @@ static int process_start(const struct sandbox_spec *spec, const struct sandbox_c
         if (n != 2 || memcmp(reply, "ok", 2) != 0) {
                 if (n > 0) {
                         reply[n] = '\0';
-                        snprintf(why, whylen, "the sandbox's init failed: %s", reply);
+                        snprintf(why, whylen, "could not build the sandbox's jail: %s", reply);
                 } else {
                         snprintf(why, whylen, "the sandbox's init did not start");
                 }
@@ -596,13 +492,21 @@ fail:
                 if (ready[i] >= 0)
                         close(ready[i]);
         }
+        if (listen_fd >= 0)
+                close(listen_fd);
+        if (config >= 0)
+                close(config);
         free(stack);
         free(sb);
         return r;
 }
 
-static const char *const ns_names[] = { "ipc", "uts", "net", "pid", "mnt" }; /* mnt last: it moves the root */
-#define NS_COUNT 5
+static int process_start(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
+                         struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
+{
+        return start_init(spec, cg, dir, 0, ret, ret_pid, why, whylen);
+}
+
 
 /* Reads what fd has, keeping up to cap bytes in all and dropping the rest.
  * Returns 1 after data, 2 if nothing is there yet, 0 at end of file, or -errno. */
@@ -645,13 +549,11 @@ static void drain(int *fd, char **buf, size_t *len, size_t cap, bool *truncated)
 static int process_exec(struct backend_sandbox *sb, const struct exec_request *req, struct exec_result *ret,
                         char *why, size_t whylen)
 {
-        int ns[NS_COUNT], in[2] = { -1, -1 }, out[2] = { -1, -1 }, err[2] = { -1, -1 }, st[2] = { -1, -1 };
+        int config = -1, in[2] = { -1, -1 }, out[2] = { -1, -1 }, err[2] = { -1, -1 }, st[2] = { -1, -1 };
         struct exec_result res = { 0 };
         pid_t helper = -1;
         int r = 0;
         bool via_init = false;
-        for (int i = 0; i < NS_COUNT; i++)
-                ns[i] = -1;
         if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
                 r = -errno;
                 goto out;
@@ -661,15 +563,25 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 via_init = true;
                 goto started;
         }
-        /* No exec socket: join the namespaces and the cgroup from a helper. */
-        for (int i = 0; i < NS_COUNT; i++) {
-                char path[64];
-                snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)sb->init, ns_names[i]);
-                if ((ns[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-                        r = errno == ENOENT ? -ESRCH : -errno;
-                        snprintf(why, whylen, "the sandbox's init is gone");
-                        goto out;
-                }
+        /* No exec socket: a helper enters the cgroup and the jail itself. */
+        const char *init = sandbox_init_path();
+        if (!init || kill(sb->init, 0) < 0) {
+                r = init ? -ESRCH : -ENOENT;
+                snprintf(why, whylen, init ? "the sandbox's init is gone" : "%s is missing", JAIL_INIT_NAME);
+                goto out;
+        }
+        char k_pid[32], k_cg[CGROUP_MAX_DIRS][PATH_MAX + 8];
+        const char *keys[1 + CGROUP_MAX_DIRS];
+        snprintf(k_pid, sizeof(k_pid), "pid=%d", (int)sb->init);
+        keys[0] = k_pid;
+        for (size_t i = 0; i < sb->cg.ndirs; i++) {
+                snprintf(k_cg[i], sizeof(k_cg[i]), "cgroup=%s", sb->cg.dirs[i]);
+                keys[1 + i] = k_cg[i];
+        }
+        if ((config = make_config(keys, 1 + sb->cg.ndirs, req->argv)) < 0) {
+                r = config;
+                config = -1;
+                goto out;
         }
         if (pipe2(st, O_CLOEXEC) < 0) {
                 r = -errno;
@@ -681,54 +593,16 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 goto out;
         }
         if (helper == 0) {
-                /* The helper: joins the namespaces, forks the command, reports its pid and status.
-                 * It keeps no descriptor of the daemon's, or a concurrent exec's pipes would
-                 * stay open in it. */
-                int keep[] = { ns[0], ns[1], ns[2], ns[3], ns[4], in[0], out[1], err[1], st[1] };
-                close_other_fds(keep, 9);
-                for (int i = 0; i < NS_COUNT; i++)
-                        if (setns(ns[i], 0) < 0) {
-                                write_str(err[1], "tally: could not enter the sandbox's namespaces\n");
-                                _exit(126);
-                        }
-                pid_t cmd = fork();
-                if (cmd == 0) {
-                        if (cgroup_enter(&sb->cg, 0) < 0) {
-                                write_str(err[1], "tally: could not enter the sandbox's cgroup\n");
-                                _exit(126);
-                        }
-                        setsid();
-                        dup2(in[0], 0);
-                        dup2(out[1], 1);
-                        dup2(err[1], 2);
-                        close_other_fds(NULL, 0);
-                        sigset_t none;
-                        sigemptyset(&none);
-                        sigprocmask(SIG_SETMASK, &none, NULL);
-                        if (chdir(sb->disk) < 0 && chdir("/") < 0)
-                                _exit(126);
-                        execvpe(req->argv[0], req->argv, sandbox_env);
-                        int e = errno;
-                        write_str(2, "tally: could not run ");
-                        write_str(2, req->argv[0]);
-                        write_str(2, ": ");
-                        write_str(2, strerrordesc_np(e) ? strerrordesc_np(e) : "error");
-                        write_str(2, "\n");
-                        _exit(e == ENOENT ? 127 : 126);
-                }
-                int msg[2] = { cmd, 0 };
-                if (write(st[1], &msg[0], sizeof(msg[0])) < 0 || cmd < 0)
-                        _exit(1);
-                close(in[0]);
-                close(out[1]);
-                close(err[1]);
-                int status = 0;
-                while (waitpid(cmd, &status, 0) < 0 && errno == EINTR)
-                        ;
-                msg[1] = status;
-                if (write(st[1], &msg[1], sizeof(msg[1])) < 0)
-                        _exit(1);
-                _exit(0);
+                /* In the copy of the threaded daemon: system calls only, then exec. */
+                const int from[5] = { in[0], out[1], err[1], st[1], config };
+                static const int to[5] = { 0, 1, 2, JAIL_FD_STATUS, JAIL_FD_CONFIG };
+                if (place_fds(from, to, 5) < 0)
+                        _exit(126);
+                char *const argv[] = { (char *)JAIL_INIT_NAME, (char *)"--join", NULL };
+                char *const envp[] = { NULL };
+                execve(init, argv, envp);
+                write_str(2, "tally: could not run " JAIL_INIT_NAME "\n");
+                _exit(126);
         }
 started:
         close(in[0]);
@@ -866,9 +740,8 @@ out:
         if (helper > 0)
                 while (waitpid(helper, NULL, 0) < 0 && errno == EINTR)
                         ;
-        for (int i = 0; i < NS_COUNT; i++)
-                if (ns[i] >= 0)
-                        close(ns[i]);
+        if (config >= 0)
+                close(config);
         for (int i = 0; i < 2; i++) {
                 if (in[i] >= 0)
                         close(in[i]);
@@ -887,6 +760,7 @@ out:
         return 0;
 }
 
+
 static int process_stop(struct backend_sandbox *sb)
 {
         if (sb->init <= 0)
@@ -900,50 +774,22 @@ static int process_stop(struct backend_sandbox *sb)
         return 0;
 }
 
-/* Copies src's disk into dst's with cp(1), keeping owners, modes and links. */
-static int copy_disk(const char *src, const char *dst, char *why, size_t whylen)
-{
-        char from[PATH_MAX + 16];
-        snprintf(from, sizeof(from), "%s/.", src);
-        if (mkdir(dst, 0755) < 0 && errno != EEXIST)
-                return -errno;
-        pid_t p = fork();
-        if (p < 0)
-                return -errno;
-        if (p == 0) {
-                int null = open("/dev/null", O_RDWR);
-                dup2(null, 0);
-                dup2(null, 1);
-                execl("/bin/cp", "cp", "-a", "--reflink=auto", from, dst, (char *)NULL);
-                _exit(127);
-        }
-        int status;
-        while (waitpid(p, &status, 0) < 0 && errno == EINTR)
-                ;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                snprintf(why, whylen, "could not copy the sandbox's disk");
-                return -EIO;
-        }
-        return 0;
-}
-
+/* The copy's init copies the source's /work into its own disk (as host root,
+ * before its jail closes and before its main program runs), moving the files
+ * into its own uid range. */
 static int process_fork(struct backend_sandbox *src, const struct sandbox_spec *spec, const struct sandbox_cgroup *cg,
                         const char *dir, struct backend_sandbox **ret, pid_t *ret_pid, bool *ret_processes_copied,
                         char *why, size_t whylen)
 {
-        char disk[PATH_MAX + 8];
-        snprintf(disk, sizeof(disk), "%s/disk", dir);
-        int r = copy_disk(src->disk, disk, why, whylen);
-        if (r < 0)
-                return r;
         char **command = NULL;
+        int r;
         if ((r = read_command_file(src->dir, &command)) < 0 && r != -ENOENT) {
                 snprintf(why, whylen, "could not read the source's main program: %s", strerror(-r));
                 return r;
         }
         struct sandbox_spec copy = *spec;
         copy.command = command;
-        r = process_start(&copy, cg, dir, ret, ret_pid, why, whylen);
+        r = start_init(&copy, cg, dir, src->init, ret, ret_pid, why, whylen);
         if (command) {
                 free(command[0]);
                 free(command);
@@ -951,6 +797,28 @@ static int process_fork(struct backend_sandbox *src, const struct sandbox_spec *
         if (r == 0)
                 *ret_processes_copied = false;
         return r;
+}
+
+/* Writes the deadline where the init reads it, then tells the init to read
+ * it now (without waiting: the sandbox may be frozen; a frozen init reads it
+ * when thawed, and its timer, if it fired meanwhile, makes it read it too). */
+static int process_set_lease(struct backend_sandbox *sb, int64_t deadline_wall_ns)
+{
+        int r = write_lease(sb->dir, deadline_wall_ns);
+        if (r < 0)
+                return r;
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        if (snprintf(a.sun_path, sizeof(a.sun_path), "%s/init.sock", sb->dir) >= (int)sizeof(a.sun_path))
+                return 0;
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return 0;
+        if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+                ssize_t n = send(fd, JAIL_LEASE_REQUEST, sizeof(JAIL_LEASE_REQUEST), MSG_NOSIGNAL);
+                (void)n;
+        }
+        close(fd);
+        return 0;
 }
 
 static int process_recover(const struct sandbox_record *rec, const struct sandbox_cgroup *cg, const char *dir,
@@ -977,7 +845,6 @@ static int process_recover(const struct sandbox_record *rec, const struct sandbo
         sb->cg = *cg;
         snprintf(sb->id, sizeof(sb->id), "%s", rec->id);
         snprintf(sb->dir, sizeof(sb->dir), "%s", dir);
-        snprintf(sb->disk, sizeof(sb->disk), "%s/disk", dir);
         *ret = sb;
         return 0;
 }
@@ -990,7 +857,7 @@ static void process_free(struct backend_sandbox *sb)
 const struct backend_ops process_backend = {
         .name = "process",
         .concurrent_exec = true,
-        .available = NULL,
+        .available = process_available,
         .start = process_start,
         .exec = process_exec,
         .pause = NULL,
@@ -998,5 +865,6 @@ const struct backend_ops process_backend = {
         .fork = process_fork,
         .stop = process_stop,
         .recover = process_recover,
+        .set_lease = process_set_lease,
         .free = process_free,
 };

@@ -102,13 +102,13 @@ static int get_id(const json_t *o, const char *name, char *out, char *why, size_
 }
 
 static const char *const known_fields[] = { "account", "key", "vcpus", "memory_mib", "disk_mib", "labels",
-                                            "timeout_s", "network", "command", "image", "backend", NULL };
+                                            "timeout_s", "network", "command", "image", "backend", "pids_max", NULL };
 
 int create_request_parse(const json_t *body, const struct vmm_limits *limits, struct create_request *ret,
                          char *why, size_t whylen)
 {
         struct create_request r = { 0 };
-        int64_t vcpus, mem_mib, disk_mib;
+        int64_t vcpus, mem_mib, disk_mib, pids_max;
         int e = -EINVAL;
         if (!json_is_object(body)) {
                 snprintf(why, whylen, "the request body must be a JSON object");
@@ -129,6 +129,8 @@ int create_request_parse(const json_t *body, const struct vmm_limits *limits, st
         if (get_id(body, "account", r.account, why, whylen) < 0 || get_id(body, "key", r.key, why, whylen) < 0 ||
             get_int(body, "vcpus", 1, SANDBOX_VCPUS_MAX, 1, &vcpus, "", why, whylen) < 0 ||
             get_int(body, "disk_mib", 0, SPEC_DISK_MIB_MAX, 1024, &disk_mib, " MiB", why, whylen) < 0 ||
+            get_int(body, "pids_max", SPEC_PIDS_MAX_MIN, SPEC_PIDS_MAX_MAX, SPEC_PIDS_MAX_DEFAULT, &pids_max, "",
+                    why, whylen) < 0 ||
             get_int(body, "timeout_s", 1, limits->timeout_max_s, SPEC_TIMEOUT_DEFAULT_S < limits->timeout_max_s ?
                     SPEC_TIMEOUT_DEFAULT_S : limits->timeout_max_s, &r.timeout_s, " seconds", why, whylen) < 0)
                 goto fail;
@@ -144,6 +146,7 @@ int create_request_parse(const json_t *body, const struct vmm_limits *limits, st
         r.vcpus = (uint32_t)vcpus;
         r.mem_bytes = (uint64_t)mem_mib * 1024 * 1024;
         r.disk_bytes = (uint64_t)disk_mib * 1024 * 1024;
+        r.pids_max = (uint32_t)pids_max;
         json_t *net = json_object_get(body, "network");
         if (net && !json_is_boolean(net)) {
                 snprintf(why, whylen, "network must be true or false");

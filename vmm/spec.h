@@ -16,6 +16,9 @@
 #define SPEC_COMMAND_ARGS_MAX 256
 #define SPEC_COMMAND_BYTES_MAX (64 * 1024)
 #define SPEC_TIMEOUT_DEFAULT_S 300
+#define SPEC_PIDS_MAX_MIN      8                 /* the init, a shell and a few commands */
+#define SPEC_PIDS_MAX_MAX      65536
+#define SPEC_PIDS_MAX_DEFAULT  1024
 
 struct vmm_limits {
         uint64_t host_mem_bytes;     /* a sandbox may not ask for more memory than the host has */
@@ -29,6 +32,7 @@ struct create_request {
         uint32_t vcpus;
         uint64_t mem_bytes;
         uint64_t disk_bytes;
+        uint32_t pids_max;           /* processes and threads at once (the cgroup's pids.max) */
         int64_t timeout_s;
         bool network;
         char **command;              /* NULL-terminated, malloc'd; NULL: none */
@@ -40,7 +44,8 @@ struct create_request {
 /* Parses and checks a create request:
  *   {"account": id, "key": id, "vcpus": 1..16 (1), "memory_mib": n (512), "disk_mib": n (1024),
  *    "labels": {k: v}, "timeout_s": 1..max (300), "network": bool (false),
- *    "command": [argv] | "shell text" (run with /bin/sh -c), "image": name, "backend": name}
+ *    "command": [argv] | "shell text" (run with /bin/sh -c), "image": name, "backend": name,
+ *    "pids_max": 8..65536 (1024)}
  * Returns 0 and fills *ret (release with create_request_clear), or -EINVAL with why. */
 int create_request_parse(const json_t *body, const struct vmm_limits *limits, struct create_request *ret,
                          char *why, size_t whylen);

@@ -1,0 +1,411 @@
+/* Integration: create → exec → stop cycles through a real tally-vmm daemon,
+ * four loops at once, none allowed to take over 5 s (issue 9 item 8: the old
+ * in-daemon sandbox init, a clone() of the threaded daemon, called fork() and
+ * hung on a malloc lock another thread held; create or exec then never
+ * answered). Every call has a client-side timeout, so a hang is a failure with
+ * a reason, not a test that never ends. Prints the max and the p99.
+ *
+ * Then the lease (issue 9 item 7b): a sandbox with a 5 s lease keeps running
+ * after tally-vmm is killed with SIGKILL; its processes must be gone within
+ * about a second of the deadline, read from the host (its cgroup's tasks).
+ *
+ * TALLY_CYCLES overrides the number of cycles (default 2,000) for development. */
+#include "support.h"
+
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOOPS 4
+#define CYCLE_LIMIT_MS 5000
+#define CALL_TIMEOUT_MS 30000
+
+static char parent[64], account[64];
+static char *work, *state, *sock;
+static pid_t daemon_pid = -1;
+
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+        nanosleep(&ts, NULL);
+}
+
+/* ---- cleaning up ---- */
+
+static void kill_and_remove(const char *dir)
+{
+        DIR *d = opendir(dir);
+        if (!d)
+                return;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_type == DT_DIR && de->d_name[0] != '.') {
+                        char sub[1024];
+                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
+                        kill_and_remove(sub);
+                }
+        }
+        closedir(d);
+        char path[1100];
+        snprintf(path, sizeof(path), "%s/freezer.state", dir);
+        FILE *fz = fopen(path, "we");
+        if (fz) {
+                fputs("THAWED", fz);
+                fclose(fz);
+        }
+        for (int i = 0; i < 200; i++) {
+                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+                FILE *f = fopen(path, "re");
+                long pid;
+                while (f && fscanf(f, "%ld", &pid) == 1)
+                        kill((pid_t)pid, SIGKILL);
+                if (f)
+                        fclose(f);
+                if (rmdir(dir) == 0 || errno == ENOENT)
+                        return;
+                sleep_ms(10);
+        }
+        fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+static int cgroup_version(void)
+{
+        return access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0 ? 2 : 1;
+}
+
+static void cleanup(void)
+{
+        if (daemon_pid > 0) {
+                kill(daemon_pid, SIGKILL);
+                waitpid(daemon_pid, NULL, 0);
+                daemon_pid = -1;
+        }
+        if (!*parent)
+                return;
+        const char *roots[] = { "freezer", "cpu", "cpuacct", "memory", "pids", "unified", NULL };
+        char dir[512];
+        if (cgroup_version() == 2) {
+                snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s", parent);
+                kill_and_remove(dir);
+        } else {
+                for (const char **r = roots; *r; r++) {
+                        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/%s", *r, parent);
+                        kill_and_remove(dir);
+                }
+        }
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+                ;
+}
+
+static void on_signal(int sig)
+{
+        (void)sig;
+        exit(1); /* atexit cleanup */
+}
+
+/* ---- the daemon ---- */
+
+struct buf {
+        char *data;
+        size_t len;
+};
+
+static size_t on_data(char *p, size_t size, size_t n, void *arg)
+{
+        struct buf *b = arg;
+        char *d = realloc(b->data, b->len + size * n + 1);
+        if (!d)
+                return 0;
+        memcpy(d + b->len, p, size * n);
+        b->len += size * n;
+        d[b->len] = '\0';
+        b->data = d;
+        return size * n;
+}
+
+/* One API call over the daemon's socket. Returns the HTTP status (or -1 on a
+ * transport error or timeout, with the reason in why) and the parsed answer. */
+static long call(CURL *curl, const char *method, const char *path, json_t *body, json_t **ret, char *why,
+                 size_t whylen)
+{
+        char url[256];
+        snprintf(url, sizeof(url), "http://localhost%s", path);
+        char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+        struct buf b = { 0 };
+        struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_reset(curl);
+        curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, sock);
+        curl_easy_setopt(curl, CURLOPT_URL, url);
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)CALL_TIMEOUT_MS);
+        curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+        if (text)
+                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
+        CURLcode c = curl_easy_perform(curl);
+        long status = -1;
+        if (c == CURLE_OK)
+                curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+        else
+                snprintf(why, whylen, "%s %s: %s", method, path, curl_easy_strerror(c));
+        *ret = b.data ? json_loads(b.data, 0, NULL) : NULL;
+        if (c == CURLE_OK && status >= 300)
+                snprintf(why, whylen, "%s %s: HTTP %ld %s", method, path, status, b.data ? b.data : "");
+        free(b.data);
+        free(text);
+        curl_slist_free_all(headers);
+        return status;
+}
+
+static void start_daemon(void)
+{
+        char log[1024];
+        snprintf(log, sizeof(log), "%s/vmm.log", work);
+        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
+                         "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
+                         "--host-id", "test-cycles-host", "--backend", "process", "--final-wait-ms", "100",
+                         "--log-level", "warn", NULL };
+        daemon_pid = test_spawn(argv, NULL, log);
+        CURL *curl = curl_easy_init();
+        int64_t until = now_ms() + 20000;
+        while (now_ms() < until) {
+                json_t *j = NULL;
+                char why[512];
+                long st = call(curl, "GET", "/v1/status", NULL, &j, why, sizeof(why));
+                json_decref(j);
+                if (st == 200)
+                        break;
+                sleep_ms(50);
+        }
+        curl_easy_cleanup(curl);
+}
+
+/* ---- the cycles ---- */
+
+struct loop {
+        pthread_t thread;
+        int index, cycles, done, errors;
+        int64_t *ms;                 /* each cycle's wall time */
+        char first_error[600];
+};
+
+static void loop_error(struct loop *l, const char *what, const char *detail)
+{
+        if (l->errors++ == 0)
+                snprintf(l->first_error, sizeof(l->first_error), "%s: %.500s", what, detail);
+}
+
+static void *run_loop(void *arg)
+{
+        struct loop *l = arg;
+        CURL *curl = curl_easy_init();
+        for (int i = 0; i < l->cycles; i++) {
+                char why[600] = "";
+                int64_t t0 = now_ms();
+                json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:{s:s}}", "account", account, "key", "k-cycles",
+                                         "memory_mib", 64, "disk_mib", 16, "timeout_s", 120, "labels", "suite",
+                                         "cycles"), *ans = NULL;
+                long st = call(curl, "POST", "/v1/sandboxes", body, &ans, why, sizeof(why));
+                json_decref(body);
+                const char *id = json_string_value(json_object_get(ans, "id"));
+                char path[128];
+                if (st != 201 || !id) {
+                        loop_error(l, "create", why);
+                        json_decref(ans);
+                        l->ms[l->done++] = now_ms() - t0;
+                        continue;
+                }
+                char sid[64];
+                snprintf(sid, sizeof(sid), "%s", id);
+                json_decref(ans);
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sid);
+                body = json_pack("{s:[s,s,s], s:i}", "command", "/bin/sh", "-c", "echo cycle-ok", "timeout_ms", 20000);
+                ans = NULL;
+                st = call(curl, "POST", path, body, &ans, why, sizeof(why));
+                json_decref(body);
+                const char *out = json_string_value(json_object_get(ans, "stdout"));
+                if (st != 200 || !out || strcmp(out, "cycle-ok\n") != 0) {
+                        char *text = ans ? json_dumps(ans, JSON_COMPACT) : NULL;
+                        char detail[600];
+                        snprintf(detail, sizeof(detail), "%s %s", why, text ? text : "");
+                        loop_error(l, "exec", detail);
+                        free(text);
+                }
+                json_decref(ans);
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s/stop", sid);
+                ans = NULL;
+                st = call(curl, "POST", path, NULL, &ans, why, sizeof(why));
+                if (st != 200)
+                        loop_error(l, "stop", why);
+                json_decref(ans);
+                l->ms[l->done++] = now_ms() - t0;
+        }
+        curl_easy_cleanup(curl);
+        return NULL;
+}
+
+static int cmp_ms(const void *a, const void *b)
+{
+        int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+static void test_cycles(void)
+{
+        const char *env = getenv("TALLY_CYCLES");
+        int total = env && atoi(env) > 0 ? atoi(env) : 2000;
+        struct loop loops[LOOPS] = { 0 };
+        int64_t *all = calloc((size_t)total, sizeof(*all));
+        int at = 0;
+        int64_t t0 = now_ms();
+        for (int i = 0; i < LOOPS; i++) {
+                loops[i].index = i;
+                loops[i].cycles = total / LOOPS + (i < total % LOOPS);
+                loops[i].ms = calloc((size_t)loops[i].cycles, sizeof(int64_t));
+                pthread_create(&loops[i].thread, NULL, run_loop, &loops[i]);
+        }
+        int errors = 0;
+        for (int i = 0; i < LOOPS; i++) {
+                pthread_join(loops[i].thread, NULL);
+                errors += loops[i].errors;
+                if (loops[i].errors)
+                        fprintf(stderr, "loop %d: %d errors, first: %s\n", i, loops[i].errors, loops[i].first_error);
+                memcpy(all + at, loops[i].ms, (size_t)loops[i].done * sizeof(int64_t));
+                at += loops[i].done;
+                free(loops[i].ms);
+        }
+        qsort(all, (size_t)at, sizeof(*all), cmp_ms);
+        int64_t max = at ? all[at - 1] : 0, p99 = at ? all[(at * 99 + 99) / 100 - 1] : 0, p50 = at ? all[at / 2] : 0;
+        int over = 0;
+        for (int i = 0; i < at; i++)
+                over += all[i] > CYCLE_LIMIT_MS;
+        fprintf(stderr, "cycles=%d loops=%d wall_ms=%lld cycle_ms_p50=%lld cycle_ms_p99=%lld cycle_ms_max=%lld over_5s=%d "
+                "errors=%d\n", at, LOOPS, (long long)(now_ms() - t0), (long long)p50, (long long)p99, (long long)max,
+                over, errors);
+        CHECK(at == total, "%d of %d cycles ran", at, total);
+        CHECK(errors == 0, "%d calls failed (first reasons above)", errors);
+        CHECK(over == 0 && max <= CYCLE_LIMIT_MS, "%d cycles took over %d ms (max %lld ms)", over, CYCLE_LIMIT_MS,
+              (long long)max);
+        free(all);
+}
+
+/* ---- the lease while the daemon is down ---- */
+
+static int count_tasks(const char *id)
+{
+        char path[512];
+        if (cgroup_version() == 2)
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/%s/%s/cgroup.procs", parent, id);
+        else
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/pids/%s/%s/tasks", parent, id);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return -1;
+        int n = 0;
+        long v;
+        while (fscanf(f, "%ld", &v) == 1)
+                n++;
+        fclose(f);
+        return n;
+}
+
+static void test_lease_while_down(void)
+{
+        CURL *curl = curl_easy_init();
+        char why[600] = "";
+        json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:[s,s,s]}", "account", account, "key", "k-lease",
+                                 "memory_mib", 64, "disk_mib", 16, "timeout_s", 5, "command", "/bin/sh", "-c",
+                                 "sleep 1000 & sleep 1000"), *ans = NULL;
+        long st = call(curl, "POST", "/v1/sandboxes", body, &ans, why, sizeof(why));
+        json_decref(body);
+        const char *id_s = json_string_value(json_object_get(ans, "id"));
+        int64_t deadline = json_integer_value(json_object_get(ans, "deadline_ns"));
+        CHECK(st == 201 && id_s && deadline > 0, "create with a 5 s lease: %s", why);
+        char id[64];
+        snprintf(id, sizeof(id), "%s", id_s ? id_s : "");
+        json_decref(ans);
+        curl_easy_cleanup(curl);
+        if (st != 201 || !*id)
+                return;
+        /* The main program and its child are running. */
+        int64_t until = now_ms() + 3000;
+        while (count_tasks(id) < 3 && now_ms() < until)
+                sleep_ms(20);
+        int before = count_tasks(id);
+        CHECK(before >= 3, "the sandbox's init, shell and sleeps are not all in its cgroup: %d tasks", before);
+        kill(daemon_pid, SIGKILL);
+        waitpid(daemon_pid, NULL, 0);
+        daemon_pid = -1;
+        /* From the host: the cgroup's tasks, until a second after the deadline. */
+        int64_t gone_at = 0;
+        int n = -1;
+        while (wall_ns() < deadline + 3000000000LL) {
+                n = count_tasks(id);
+                if (n == 0) {
+                        gone_at = wall_ns();
+                        break;
+                }
+                CHECK(wall_ns() < deadline + 1100000000LL, "the sandbox still runs %lld ms after its lease ended "
+                      "with tally-vmm down (%d tasks)", (long long)((wall_ns() - deadline) / 1000000), n);
+                if (wall_ns() >= deadline + 1100000000LL)
+                        break;
+                sleep_ms(20);
+        }
+        if (gone_at)
+                fprintf(stderr, "lease: processes gone %lld ms after the deadline (tally-vmm down)\n",
+                        (long long)((gone_at - deadline) / 1000000));
+        CHECK(gone_at > 0, "the sandbox's processes outlived its lease while tally-vmm was down (%d tasks)", n);
+        CHECK(gone_at == 0 || gone_at >= deadline, "the sandbox was ended %lld ms before its lease ended",
+              (long long)((deadline - gone_at) / 1000000));
+}
+
+int main(void)
+{
+        snprintf(parent, sizeof(parent), "tally-test-cycles-%d", (int)getpid());
+        snprintf(account, sizeof(account), "acct-cycles-%d", (int)getpid());
+        work = test_tmpdir("cycles");
+        if (asprintf(&state, "%s/state", work) < 0 || asprintf(&sock, "%s/vmm.sock", work) < 0)
+                return 1;
+        atexit(cleanup);
+        signal(SIGTERM, on_signal);
+        signal(SIGINT, on_signal);
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        start_daemon();
+        int64_t t0 = now_ms();
+        int before = test_failures;
+        test_cycles();
+        fprintf(stderr, "%s cycles (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", (long long)(now_ms() - t0));
+        t0 = now_ms();
+        before = test_failures;
+        test_lease_while_down();
+        fprintf(stderr, "%s lease_while_down (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
+                (long long)(now_ms() - t0));
+        return test_result();
+}
