@@ -996,7 +996,12 @@ static void attack_thaw(void)
                 return;
         out = NULL;
         in_sandbox(&sb, &out, "thaw", NULL);
+        /* the burner must be burning before the pause, or a quiet counter proves nothing */
+        uint64_t b0 = cpu_counter(sb.cpu_dir);
         sleep_ms(200);
+        uint64_t b1 = cpu_counter(sb.cpu_dir);
+        CHECK(b1 > b0 + 20000000, "thaw: the helper's burner did not burn before the pause (%" PRIu64 " ns in 200 ms)",
+              b1 - b0);
         int rc;
         int64_t t0 = now_ms();
         json_t *j = cli(&rc, "pause", sb.id, NULL);
@@ -1309,6 +1314,9 @@ static void attack_forkbomb(void)
         in_sandbox_w(&sb, &out, &w, "forkbomb", tgt, "1500", NULL);
         fprintf(stderr, "    forkbomb: at most %d live processes counted on the host, pids.current up to %ld, "
                         "pids.max %s\n", w.max_live, w.max_pids_current, limit ? limit : "?");
+        /* the bomb must have pressed on the limit, or staying under it proves nothing */
+        CHECK(lim <= 0 || w.max_pids_current >= lim - 16,
+              "forkbomb: the bomb never came near pids.max %ld (pids.current up to %ld)", lim, w.max_pids_current);
         if (lim > 0 && (w.max_live > lim || w.max_pids_current > lim))
                 ESCAPED("forkbomb: %d live processes (pids.current %ld) over pids.max %ld", w.max_live,
                         w.max_pids_current, lim);
