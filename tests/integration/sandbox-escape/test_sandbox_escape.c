@@ -447,6 +447,13 @@ static bool create(struct sandbox *sb, const char *name)
 }
 
 static int count_ns(ino_t ns);
+
+static char *read_status(pid_t pid)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+        return test_read_file(path);
+}
 #define in_sandbox(sb, out, ...) in_sandbox_w(sb, out, &(struct watch){ 0 }, __VA_ARGS__)
 
 static int attack_failures; /* checks failed inside the sandbox (the attack worked) */
@@ -466,6 +473,7 @@ static int control_failures;
 struct watch {
         uint64_t max_cpu;     /* the highest CPU counter read */
         uint64_t drop;        /* the largest fall of the counter between two reads */
+        int tracer;           /* a TracerPid the sandbox's init had, 0 if never traced */
         int max_live;         /* with count_procs: the most processes of the pid namespace at once */
         long max_pids_current;
         bool count_procs;
@@ -512,6 +520,11 @@ static int in_sandbox_w(struct sandbox *sb, char **out, struct watch *w, const c
                 if (cpu > w->max_cpu)
                         w->max_cpu = cpu;
                 last = cpu;
+                char *st = read_status(sb->init);
+                char *tp = st ? strstr(st, "TracerPid:") : NULL;
+                if (tp && atoi(tp + 10) != 0 && !w->tracer)
+                        w->tracer = atoi(tp + 10);
+                free(st);
                 if (w->count_procs) {
                         int live = count_ns(sb->pidns);
                         char *t = test_read_file(cur_path);
@@ -535,6 +548,9 @@ static int in_sandbox_w(struct sandbox *sb, char **out, struct watch *w, const c
                         " ns\n", w->max_cpu, w->drop);
         CHECK(*out && strstr(*out, "helper-started"), "the helper did not run inside the sandbox (exit %d): %s", rc,
               err ? err : "");
+        if (w->tracer)
+                ESCAPED("%s: the sandbox's init (pid %d on the host) was ptraced by pid %d", argv[9], (int)sb->init,
+                        w->tracer);
         uint64_t now = cpu_counter(sb->cpu_dir);
         if (w->drop > 0 || now < w->max_cpu)
                 ESCAPED("%s: the sandbox's CPU counter went backwards while it ran: by up to %" PRIu64
