@@ -1,7 +1,7 @@
 /* escape_helper.c — the attacks of the sandbox-escape suite, as one small static
- * program the test copies into a sandbox's disk (it needs no library and no
- * tool of the sandbox's image) and also runs as host root outside any sandbox
- * (the control that shows each attack works where nothing stops it).
+ * program the test puts into a sandbox's disk (it needs no library of the
+ * sandbox's image) and also runs as host root outside any sandbox (the
+ * control that shows each attack works where nothing stops it).
  *
  *   escape-helper MODE ARGS...
  *
@@ -10,7 +10,8 @@
  * lines for its verdict: it checks each attack's effect from the host (cgroup
  * files, the registry file, the daemon's list, a listener, a victim process).
  * Every attack is bounded in count and time, and touches only what the test
- * names on its command line or the cgroups the process itself is in. */
+ * names on its command line, the cgroups the process itself is in, and pid 1
+ * only when that is a sandbox's tally-sandbox-init. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
