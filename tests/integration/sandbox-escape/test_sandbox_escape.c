@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <libpq-fe.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -53,6 +54,16 @@ static char account[64], token[32];
 static char *work, *state, *sock, *ctl_dir;
 static const char *helper;
 static pid_t daemon_pid = -1;
+/* the rest of the pipeline: a private broker (other tests' usage stays out of this
+ * ledger), the collector, the aggregator and a database of its own */
+static pid_t broker_pid = -1, collector_pid = -1, aggregator_pid = -1;
+static char *brokers, *db_url;
+/* each stopped sandbox's final counter as read here, for the ledger check at the end */
+static struct billed {
+        char id[64], attack[32];
+        uint64_t counter;
+} stopped[32];
+static int nstopped;
 static int cgroup_version;
 static pid_t inits[64];
 static ino_t init_ns[64];
@@ -182,6 +193,13 @@ static void cleanup(void)
                 waitpid(daemon_pid, NULL, 0);
                 daemon_pid = -1;
         }
+        pid_t *others[] = { &collector_pid, &aggregator_pid, &broker_pid };
+        for (int i = 0; i < 3; i++)
+                if (*others[i] > 0) {
+                        kill(*others[i], SIGKILL);
+                        waitpid(*others[i], NULL, 0);
+                        *others[i] = -1;
+                }
         for (int i = 0; i < 2; i++)
                 if (victims[i] > 0) {
                         kill(victims[i], SIGKILL);
@@ -194,6 +212,10 @@ static void cleanup(void)
                 remove_tree(ctl_parent);
         while (waitpid(-1, NULL, WNOHANG) > 0)
                 ;
+        if (db_url) {
+                test_db_drop(db_url);
+                db_url = NULL;
+        }
 }
 
 static void on_signal(int sig)
@@ -259,7 +281,7 @@ static void start_daemon(void)
         setenv("TALLY_ESCAPE_DAEMON_SECRET", daemon_secret, 1);
         char *log = fmt("%s/vmm.log", work);
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
-                         "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
+                         "--kafka-brokers", brokers, "--cgroup-parent", parent,
                          "--host-id", "test-escape-host", "--backend", "process", "--final-wait-ms", "3000",
                          "--log-level", "debug", NULL };
         daemon_pid = test_spawn(argv, NULL, log);
@@ -654,21 +676,88 @@ static void check_metered(struct sandbox *sb, const char *attack)
         sb->last_cpu = cpu;
 }
 
-/* Stops the sandbox: the final counter tally-vmm bills equals the one read here. */
+/* Reads the counter of a cgroup folder without failing the test when it is gone. */
+static bool try_counter(const char *dir, uint64_t *ret)
+{
+        char *path = fmt(cgroup_version == 1 ? "%s/cpuacct.usage" : "%s/cpu.stat", dir);
+        char *t = test_read_file(path);
+        free(path);
+        if (!t)
+                return false;
+        char *u = cgroup_version == 1 ? t : strstr(t, "usage_usec ");
+        bool ok = u != NULL;
+        if (ok)
+                *ret = cgroup_version == 1 ? strtoull(u, NULL, 10) : strtoull(u + 11, NULL, 10) * 1000;
+        free(t);
+        return ok;
+}
+
+/* Whether the cgroup folder holds no process (false when it cannot be read). */
+static bool empty(const char *dir)
+{
+        char *path = fmt("%s/cgroup.procs", dir);
+        char *t = test_read_file(path);
+        bool e = t && !*t;
+        free(t);
+        free(path);
+        return e;
+}
+
+/* Stops the sandbox: the final counter tally-vmm bills equals the one read here.
+ * The folder goes soon after the stop (once the collector's final sample is
+ * taken), so the test reads it every millisecond meanwhile and keeps the last
+ * reading taken with no process left in the folder: nothing can add to it then. */
 static void stop(struct sandbox *sb, const char *attack)
 {
         if (!*sb->id)
                 return;
         check_metered(sb, attack);
-        int rc;
-        json_t *j = cli(&rc, "stop", sb->id, NULL);
+        char *out_path = fmt("%s/stop.out", work);
+        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "stop", sb->id, NULL };
+        pid_t client = test_spawn(argv, out_path, NULL);
+        int status = 0;
+        uint64_t mine = 0;
+        bool have = false, exited = false;
+        int64_t until = now_ms() + 30000;
+        while (now_ms() < until) {
+                if (!exited && waitpid(client, &status, WNOHANG) == client)
+                        exited = true;
+                uint64_t v;
+                if (try_counter(sb->cpu_dir, &v) && empty(sb->cpu_dir)) {
+                        uint64_t again;
+                        /* still there after the emptiness was seen: the reading is the final one */
+                        if (try_counter(sb->cpu_dir, &again) && again == v) {
+                                mine = v;
+                                have = true;
+                        }
+                }
+                /* the folder may stay a while yet (final_wait_ms): once empty, its reading is final */
+                if (exited && (have || !dir_exists(sb->cpu_dir)))
+                        break;
+                sleep_ms(1);
+        }
+        if (!exited) {
+                kill(client, SIGKILL);
+                waitpid(client, &status, 0);
+        }
+        char *out = test_read_file(out_path);
+        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+        int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
         uint64_t final = (uint64_t)json_integer_value(json_object_get(j, "final_cpu_ns"));
-        uint64_t mine = cpu_counter(sb->cpu_dir);
+        CHECK(have, "%s: the test could not read the stopped sandbox's counter before its cgroup went", attack);
+        if (rc == 0 && have && nstopped < 32) {
+                struct billed *b = &stopped[nstopped++];
+                snprintf(b->id, sizeof(b->id), "%s", sb->id);
+                snprintf(b->attack, sizeof(b->attack), "%s", attack);
+                b->counter = mine;
+        }
         CHECK(rc == 0 && final == mine && final >= sb->last_cpu,
               "%s: the stopped sandbox's final counter %" PRIu64 " is not the cgroup's %" PRIu64 " (last seen %" PRIu64
               "): %s",
-              attack, final, mine, sb->last_cpu, json_dumps(j, 0));
+              attack, final, mine, sb->last_cpu, out ? out : "");
         json_decref(j);
+        free(out);
+        free(out_path);
 }
 
 /* ---- the controls: the same helper as host root, outside any sandbox ---- */
@@ -1443,6 +1532,119 @@ static void start_victims(void)
         }
 }
 
+static char *query1(const char *sql)
+{
+        PGconn *c = PQconnectdb(db_url);
+        PGresult *r = PQexec(c, sql);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+                v = strdup(PQgetvalue(r, 0, 0));
+        else if (PQresultStatus(r) != PGRES_TUPLES_OK)
+                fprintf(stderr, "query failed: %s: %s", sql, PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+        return v;
+}
+
+/* The ledger, the broker and the daemons that fill it, all real processes. */
+static void start_pipeline(void)
+{
+        db_url = test_db_create("escape");
+        char *migrate[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, NULL };
+        char *err = NULL;
+        int rc = test_run(migrate, NULL, &err);
+        if (rc != 0) {
+                fprintf(stderr, "FAIL: tally-migrate: %s\n", err ? err : "");
+                exit(1);
+        }
+        free(err);
+        char *sql = fmt("INSERT INTO accounts (id, name) VALUES ('%s', 'sandbox-escape');"
+                        "INSERT INTO api_keys (id, account_id, key_hash) VALUES ('key-escape', '%s', "
+                        "sha256('key-escape-%s'))",
+                        account, account, account);
+        PGconn *c = PQconnectdb(db_url);
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fprintf(stderr, "FAIL: %s: %s\n", sql, PQerrorMessage(c));
+                exit(1);
+        }
+        PQclear(r);
+        PQfinish(c);
+        free(sql);
+        char *boot = fmt("%s/broker.bootstrap", work), *log = fmt("%s/broker.log", work);
+        char *broker[] = { (char *)test_env("TALLY_BROKER_BIN"), "--partitions", "2", "--bootstrap-file", boot, NULL };
+        broker_pid = test_spawn(broker, NULL, log);
+        if (test_wait_file(boot, 10000) < 0) {
+                fprintf(stderr, "FAIL: the private broker did not start\n");
+                exit(1);
+        }
+        brokers = test_read_file(boot);
+        free(log);
+        log = fmt("%s/collector.log", work);
+        char *collector[] = { (char *)test_env("TALLY_COLLECTOR_BIN"), "--state-dir", state, "--kafka-brokers", brokers,
+                              "--tick-ms", "200", "--metrics-port", "0", NULL };
+        collector_pid = test_spawn(collector, NULL, log);
+        free(log);
+        log = fmt("%s/aggregator.log", work);
+        char *aggregator[] = { (char *)test_env("TALLY_AGGREGATOR_BIN"), "--database-url", db_url, "--kafka-brokers",
+                               brokers, "--batch-ms", "100", NULL };
+        aggregator_pid = test_spawn(aggregator, NULL, log);
+        free(log);
+        free(boot);
+}
+
+/* the attacks whose sandbox the ledger billed wrongly */
+static char ledger_bad[32][32];
+
+/* Billed CPU in the ledger equals each stopped sandbox's counter as this test read it. */
+static void check_ledger(void)
+{
+        int64_t until = now_ms() + 60000;
+        int left = nstopped;
+        bool done[32] = { false };
+        char *got[32] = { NULL };
+        while (left > 0 && now_ms() < until) {
+                for (int i = 0; i < nstopped; i++) {
+                        if (done[i])
+                                continue;
+                        char *q = fmt("SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'",
+                                      stopped[i].id);
+                        free(got[i]);
+                        got[i] = query1(q);
+                        free(q);
+                        if (got[i] && strtoull(got[i], NULL, 10) == stopped[i].counter) {
+                                done[i] = true;
+                                left--;
+                        }
+                }
+                if (left > 0)
+                        sleep_ms(250);
+        }
+        char *want = fmt("%s/key-escape", account);
+        int nbad = 0;
+        for (int i = 0; i < nstopped; i++) {
+                char *q = fmt("SELECT string_agg(DISTINCT account_id || '/' || key_id, ',') FROM usage_hourly "
+                              "WHERE sandbox_id = '%s'",
+                              stopped[i].id);
+                char *who = query1(q);
+                fprintf(stderr, "ledger: %-14s %s billed %s ns of CPU to %s, its cgroup's final counter %" PRIu64 " ns\n",
+                        stopped[i].attack, stopped[i].id, got[i] ? got[i] : "none", who ? who : "nobody",
+                        stopped[i].counter);
+                if ((!done[i] || !who || strcmp(who, want) != 0) && nbad < 32)
+                        snprintf(ledger_bad[nbad++], sizeof(ledger_bad[0]), "%s", stopped[i].attack);
+                if (!done[i])
+                        ESCAPED("%s: billed CPU %s ns is not the sandbox's final counter %" PRIu64 " ns",
+                                stopped[i].attack, got[i] ? got[i] : "none", stopped[i].counter);
+                if (!who || strcmp(who, want) != 0)
+                        ESCAPED("%s: the sandbox's usage was billed to %s, not %s", stopped[i].attack,
+                                who ? who : "nobody", want);
+                free(who);
+                free(q);
+                free(got[i]);
+        }
+        free(want);
+}
+
 int main(void)
 {
         snprintf(parent, sizeof(parent), "tally-test-escape-%d", (int)getpid());
@@ -1459,6 +1661,7 @@ int main(void)
         atexit(cleanup);
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
+        start_pipeline();
         start_daemon();
         unsetenv("TALLY_ESCAPE_DAEMON_SECRET");
         start_victims();
@@ -1473,22 +1676,32 @@ int main(void)
                 { "forkbomb", attack_forkbomb },         { "disk-fill", attack_disk_fill },
                 { "ptrace", attack_ptrace },
         };
-        char summary[4096] = "";
-        size_t used = 0;
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        enum { N = sizeof(cases) / sizeof(cases[0]) };
+        bool escaped[N], other[N], ctl_failed[N];
+        int64_t took[N];
+        for (size_t i = 0; i < N; i++) {
                 int before = test_failures, esc = attack_failures, ctl = control_failures;
                 int64_t t0 = now_ms();
                 fprintf(stderr, "=== attack %s\n", cases[i].name);
                 cases[i].fn();
-                const char *verdict = attack_failures > esc ? "SUCCEEDED inside the sandbox" :
-                                      test_failures > before && control_failures == ctl ? "blocked, other checks failed" :
-                                                                                          "blocked";
-                used += (size_t)snprintf(summary + used, sizeof(summary) - used, "%-14s %s%s (%lld ms)\n",
-                                         cases[i].name, verdict,
-                                         control_failures > ctl ? "; CONTROL FAILED (the test is broken here)" : "",
-                                         (long long)(now_ms() - t0));
+                escaped[i] = attack_failures > esc;
+                ctl_failed[i] = control_failures > ctl;
+                other[i] = test_failures > before;
+                took[i] = now_ms() - t0;
         }
-        fprintf(stderr, "=== sandbox-escape summary (attack: outcome inside a real sandbox)\n%s", summary);
+        fprintf(stderr, "=== the ledger (tally-collector, the broker, tally-aggregator, PostgreSQL)\n");
+        check_ledger();
+        fprintf(stderr, "=== sandbox-escape summary (attack: outcome inside a real sandbox)\n");
+        for (size_t i = 0; i < N; i++) {
+                bool ledger = false;
+                for (int k = 0; k < 32; k++)
+                        ledger |= strcmp(ledger_bad[k], cases[i].name) == 0;
+                fprintf(stderr, "%-14s %s%s%s (%lld ms)\n", cases[i].name,
+                        escaped[i] || ledger ? "SUCCEEDED inside the sandbox" :
+                        other[i] && !ctl_failed[i] ? "blocked, other checks failed" : "blocked",
+                        ledger ? "; the ledger does not match the cgroup" : "",
+                        ctl_failed[i] ? "; CONTROL FAILED (the test is broken here)" : "", (long long)took[i]);
+        }
         kill(daemon_pid, SIGTERM);
         waitpid(daemon_pid, NULL, 0);
         daemon_pid = -1;
