@@ -128,6 +128,32 @@ static void test_v1_missing_hierarchy(void **state)
         assert_int_equal(cgroup_host_detect(root, "tally", &h), -ENOENT);
 }
 
+/* pids.max goes to the folders that have it (v1: the pids hierarchy only). */
+static void test_pids_max(void **state)
+{
+        const char *h1[] = { "cpu", "cpuacct", "memory", "freezer", "pids" };
+        for (size_t i = 0; i < 5; i++)
+                make_dir(h1[i]);
+        struct cgroup_host h;
+        assert_int_equal(cgroup_host_detect(root, "tally", &h), 0);
+        struct sandbox_cgroup cg;
+        assert_int_equal(cgroup_paths(&h, "sbx-4", &cg), 0);
+        assert_int_equal(cgroup_set_pids_max(&cg, 77), -ENOENT); /* no folder has the file yet */
+        make_dir("pids/tally/sbx-4");
+        make_dir("memory/tally/sbx-4");
+        make_file("pids/tally/sbx-4/pids.max", ""); /* cgroupfs replaces; a plain file is not truncated */
+        assert_int_equal(cgroup_set_pids_max(&cg, 77), 0);
+        char path[512], buf[32] = "";
+        snprintf(path, sizeof(path), "%s/pids/tally/sbx-4/pids.max", root);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        assert_non_null(fgets(buf, sizeof(buf), f));
+        fclose(f);
+        assert_string_equal(buf, "77");
+        snprintf(path, sizeof(path), "%s/memory/tally/sbx-4/pids.max", root);
+        assert_int_equal(access(path, F_OK), -1); /* not written where the controller is not */
+}
+
 static void test_bad_parent(void **state)
 {
         struct cgroup_host h;
@@ -146,6 +172,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_v1_comounted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_v1_missing_hierarchy, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_bad_parent, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_pids_max, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

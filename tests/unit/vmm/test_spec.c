@@ -49,6 +49,7 @@ static void test_defaults(void **state)
         assert_int_equal(r.mem_bytes, 512ULL << 20);
         assert_int_equal(r.disk_bytes, 1024ULL << 20);
         assert_int_equal(r.timeout_s, 300);
+        assert_int_equal(r.pids_max, 1024);
         assert_false(r.network);
         assert_null(r.command);
         assert_int_equal(r.nlabels, 0);
@@ -61,13 +62,15 @@ static void test_full_request(void **state)
         char why[256];
         assert_int_equal(parse("{\"account\":\"a\",\"key\":\"k\",\"vcpus\":16,\"memory_mib\":4096,\"disk_mib\":8192,"
                                "\"timeout_s\":3600,\"network\":true,\"backend\":\"process\",\"image\":\"base\","
-                               "\"labels\":{\"agent\":\"coder\",\"task\":\"1234\"},\"command\":[\"sleep\",\"9\"]}",
+                               "\"labels\":{\"agent\":\"coder\",\"task\":\"1234\"},\"command\":[\"sleep\",\"9\"],"
+                               "\"pids_max\":64}",
                                &r, why),
                          0);
         assert_int_equal(r.vcpus, 16);
         assert_int_equal(r.mem_bytes, 4096ULL << 20);
         assert_int_equal(r.disk_bytes, 8192ULL << 20);
         assert_true(r.network);
+        assert_int_equal(r.pids_max, 64);
         assert_string_equal(r.backend, "process");
         assert_string_equal(r.image, "base");
         assert_int_equal(r.nlabels, 2);
@@ -103,6 +106,8 @@ static void test_refusals(void **state)
         refused("{\"account\":\"a\",\"key\":\"k\",\"timeout_s\":3601}", "timeout_s must be an integer from 1 to 3600");
         refused("{\"account\":\"a\",\"key\":\"k\",\"timeout_s\":0}", "timeout_s");
         refused("{\"account\":\"a\",\"key\":\"k\",\"network\":1}", "network must be true or false");
+        refused("{\"account\":\"a\",\"key\":\"k\",\"pids_max\":7}", "pids_max must be an integer from 8 to 65536");
+        refused("{\"account\":\"a\",\"key\":\"k\",\"pids_max\":65537}", "pids_max must be an integer from 8");
         refused("{\"account\":\"a\",\"key\":\"k\",\"backend\":\"\"}", "backend must be");
         refused("{\"account\":\"a\",\"key\":\"k\",\"command\":[]}", "command");
         refused("{\"account\":\"a\",\"key\":\"k\",\"command\":[\"ls\",3]}", "command[1]");
