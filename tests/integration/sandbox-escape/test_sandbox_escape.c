@@ -815,6 +815,7 @@ struct control {
         int unshare_flags;   /* namespaces of its own (a private mount namespace always) */
         int preburn_ms;      /* CPU to burn in the scratch cgroup, then stop for the test to read */
         void (*on_stopped)(void);
+        bool leak_dir_fd;    /* an inherited directory descriptor (host-proc's climb) */
 };
 
 /* Starts the helper as host root: in the scratch cgroup, a private mount
@@ -854,6 +855,9 @@ static pid_t control_start(const struct control *c, char *const args[], const ch
                 int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
                 if (fd < 0)
                         _exit(124);
+                /* a directory descriptor left open across exec, as a leaky launcher would */
+                if (c->leak_dir_fd && open(work, O_RDONLY | O_DIRECTORY) < 0)
+                        _exit(126);
                 dup2(fd, 1);
                 dup2(fd, 2);
                 if (c->preburn_ms) {
@@ -1243,10 +1247,13 @@ static void attack_host_proc(void)
         snprintf(suffix_ctl, sizeof(suffix_ctl), "%sb", token);
         snprintf(suffix_in, sizeof(suffix_in), "%sa", token);
         char *args[] = { "host-proc", "escmark", suffix_ctl, secret, NULL };
-        char *out = control(&(struct control){ 0 }, args);
+        char *out = control(&(struct control){ .leak_dir_fd = true }, args);
         snprintf(want, sizeof(want), "marker pid=%d\n", (int)victims[1]);
         CTL(strstr(out, want) && strstr(out, secret_text),
             "control: the host's marker process (%s) or the secret was not seen", want);
+        char *via_fd = strstr(out, "secret via-fd-");
+        CTL(via_fd && strstr(via_fd, secret_text) && strchr(via_fd, '\n') > strstr(via_fd, secret_text),
+            "control: the secret was not read through an inherited directory descriptor");
         free(out);
 
         struct sandbox sb;
