@@ -9,6 +9,11 @@
  * after tally-vmm is killed with SIGKILL; its processes must be gone within
  * about a second of the deadline, read from the host (its cgroup's tasks).
  *
+ * Between them, the jail's layers as the host sees them (the attack suite
+ * sandbox-escape tries each escape; this only checks each layer is there):
+ * the sandbox's root is an unprivileged uid on the host, writing past
+ * disk_mib is ENOSPC, pids.max is set, no cgroup file system or host /proc.
+ *
  * TALLY_CYCLES overrides the number of cycles (default 2,000) for development. */
 #include "support.h"
 
@@ -386,6 +391,122 @@ static void test_lease_while_down(void)
               (long long)((deadline - gone_at) / 1000000));
 }
 
+/* ---- the jail, seen from the host ---- */
+
+static json_t *exec_json(CURL *curl, const char *id, const char *script, char *why, size_t whylen)
+{
+        char path[128];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
+        json_t *body = json_pack("{s:[s,s,s], s:i}", "command", "/bin/sh", "-c", script, "timeout_ms", 30000), *ans = NULL;
+        long st = call(curl, "POST", path, body, &ans, why, whylen);
+        json_decref(body);
+        if (st != 200) {
+                json_decref(ans);
+                return NULL;
+        }
+        return ans;
+}
+
+static const char *jout(json_t *j)
+{
+        const char *s = json_string_value(json_object_get(j, "stdout"));
+        return s ? s : "";
+}
+
+static void test_jail_layers(void)
+{
+        CURL *curl = curl_easy_init();
+        char why[600] = "";
+        json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:[s,s,s]}", "account", account, "key", "k-jail",
+                                 "memory_mib", 128, "disk_mib", 16, "timeout_s", 120, "command", "/bin/sh", "-c",
+                                 "sleep 1000"), *ans = NULL;
+        long st = call(curl, "POST", "/v1/sandboxes", body, &ans, why, sizeof(why));
+        json_decref(body);
+        const char *id_s = json_string_value(json_object_get(ans, "id"));
+        CHECK(st == 201 && id_s, "create: %s", why);
+        char id[64];
+        snprintf(id, sizeof(id), "%s", id_s ? id_s : "");
+        json_decref(ans);
+        if (st != 201 || !*id) {
+                curl_easy_cleanup(curl);
+                return;
+        }
+        /* Every process of the sandbox but its init runs as an unprivileged uid on the host. */
+        char path[512];
+        if (cgroup_version() == 2)
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/%s/%s/cgroup.procs", parent, id);
+        else
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/pids/%s/%s/cgroup.procs", parent, id);
+        int64_t until = now_ms() + 3000;
+        int seen = 0, root_owned = 0, unprivileged = 0;
+        while (now_ms() < until && seen < 2) {
+                FILE *f = fopen(path, "re");
+                long pid;
+                seen = root_owned = unprivileged = 0;
+                while (f && fscanf(f, "%ld", &pid) == 1) {
+                        char status[64], line[256];
+                        snprintf(status, sizeof(status), "/proc/%ld/status", pid);
+                        FILE *s = fopen(status, "re");
+                        unsigned long ruid = 0, euid = 0;
+                        unsigned long long capeff = ~0ULL;
+                        while (s && fgets(line, sizeof(line), s)) {
+                                sscanf(line, "Uid: %lu %lu", &ruid, &euid);
+                                sscanf(line, "CapEff: %llx", &capeff);
+                        }
+                        if (s)
+                                fclose(s);
+                        seen++;
+                        if (ruid == 0)
+                                root_owned++; /* the init: host root, but with no capability left */
+                        if (ruid == 0)
+                                CHECK(capeff == 0, "the sandbox's init keeps host capabilities %llx", capeff);
+                        if (ruid >= 0x10000 && euid == ruid)
+                                unprivileged++;
+                }
+                if (f)
+                        fclose(f);
+                if (seen < 2)
+                        sleep_ms(20);
+        }
+        CHECK(seen >= 2 && root_owned == 1 && unprivileged == seen - 1,
+              "the sandbox's processes are not an unprivileged uid on the host: %d processes, %d host root, "
+              "%d unprivileged", seen, root_owned, unprivileged);
+        /* pids.max from the default. */
+        if (cgroup_version() == 2)
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/%s/%s/pids.max", parent, id);
+        else
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/pids/%s/%s/pids.max", parent, id);
+        char *pids_max = test_read_file(path);
+        CHECK(pids_max && strcmp(pids_max, "1024") == 0, "pids.max is %s, not the default 1024",
+              pids_max ? pids_max : "(unreadable)");
+        free(pids_max);
+        /* Inside: root of its own user namespace, filtered; the disk stops at 16 MiB. */
+        json_t *j = exec_json(curl, id,
+                              "cat /proc/self/uid_map; grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; "
+                              "dd if=/dev/zero of=/work/fill bs=1M count=32 2>&1 | grep -c 'No space left'; "
+                              "test -e /sys/fs/cgroup && echo cgroupfs-visible; "
+                              "cat /proc/1/environ >/dev/null 2>&1 && echo init-environ-readable; "
+                              "ls /proc | grep -cE '^[0-9]+$'; id -u",
+                              why, sizeof(why));
+        CHECK(j != NULL, "exec: %s", why);
+        const char *out = jout(j);
+        unsigned long in0 = 1, outside = 0, count = 0;
+        CHECK(sscanf(out, " %lu %lu %lu", &in0, &outside, &count) == 3 && in0 == 0 && outside >= 0x10000 &&
+                      count == 65536,
+              "uid 0 inside is not a range of 65536 unprivileged host uids: %s", out);
+        CHECK(strstr(out, "Seccomp:\t2") && strstr(out, "NoNewPrivs:\t1"), "no seccomp filter: %s", out);
+        CHECK(strstr(out, "\n1\n"), "writing 32 MiB to a 16 MiB disk did not end in ENOSPC: %s", out);
+        CHECK(!strstr(out, "cgroupfs-visible") && !strstr(out, "init-environ-readable"),
+              "a host cgroup file system or the init's environment is visible: %s", out);
+        CHECK(strlen(out) > 2 && strcmp(out + strlen(out) - 2, "0\n") == 0, "the command is not root inside: %s", out);
+        json_decref(j);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/stop", id);
+        ans = NULL;
+        call(curl, "POST", path, NULL, &ans, why, sizeof(why));
+        json_decref(ans);
+        curl_easy_cleanup(curl);
+}
+
 int main(void)
 {
         snprintf(parent, sizeof(parent), "tally-test-cycles-%d", (int)getpid());
@@ -402,6 +523,11 @@ int main(void)
         int before = test_failures;
         test_cycles();
         fprintf(stderr, "%s cycles (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", (long long)(now_ms() - t0));
+        t0 = now_ms();
+        before = test_failures;
+        test_jail_layers();
+        fprintf(stderr, "%s jail_layers (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
+                (long long)(now_ms() - t0));
         t0 = now_ms();
         before = test_failures;
         test_lease_while_down();
