@@ -76,7 +76,7 @@ int main(void)
                  * $0.0075 ($0.03) is 80,000,000 nd; the second key's CPU alone is the case above. */
                 { "WITH i AS (INSERT INTO spend_daily (key_id, day, account_id, cpu_rated, memory_rated) VALUES "
                   "('k-round-1', '2026-01-01', 'a-round', 7200000000000 * 25000000::numeric,"
-                  " 4 * 1073741824 * 3600000000000 * 7500000::numeric), "
+                  " 4::numeric * 1073741824 * 3600000000000 * 7500000), "
                   "('k-round-2', '2026-01-01', 'a-round', 3600000000001799999999999, 0) RETURNING 1)"
                   " SELECT count(*)::text FROM i", "2" },
                 { "SELECT string_agg(nanodollars::text, ',' ORDER BY key_id) FROM spend_daily "
