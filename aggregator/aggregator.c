@@ -19,6 +19,7 @@
 #include "kafka.h"
 #include "log.h"
 #include "metrics.h"
+#include "metrics_http.h"
 #include "timeutil.h"
 
 #include <errno.h>
@@ -1793,7 +1794,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         struct agg a = { .cfg = cfg, .stop = stop };
         char err[1024];
         int r = -EIO;
-        struct agg_metrics_server *ms = NULL;
+        struct metrics_http *ms = NULL;
         a.lag_hist = calloc(LAG_BUCKETS, sizeof(*a.lag_hist));
         a.metrics = calloc(1, sizeof(*a.metrics));
         if (!a.lag_hist || !a.metrics) {
@@ -1801,8 +1802,8 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                 free(a.metrics);
                 return -ENOMEM;
         }
-        if ((r = agg_metrics_start(a.metrics, cfg->metrics_address ? cfg->metrics_address : "127.0.0.1",
-                                   (int)cfg->metrics_port, &ms)) < 0) {
+        if ((r = metrics_http_start(cfg->metrics_address ? cfg->metrics_address : "127.0.0.1",
+                                    (int)cfg->metrics_port, agg_metrics_page, a.metrics, METRICS_HTTP_PAGE_MAX, &ms)) < 0) {
                 log_error("could not serve /metrics", "port=%" PRId64 " error=\"%s\"", cfg->metrics_port,
                           strerror(-r));
                 r = -EIO;
@@ -1924,7 +1925,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         free(held);
         r = 0;
 out:
-        agg_metrics_stop(ms);
+        metrics_http_stop(ms);
         if (a.consumer) {
                 rd_kafka_consumer_close(a.consumer);
                 rd_kafka_destroy(a.consumer);

@@ -1,15 +1,11 @@
 /* metrics.c — see metrics.h. Reads the counters, never writes them. */
 #include "metrics.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 const uint32_t agg_latency_bounds_ms[AGG_LATENCY_BUCKETS] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
@@ -123,69 +119,7 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
         return p.full ? -ENOBUFS : (int)p.len;
 }
 
-struct agg_metrics_server {
-        struct MHD_Daemon *daemon;
-};
-
-static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                              const char *version, const char *upload_data, size_t *upload_size, void **state)
+int agg_metrics_page(const void *m, char *buf, size_t size)
 {
-        (void)version;
-        (void)upload_data;
-        (void)upload_size;
-        (void)state;
-        const struct agg_metrics *m = cls;
-        char body[16384];
-        unsigned status = MHD_HTTP_OK;
-        int len;
-        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-                status = MHD_HTTP_METHOD_NOT_ALLOWED;
-                len = snprintf(body, sizeof(body), "only GET\n");
-        } else if (strcmp(url, "/metrics") != 0) {
-                status = MHD_HTTP_NOT_FOUND;
-                len = snprintf(body, sizeof(body), "not found: try /metrics\n");
-        } else if ((len = agg_metrics_text(m, body, sizeof(body))) < 0) {
-                status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-                len = snprintf(body, sizeof(body), "metrics too large\n");
-        }
-        struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)len, body, MHD_RESPMEM_MUST_COPY);
-        if (!resp)
-                return MHD_NO;
-        MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
-        enum MHD_Result r = MHD_queue_response(conn, status, resp);
-        MHD_destroy_response(resp);
-        return r;
-}
-
-int agg_metrics_start(const struct agg_metrics *m, const char *address, int port, struct agg_metrics_server **ret)
-{
-        if (port == 0) {
-                *ret = NULL;
-                return 0;
-        }
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-        if (inet_pton(AF_INET, address, &sa.sin_addr) != 1)
-                return -EINVAL;
-        struct agg_metrics_server *s = calloc(1, sizeof(*s));
-        if (!s)
-                return -ENOMEM;
-        s->daemon = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, answer,
-                                     (void *)m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                     MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u,
-                                     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                                     (size_t)65536, MHD_OPTION_END);
-        if (!s->daemon) {
-                free(s);
-                return -EADDRINUSE;
-        }
-        *ret = s;
-        return 0;
-}
-
-void agg_metrics_stop(struct agg_metrics_server *s)
-{
-        if (!s)
-                return;
-        MHD_stop_daemon(s->daemon);
-        free(s);
+        return agg_metrics_text(m, buf, size);
 }

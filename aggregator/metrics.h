@@ -52,8 +52,5 @@ void agg_histogram_add(struct agg_histogram *h, int64_t ms);
 /* Writes the page into buf; returns its length or -ENOBUFS. */
 int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size);
 
-struct agg_metrics_server;
-/* Listens on address:port (port 0: not at all, *ret = NULL). Returns 0 or -errno. */
-int agg_metrics_start(const struct agg_metrics *m, const char *address, int port, struct agg_metrics_server **ret);
-/* Accepts NULL. */
-void agg_metrics_stop(struct agg_metrics_server *s);
+/* The same, as the page of a metrics_http server (arg: the struct agg_metrics). */
+int agg_metrics_page(const void *m, char *buf, size_t size);

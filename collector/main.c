@@ -4,7 +4,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
-#include "metrics.h"
+#include "metrics_http.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +27,13 @@ struct collector_config {
         char *metrics_address;
         char *log_level;
 };
+
+/* The /metrics page: the collector's counters, in at most 8 KiB. */
+#define COLLECTOR_METRICS_PAGE_MAX 8192
+static int metrics_page(const void *c, char *buf, size_t size)
+{
+        return collector_metrics_text(c, buf, size);
+}
 
 static const struct setting settings[] = {
         SETTING_KAFKA_BROKERS(struct collector_config, kafka_brokers),
@@ -93,7 +100,7 @@ int main(int argc, char **argv)
         int status = 1;
         char err[1024];
         struct collector *c = NULL;
-        struct metrics_server *ms = NULL;
+        struct metrics_http *ms = NULL;
         struct collector_options opt = {
                 .brokers = cfg.kafka_brokers, .kafka = &cfg.kafka, .state_dir = cfg.state_dir, .host_id = cfg.host_id,
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
@@ -104,7 +111,7 @@ int main(int argc, char **argv)
                 log_error("could not start", "error=\"%s\"", err);
                 goto out;
         }
-        if ((r = metrics_server_start(c, cfg.metrics_address, (int)cfg.metrics_port, &ms)) < 0) {
+        if ((r = metrics_http_start(cfg.metrics_address, (int)cfg.metrics_port, metrics_page, c, COLLECTOR_METRICS_PAGE_MAX, &ms)) < 0) {
                 log_error("could not serve /metrics", "address=%s port=%lld error=\"%s\"", cfg.metrics_address,
                           (long long)cfg.metrics_port, strerror(-r));
                 goto out;
@@ -115,7 +122,7 @@ int main(int argc, char **argv)
         if (collector_run(c, &daemon_stop_requested) == 0)
                 status = 0;
 out:
-        metrics_server_stop(ms);
+        metrics_http_stop(ms);
         collector_free(c);
         config_free(settings, &cfg);
         return status;

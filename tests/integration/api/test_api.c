@@ -6,6 +6,7 @@
  * (key_blocks, audit_log, api_keys) and tally-vmm's own socket (which
  * sandboxes exist). Everything the test makes is removed at exit. */
 #include "support.h"
+#include "vmmtest.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -43,55 +44,7 @@ struct session {
         char csrf[128];
 };
 
-static void sleep_ms(int ms)
-{
-        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-        nanosleep(&ts, NULL);
-}
-
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- cleaning up ---- */
-
-static void kill_and_remove(const char *dir)
-{
-        DIR *d = opendir(dir);
-        if (!d)
-                return;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_type == DT_DIR && de->d_name[0] != '.') {
-                        char sub[1024];
-                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-                        kill_and_remove(sub);
-                }
-        }
-        closedir(d);
-        char path[1100];
-        snprintf(path, sizeof(path), "%s/freezer.state", dir);
-        FILE *fz = fopen(path, "we");
-        if (fz) {
-                fputs("THAWED", fz);
-                fclose(fz);
-        }
-        for (int i = 0; i < 200; i++) {
-                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-                FILE *f = fopen(path, "re");
-                long pid;
-                while (f && fscanf(f, "%ld", &pid) == 1)
-                        kill((pid_t)pid, SIGKILL);
-                if (f)
-                        fclose(f);
-                if (rmdir(dir) == 0 || errno == ENOENT)
-                        return;
-                sleep_ms(10);
-        }
-}
 
 static void cleanup(void)
 {
@@ -106,14 +59,7 @@ static void cleanup(void)
                 vmm_pid = -1;
         }
         if (*parent) {
-                const char *roots[] = { "freezer", "cpu", "cpuacct", "memory", "pids", "unified", NULL };
-                char dir[512];
-                snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s", parent);
-                kill_and_remove(dir);
-                for (const char **r = roots; *r; r++) {
-                        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/%s", *r, parent);
-                        kill_and_remove(dir);
-                }
+                test_cgroup_remove(parent, 0);
                 while (waitpid(-1, NULL, WNOHANG) > 0)
                         ;
         }
@@ -346,11 +292,11 @@ static void start_vmm(void)
                          "--limits-database-url", db_url, NULL };
         vmm_pid = test_spawn(argv, NULL, log);
         struct stat st;
-        int64_t until = now_ms() + 20000;
-        while (stat(sock, &st) != 0 && now_ms() < until)
-                sleep_ms(20);
+        int64_t until = test_now_ms() + 20000;
+        while (stat(sock, &st) != 0 && test_now_ms() < until)
+                test_sleep_ms(20);
         CHECK(stat(sock, &st) == 0, "tally-vmm's socket did not appear");
-        sleep_ms(200);
+        test_sleep_ms(200);
 }
 
 static void start_api(void)
@@ -363,8 +309,8 @@ static void start_api(void)
                          "--signin-max-failures", "5", "--signin-window-s", "600",
                          "--connection-timeout-s", "2", NULL };
         api_pid = test_spawn(argv, NULL, log);
-        int64_t until = now_ms() + 20000;
-        while (now_ms() < until && !port) {
+        int64_t until = test_now_ms() + 20000;
+        while (test_now_ms() < until && !port) {
                 char *l = test_read_file(log);
                 char *p = l ? strstr(l, "msg=\"listening\"") : NULL;
                 char *q = p ? strstr(p, " port=") : NULL;
@@ -372,7 +318,7 @@ static void start_api(void)
                         port = atoi(q + 6);
                 free(l);
                 if (!port)
-                        sleep_ms(50);
+                        test_sleep_ms(50);
         }
         if (!port) {
                 char *l = test_read_file(log);
@@ -1100,10 +1046,10 @@ int main(void)
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 int before = test_failures;
-                int64_t t0 = now_ms();
+                int64_t t0 = test_now_ms();
                 cases[i].fn();
                 fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
-                        (long long)(now_ms() - t0));
+                        (long long)(test_now_ms() - t0));
         }
         kill(api_pid, SIGTERM);
         int status = 0;

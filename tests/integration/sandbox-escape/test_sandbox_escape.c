@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #endif
 #include "support.h"
+#include "vmmtest.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -75,19 +76,6 @@ static char victim_file[2][1024];
 /* v1: the hierarchies tally-vmm makes a folder in (those mounted here) */
 static const char *v1_names[] = { "cpu", "cpuacct", "memory", "freezer", "pids", "unified", NULL };
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-        nanosleep(&ts, NULL);
-}
-
 static bool dir_exists(const char *path)
 {
         struct stat st;
@@ -131,57 +119,6 @@ static char *cg_dir(const char *h, const char *rel)
 
 /* ---- cleaning up whatever the test made ---- */
 
-static void kill_and_remove(const char *dir)
-{
-        DIR *d = opendir(dir);
-        if (!d)
-                return;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_type == DT_DIR && de->d_name[0] != '.') {
-                        char sub[1024];
-                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-                        kill_and_remove(sub);
-                }
-        }
-        closedir(d);
-        char path[1100];
-        snprintf(path, sizeof(path), "%s/freezer.state", dir);
-        write_text(path, "THAWED");
-        snprintf(path, sizeof(path), "%s/cgroup.freeze", dir);
-        write_text(path, "0");
-        for (int i = 0; i < 300; i++) {
-                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-                FILE *f = fopen(path, "re");
-                long pid;
-                while (f && fscanf(f, "%ld", &pid) == 1)
-                        kill((pid_t)pid, SIGKILL);
-                if (f)
-                        fclose(f);
-                if (rmdir(dir) == 0 || errno == ENOENT)
-                        return;
-                sleep_ms(10);
-        }
-        fprintf(stderr, "warning: could not remove %s\n", dir);
-}
-
-static void remove_tree(const char *rel)
-{
-        if (cgroup_version == 2) {
-                char *d = fmt(CG "/%s", rel);
-                kill_and_remove(d);
-                free(d);
-                return;
-        }
-        /* freezer first: frozen processes cannot die until thawed */
-        const char *order[] = { "freezer", "cpu", "cpuacct", "memory", "pids", "unified", NULL };
-        for (const char **h = order; *h; h++) {
-                char *d = fmt(CG "/%s/%s", *h, rel);
-                kill_and_remove(d);
-                free(d);
-        }
-}
-
 static void cleanup(void)
 {
         /* A sandbox's init takes its whole pid namespace with it, escaped processes too. */
@@ -207,9 +144,9 @@ static void cleanup(void)
                         victims[i] = -1;
                 }
         if (*parent)
-                remove_tree(parent);
+                test_cgroup_remove(parent, cgroup_version);
         if (*ctl_parent)
-                remove_tree(ctl_parent);
+                test_cgroup_remove(ctl_parent, cgroup_version);
         while (waitpid(-1, NULL, WNOHANG) > 0)
                 ;
         if (db_url) {
@@ -285,8 +222,8 @@ static void start_daemon(void)
                          "--host-id", "test-escape-host", "--backend", "process", "--final-wait-ms", "3000",
                          "--log-level", "debug", NULL };
         daemon_pid = test_spawn(argv, NULL, log);
-        int64_t until = now_ms() + 20000;
-        while (now_ms() < until) {
+        int64_t until = test_now_ms() + 20000;
+        while (test_now_ms() < until) {
                 int rc;
                 json_t *st = cli(&rc, "status", NULL);
                 bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
@@ -297,7 +234,7 @@ static void start_daemon(void)
                         free(log);
                         return;
                 }
-                sleep_ms(100);
+                test_sleep_ms(100);
         }
         char *l = test_read_file(log);
         fprintf(stderr, "FAIL: tally-vmm did not become ready in 20 s; its log:\n%s\n", l ? l : "");
@@ -560,7 +497,7 @@ static int in_sandbox_w(struct sandbox *sb, char **out, struct watch *w, const c
                 }
                 if (r == client)
                         break;
-                sleep_ms(5);
+                test_sleep_ms(5);
         }
         int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         *out = test_read_file(out_path);
@@ -718,8 +655,8 @@ static void stop(struct sandbox *sb, const char *attack)
         int status = 0;
         uint64_t mine = 0;
         bool have = false, exited = false;
-        int64_t until = now_ms() + 30000;
-        while (now_ms() < until) {
+        int64_t until = test_now_ms() + 30000;
+        while (test_now_ms() < until) {
                 if (!exited && waitpid(client, &status, WNOHANG) == client)
                         exited = true;
                 uint64_t v;
@@ -734,7 +671,7 @@ static void stop(struct sandbox *sb, const char *attack)
                 /* the folder may stay a while yet (final_wait_ms): once empty, its reading is final */
                 if (exited && (have || !dir_exists(sb->cpu_dir)))
                         break;
-                sleep_ms(1);
+                test_sleep_ms(1);
         }
         if (!exited) {
                 kill(client, SIGKILL);
@@ -861,9 +798,9 @@ static pid_t control_start(const struct control *c, char *const args[], const ch
                 dup2(fd, 1);
                 dup2(fd, 2);
                 if (c->preburn_ms) {
-                        int64_t until = now_ms() + c->preburn_ms;
+                        int64_t until = test_now_ms() + c->preburn_ms;
                         volatile uint64_t x = 0;
-                        while (now_ms() < until)
+                        while (test_now_ms() < until)
                                 x++;
                         raise(SIGSTOP);
                 }
@@ -1081,11 +1018,11 @@ static void attack_thaw(void)
         char *out = control(&(struct control){ .cgroup = "thaw" }, args);
         char *rel = fmt("%s/thaw", ctl_parent), *fz = cg_dir("freezer", rel), *cpu = cg_dir("cpuacct", rel);
         char *ctl = fmt(cgroup_version == 2 ? "%s/cgroup.freeze" : "%s/freezer.state", fz);
-        sleep_ms(200);
+        test_sleep_ms(200);
         write_text(ctl, cgroup_version == 2 ? "1" : "FROZEN");
-        sleep_ms(300);
+        test_sleep_ms(300);
         uint64_t c0 = cpu_counter(cpu);
-        sleep_ms(1500);
+        test_sleep_ms(1500);
         uint64_t c1 = cpu_counter(cpu);
         fprintf(stderr, "control: %" PRIu64 " ns of CPU burned in 1.5 s with the scratch cgroup paused\n", c1 - c0);
         CTL(c1 - c0 >= 100000000, "control: the paused scratch cgroup burned only %" PRIu64 " ns in 1.5 s", c1 - c0);
@@ -1108,19 +1045,19 @@ static void attack_thaw(void)
         in_sandbox(&sb, &out, "thaw", NULL);
         /* the burner must be burning before the pause, or a quiet counter proves nothing */
         uint64_t b0 = cpu_counter(sb.cpu_dir);
-        sleep_ms(200);
+        test_sleep_ms(200);
         uint64_t b1 = cpu_counter(sb.cpu_dir);
         CHECK(b1 > b0 + 2000000, "thaw: the helper's burner did not burn before the pause (%" PRIu64 " ns in 200 ms)",
               b1 - b0);
         int rc;
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         json_t *j = cli(&rc, "pause", sb.id, NULL);
-        CHECK(rc == 0, "pause failed (%lld ms): %s", (long long)(now_ms() - t0), json_dumps(j, 0));
+        CHECK(rc == 0, "pause failed (%lld ms): %s", (long long)(test_now_ms() - t0), json_dumps(j, 0));
         json_decref(j);
         rel = fmt("%s/%s", parent, sb.id);
         fz = cg_dir("freezer", rel);
         uint64_t p0 = cpu_counter(sb.cpu_dir);
-        sleep_ms(1500);
+        test_sleep_ms(1500);
         uint64_t p1 = cpu_counter(sb.cpu_dir);
         bool still = frozen(fz);
         fprintf(stderr, "sandbox: %" PRIu64 " ns of CPU burned in 1.5 s while paused; frozen at the end: %s\n",
@@ -1274,16 +1211,16 @@ static void attack_host_proc(void)
 /* Accepts on a listening socket for up to ms; returns what the first connection carrying `want` sent. */
 static bool heard(int lfd, const char *want, int ms)
 {
-        int64_t until = now_ms() + ms;
+        int64_t until = test_now_ms() + ms;
         bool got = false;
-        while (!got && now_ms() < until) {
+        while (!got && test_now_ms() < until) {
                 int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (c < 0) {
-                        sleep_ms(20);
+                        test_sleep_ms(20);
                         continue;
                 }
                 char buf[128] = "";
-                sleep_ms(20);
+                test_sleep_ms(20);
                 ssize_t r = read(c, buf, sizeof(buf) - 1);
                 if (r > 0) {
                         buf[r] = '\0';
@@ -1407,12 +1344,12 @@ static void attack_forkbomb(void)
         char *cout = fmt("%s/control-fork.out", work);
         char *args[] = { "forkbomb", tgt, "1500", NULL };
         pid_t k = control_start(&(struct control){ .cgroup = "fork" }, args, cout);
-        int64_t until = now_ms() + 20000;
+        int64_t until = test_now_ms() + 20000;
         char *t = NULL;
-        while (now_ms() < until && !((t = test_read_file(cout)) && strstr(t, "holding"))) {
+        while (test_now_ms() < until && !((t = test_read_file(cout)) && strstr(t, "holding"))) {
                 free(t);
                 t = NULL;
-                sleep_ms(50);
+                test_sleep_ms(50);
         }
         free(t);
         char *cc = ctl_read("fork", "pids", "pids.current");
@@ -1491,7 +1428,7 @@ static void attack_ptrace(void)
         for (int i = 0; i < 100 && w == 0; i++) {
                 w = waitpid(victims[1], &status, WNOHANG);
                 if (w == 0)
-                        sleep_ms(20);
+                        test_sleep_ms(20);
         }
         CTL(w == victims[1] && WIFEXITED(status) && WEXITSTATUS(status) == 42,
             "control: the victim's memory was not written (it did not exit 42)");
@@ -1508,7 +1445,7 @@ static void attack_ptrace(void)
         in_sandbox(&sb, &out, "ptrace", pid, addr, dpid, NULL);
         if (out && strstr(out, daemon_secret))
                 ESCAPED("ptrace: the daemon's environment was read from inside the sandbox");
-        sleep_ms(500);
+        test_sleep_ms(500);
         w = waitpid(victims[0], &status, WNOHANG);
         if (w == victims[0]) {
                 victims[0] = -1;
@@ -1606,11 +1543,11 @@ static char ledger_bad[32][32];
 /* Billed CPU in the ledger equals each stopped sandbox's counter as this test read it. */
 static void check_ledger(void)
 {
-        int64_t until = now_ms() + 60000;
+        int64_t until = test_now_ms() + 60000;
         int left = nstopped;
         bool done[32] = { false };
         char *got[32] = { NULL };
-        while (left > 0 && now_ms() < until) {
+        while (left > 0 && test_now_ms() < until) {
                 for (int i = 0; i < nstopped; i++) {
                         if (done[i])
                                 continue;
@@ -1625,7 +1562,7 @@ static void check_ledger(void)
                         }
                 }
                 if (left > 0)
-                        sleep_ms(250);
+                        test_sleep_ms(250);
         }
         char *want = fmt("%s/key-escape", account);
         int nbad = 0;
@@ -1657,7 +1594,7 @@ int main(void)
         snprintf(parent, sizeof(parent), "tally-test-escape-%d", (int)getpid());
         snprintf(ctl_parent, sizeof(ctl_parent), "tally-test-escctl-%d", (int)getpid());
         snprintf(account, sizeof(account), "acct-escape-%d", (int)getpid());
-        snprintf(token, sizeof(token), "%d%04x", (int)getpid(), (unsigned)(now_ms() & 0xffff));
+        snprintf(token, sizeof(token), "%d%04x", (int)getpid(), (unsigned)(test_now_ms() & 0xffff));
         helper = test_env("TALLY_ESCAPE_HELPER");
         work = test_tmpdir("escape");
         chmod(work, 0755);
@@ -1688,13 +1625,13 @@ int main(void)
         int64_t took[N];
         for (size_t i = 0; i < N; i++) {
                 int before = test_failures, esc = attack_failures, ctl = control_failures;
-                int64_t t0 = now_ms();
+                int64_t t0 = test_now_ms();
                 fprintf(stderr, "=== attack %s\n", cases[i].name);
                 cases[i].fn();
                 escaped[i] = attack_failures > esc;
                 ctl_failed[i] = control_failures > ctl;
                 other[i] = test_failures > before;
-                took[i] = now_ms() - t0;
+                took[i] = test_now_ms() - t0;
         }
         fprintf(stderr, "=== the ledger (tally-collector, the broker, tally-aggregator, PostgreSQL)\n");
         check_ledger();

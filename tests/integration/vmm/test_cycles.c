@@ -16,6 +16,7 @@
  *
  * TALLY_CYCLES overrides the number of cycles (default 2,000) for development. */
 #include "support.h"
+#include "vmmtest.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -40,63 +41,9 @@ static char parent[64], account[64];
 static char *work, *state, *sock;
 static pid_t daemon_pid = -1;
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-        nanosleep(&ts, NULL);
-}
+static int64_t wall_ns(void) { return test_clock_ns(CLOCK_REALTIME); }
 
 /* ---- cleaning up ---- */
-
-static void kill_and_remove(const char *dir)
-{
-        DIR *d = opendir(dir);
-        if (!d)
-                return;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_type == DT_DIR && de->d_name[0] != '.') {
-                        char sub[1024];
-                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-                        kill_and_remove(sub);
-                }
-        }
-        closedir(d);
-        char path[1100];
-        snprintf(path, sizeof(path), "%s/freezer.state", dir);
-        FILE *fz = fopen(path, "we");
-        if (fz) {
-                fputs("THAWED", fz);
-                fclose(fz);
-        }
-        for (int i = 0; i < 200; i++) {
-                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-                FILE *f = fopen(path, "re");
-                long pid;
-                while (f && fscanf(f, "%ld", &pid) == 1)
-                        kill((pid_t)pid, SIGKILL);
-                if (f)
-                        fclose(f);
-                if (rmdir(dir) == 0 || errno == ENOENT)
-                        return;
-                sleep_ms(10);
-        }
-        fprintf(stderr, "warning: could not remove %s\n", dir);
-}
 
 static int cgroup_version(void)
 {
@@ -112,17 +59,7 @@ static void cleanup(void)
         }
         if (!*parent)
                 return;
-        const char *roots[] = { "freezer", "cpu", "cpuacct", "memory", "pids", "unified", NULL };
-        char dir[512];
-        if (cgroup_version() == 2) {
-                snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s", parent);
-                kill_and_remove(dir);
-        } else {
-                for (const char **r = roots; *r; r++) {
-                        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/%s", *r, parent);
-                        kill_and_remove(dir);
-                }
-        }
+        test_cgroup_remove(parent, cgroup_version());
         while (waitpid(-1, NULL, WNOHANG) > 0)
                 ;
 }
@@ -199,15 +136,15 @@ static void start_daemon(void)
                          "--log-level", "warn", NULL };
         daemon_pid = test_spawn(argv, NULL, log);
         CURL *curl = curl_easy_init();
-        int64_t until = now_ms() + 20000;
-        while (now_ms() < until) {
+        int64_t until = test_now_ms() + 20000;
+        while (test_now_ms() < until) {
                 json_t *j = NULL;
                 char why[512];
                 long st = call(curl, "GET", "/v1/status", NULL, &j, why, sizeof(why));
                 json_decref(j);
                 if (st == 200)
                         break;
-                sleep_ms(50);
+                test_sleep_ms(50);
         }
         curl_easy_cleanup(curl);
 }
@@ -233,7 +170,7 @@ static void *run_loop(void *arg)
         CURL *curl = curl_easy_init();
         for (int i = 0; i < l->cycles; i++) {
                 char why[600] = "";
-                int64_t t0 = now_ms();
+                int64_t t0 = test_now_ms();
                 json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:{s:s}}", "account", account, "key", "k-cycles",
                                          "memory_mib", 64, "disk_mib", 16, "timeout_s", 120, "labels", "suite",
                                          "cycles"), *ans = NULL;
@@ -244,7 +181,7 @@ static void *run_loop(void *arg)
                 if (st != 201 || !id) {
                         loop_error(l, "create", why);
                         json_decref(ans);
-                        l->ms[l->done++] = now_ms() - t0;
+                        l->ms[l->done++] = test_now_ms() - t0;
                         continue;
                 }
                 char sid[64];
@@ -270,7 +207,7 @@ static void *run_loop(void *arg)
                 if (st != 200)
                         loop_error(l, "stop", why);
                 json_decref(ans);
-                l->ms[l->done++] = now_ms() - t0;
+                l->ms[l->done++] = test_now_ms() - t0;
         }
         curl_easy_cleanup(curl);
         return NULL;
@@ -289,7 +226,7 @@ static void test_cycles(void)
         struct loop loops[LOOPS] = { 0 };
         int64_t *all = calloc((size_t)total, sizeof(*all));
         int at = 0;
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         for (int i = 0; i < LOOPS; i++) {
                 loops[i].index = i;
                 loops[i].cycles = total / LOOPS + (i < total % LOOPS);
@@ -312,7 +249,7 @@ static void test_cycles(void)
         for (int i = 0; i < at; i++)
                 over += all[i] > CYCLE_LIMIT_MS;
         fprintf(stderr, "cycles=%d loops=%d wall_ms=%lld cycle_ms_p50=%lld cycle_ms_p99=%lld cycle_ms_max=%lld over_5s=%d "
-                "errors=%d\n", at, LOOPS, (long long)(now_ms() - t0), (long long)p50, (long long)p99, (long long)max,
+                "errors=%d\n", at, LOOPS, (long long)(test_now_ms() - t0), (long long)p50, (long long)p99, (long long)max,
                 over, errors);
         CHECK(at == total, "%d of %d cycles ran", at, total);
         CHECK(errors == 0, "%d calls failed (first reasons above)", errors);
@@ -360,9 +297,9 @@ static void test_lease_while_down(void)
         if (st != 201 || !*id)
                 return;
         /* The main program and its child are running. */
-        int64_t until = now_ms() + 3000;
-        while (count_tasks(id) < 3 && now_ms() < until)
-                sleep_ms(20);
+        int64_t until = test_now_ms() + 3000;
+        while (count_tasks(id) < 3 && test_now_ms() < until)
+                test_sleep_ms(20);
         int before = count_tasks(id);
         CHECK(before >= 3, "the sandbox's init, shell and sleeps are not all in its cgroup: %d tasks", before);
         kill(daemon_pid, SIGKILL);
@@ -381,7 +318,7 @@ static void test_lease_while_down(void)
                       "with tally-vmm down (%d tasks)", (long long)((wall_ns() - deadline) / 1000000), n);
                 if (wall_ns() >= deadline + 1100000000LL)
                         break;
-                sleep_ms(20);
+                test_sleep_ms(20);
         }
         if (gone_at)
                 fprintf(stderr, "lease: processes gone %lld ms after the deadline (tally-vmm down)\n",
@@ -437,9 +374,9 @@ static void test_jail_layers(void)
                 snprintf(path, sizeof(path), "/sys/fs/cgroup/%s/%s/cgroup.procs", parent, id);
         else
                 snprintf(path, sizeof(path), "/sys/fs/cgroup/pids/%s/%s/cgroup.procs", parent, id);
-        int64_t until = now_ms() + 3000;
+        int64_t until = test_now_ms() + 3000;
         int seen = 0, root_owned = 0, unprivileged = 0;
-        while (now_ms() < until && seen < 2) {
+        while (test_now_ms() < until && seen < 2) {
                 FILE *f = fopen(path, "re");
                 long pid;
                 seen = root_owned = unprivileged = 0;
@@ -466,7 +403,7 @@ static void test_jail_layers(void)
                 if (f)
                         fclose(f);
                 if (seen < 2)
-                        sleep_ms(20);
+                        test_sleep_ms(20);
         }
         CHECK(seen >= 2 && root_owned == 1 && unprivileged == seen - 1,
               "the sandbox's processes are not an unprivileged uid on the host: %d processes, %d host root, "
@@ -519,19 +456,19 @@ int main(void)
         signal(SIGINT, on_signal);
         curl_global_init(CURL_GLOBAL_DEFAULT);
         start_daemon();
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         int before = test_failures;
         test_cycles();
-        fprintf(stderr, "%s cycles (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", (long long)(now_ms() - t0));
-        t0 = now_ms();
+        fprintf(stderr, "%s cycles (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", (long long)(test_now_ms() - t0));
+        t0 = test_now_ms();
         before = test_failures;
         test_jail_layers();
         fprintf(stderr, "%s jail_layers (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
-                (long long)(now_ms() - t0));
-        t0 = now_ms();
+                (long long)(test_now_ms() - t0));
+        t0 = test_now_ms();
         before = test_failures;
         test_lease_while_down();
         fprintf(stderr, "%s lease_while_down (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
-                (long long)(now_ms() - t0));
+                (long long)(test_now_ms() - t0));
         return test_result();
 }

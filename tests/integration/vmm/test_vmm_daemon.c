@@ -12,6 +12,7 @@
  * Ground truth is measured by the test: its own boot-clock and wall-clock
  * readings around each call, the cgroup's files, /proc, the Kafka topic. */
 #include "support.h"
+#include "vmmtest.h"
 #include "event.h"
 #include "kafka.h"
 
@@ -45,62 +46,10 @@ static int cgroup_version;
 #define IDLE_TIMEOUT_S 2         /* the daemon's api_idle_timeout_s here */
 #define IDLE_TIMEOUT   "2"
 
-static int64_t clock_ns(clockid_t id)
-{
-        struct timespec ts;
-        clock_gettime(id, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-static int64_t now_ms(void) { return clock_ns(CLOCK_MONOTONIC) / 1000000; }
-static int64_t boot_ns(void) { return clock_ns(CLOCK_BOOTTIME); }
-static int64_t wall_ns(void) { return clock_ns(CLOCK_REALTIME); }
-
-static void sleep_ms(int ms)
-{
-        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-        nanosleep(&ts, NULL);
-}
+static int64_t boot_ns(void) { return test_clock_ns(CLOCK_BOOTTIME); }
+static int64_t wall_ns(void) { return test_clock_ns(CLOCK_REALTIME); }
 
 /* ---- cleaning up whatever the test made ---- */
-
-static void kill_and_remove(const char *dir)
-{
-        DIR *d = opendir(dir);
-        if (!d)
-                return;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (de->d_type == DT_DIR && de->d_name[0] != '.') {
-                        char sub[1024];
-                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-                        kill_and_remove(sub);
-                }
-        }
-        closedir(d);
-        char path[1100];
-        const char *thaw[] = { "freezer.state", "cgroup.freeze" };
-        for (int i = 0; i < 2; i++) {
-                snprintf(path, sizeof(path), "%s/%s", dir, thaw[i]);
-                FILE *f = fopen(path, "we");
-                if (f) {
-                        fputs(i == 0 ? "THAWED" : "0", f);
-                        fclose(f);
-                }
-        }
-        for (int i = 0; i < 200; i++) {
-                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-                FILE *f = fopen(path, "re");
-                long pid;
-                while (f && fscanf(f, "%ld", &pid) == 1)
-                        kill((pid_t)pid, SIGKILL);
-                if (f)
-                        fclose(f);
-                if (rmdir(dir) == 0 || errno == ENOENT)
-                        return;
-                sleep_ms(10);
-        }
-        fprintf(stderr, "warning: could not remove %s\n", dir);
-}
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -119,17 +68,7 @@ static void cleanup(void)
                 daemon_pid = -1;
         }
         if (*parent) {
-                const char *roots[] = { "freezer", "cpu", "cpuacct", "memory", "pids", "unified", NULL };
-                char dir[512];
-                if (cgroup_version == 2) {
-                        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s", parent);
-                        kill_and_remove(dir);
-                } else {
-                        for (const char **r = roots; *r; r++) {
-                                snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/%s", *r, parent);
-                                kill_and_remove(dir);
-                        }
-                }
+                test_cgroup_remove(parent, cgroup_version);
                 *parent = '\0';
         }
         while (waitpid(-1, NULL, WNOHANG) > 0)
@@ -250,8 +189,8 @@ static void start_daemon(void)
                          "--limits-database-url", db_url, "--api-idle-timeout-s", IDLE_TIMEOUT, "--log-level", "debug",
                          NULL };
         daemon_pid = test_spawn(argv, NULL, log_path);
-        int64_t until = now_ms() + 20000;
-        while (now_ms() < until) {
+        int64_t until = test_now_ms() + 20000;
+        while (test_now_ms() < until) {
                 int rc;
                 json_t *st = cli(&rc, NULL, "status", NULL);
                 bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
@@ -260,7 +199,7 @@ static void start_daemon(void)
                 json_decref(st);
                 if (ready)
                         return;
-                sleep_ms(100);
+                test_sleep_ms(100);
         }
         fprintf(stderr, "FAIL: tally-vmm did not become ready in 20 s\n");
         test_failures++;
@@ -272,20 +211,20 @@ static void start_daemon(void)
  * Returns how long the exit took, or -1 if it had to be killed. */
 static int64_t term_daemon(int wait_ms)
 {
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         kill(daemon_pid, SIGTERM);
         int status;
         while (waitpid(daemon_pid, &status, WNOHANG) == 0) {
-                if (now_ms() - t0 > wait_ms) {
+                if (test_now_ms() - t0 > wait_ms) {
                         kill(daemon_pid, SIGKILL);
                         waitpid(daemon_pid, &status, 0);
                         daemon_pid = -1;
                         return -1;
                 }
-                sleep_ms(20);
+                test_sleep_ms(20);
         }
         daemon_pid = -1;
-        return now_ms() - t0;
+        return test_now_ms() - t0;
 }
 
 /* ---- ground truth ---- */
@@ -386,12 +325,12 @@ static void open_usage_consumer(void)
 
 static struct usage_event *wait_event(enum event_type type, const char *id, int timeout_ms)
 {
-        int64_t until = now_ms() + timeout_ms;
+        int64_t until = test_now_ms() + timeout_ms;
         for (;;) {
                 for (int i = 0; i < events.n; i++)
                         if (events.ev[i].type == type && strcmp(events.ev[i].sandbox, id) == 0)
                                 return &events.ev[i];
-                if (now_ms() >= until || !usage_consumer)
+                if (test_now_ms() >= until || !usage_consumer)
                         return NULL;
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(usage_consumer, 100);
                 if (!m)
@@ -467,7 +406,7 @@ static void test_held_time(void)
               "after create: state_since_boot_ns %lld not within the call [%lld, %lld], or totals not 0: %s",
               (long long)C, (long long)c0, (long long)c1, json_dumps(r, 0));
         json_decref(r);
-        sleep_ms(500);
+        test_sleep_ms(500);
 
         int64_t p0 = boot_ns(), pw0 = wall_ns();
         json_decref(cli(&rc, NULL, "pause", id, NULL));
@@ -482,13 +421,13 @@ static void test_held_time(void)
               "after pause: running_ns %lld, wanted %lld, within [%lld, %lld] measured here", run1,
               (long long)(P - C), (long long)(p0 - c1), (long long)(p1 - c0));
         json_decref(r);
-        sleep_ms(300);
+        test_sleep_ms(300);
 
         /* A restarted vmm keeps the totals and the lease that was left. */
         int64_t took = term_daemon(5000);
         CHECK(took >= 0, "tally-vmm did not exit on SIGTERM");
         start_daemon();
-        sleep_ms(200);
+        test_sleep_ms(200);
 
         int64_t r0 = boot_ns(), rw0 = wall_ns();
         json_t *res = cli(&rc, NULL, "resume", id, NULL);
@@ -510,7 +449,7 @@ static void test_held_time(void)
               "after resume: paused_ns %lld (wanted %lld within [%lld, %lld]), running_ns %lld (wanted %lld)", paused,
               (long long)(R - P), (long long)(r0 - p1), (long long)(r1 - p0), jint(r, "running_ns"), run1);
         json_decref(r);
-        sleep_ms(400);
+        test_sleep_ms(400);
 
         int64_t s0 = boot_ns(), sw0 = wall_ns();
         json_t *st = cli(&rc, NULL, "stop", id, NULL);
@@ -568,12 +507,12 @@ static void test_main_ends(void)
                                  NULL);
                 CHECK(rc == 0 && *jstr(sb, "id"), "create failed");
                 const char *id = jstr(sb, "id");
-                sleep_ms(300 + 150 * i);
+                test_sleep_ms(300 + 150 * i);
                 int64_t k0 = boot_ns();
                 kill((pid_t)jint(sb, "pid"), SIGKILL);
                 int64_t k1 = boot_ns();
                 json_t *r = NULL;
-                for (int64_t until = now_ms() + 3000; now_ms() < until; sleep_ms(20)) {
+                for (int64_t until = test_now_ms() + 3000; test_now_ms() < until; test_sleep_ms(20)) {
                         json_decref(r);
                         r = record(id);
                         if (r && strcmp(jstr(r, "state"), "stopped") == 0)
@@ -655,7 +594,7 @@ static void test_record_failure(void)
                 json_decref(r);
                 rmdir(tmp);
                 bool ok = false;
-                for (int64_t until = now_ms() + 3000; !ok && now_ms() < until; sleep_ms(50)) {
+                for (int64_t until = test_now_ms() + 3000; !ok && test_now_ms() < until; test_sleep_ms(50)) {
                         r = record(id);
                         ok = r && strcmp(jstr(r, "state"), want[i]) == 0;
                         json_decref(r);
@@ -679,17 +618,17 @@ static void test_api_abuse(void)
                 if ((fds[i] = connect_api()) >= 0)
                         opened++;
         fprintf(stderr, "api_abuse: %d of %d idle connections opened\n", opened, IDLE);
-        sleep_ms(300);
+        test_sleep_ms(300);
         /* The client, given 5 s at most (a client that hangs is a failure, not a stuck test). */
         char out_path[512];
         snprintf(out_path, sizeof(out_path), "%s/status.out", base);
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "status", NULL };
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         pid_t p = test_spawn(argv, out_path, NULL);
         int status = -1;
-        while (waitpid(p, &status, WNOHANG) == 0 && now_ms() - t0 < 5000)
-                sleep_ms(5);
-        int64_t took = now_ms() - t0;
+        while (waitpid(p, &status, WNOHANG) == 0 && test_now_ms() - t0 < 5000)
+                test_sleep_ms(5);
+        int64_t took = test_now_ms() - t0;
         if (took >= 5000) {
                 kill(p, SIGKILL);
                 waitpid(p, &status, 0);
@@ -701,7 +640,7 @@ static void test_api_abuse(void)
         fprintf(stderr, "api_abuse: status answered in %lld ms\n", (long long)took);
         json_decref(st);
         /* Every idle connection is closed by the daemon within the idle timeout (+ a second). */
-        sleep_ms((IDLE_TIMEOUT_S + 1) * 1000);
+        test_sleep_ms((IDLE_TIMEOUT_S + 1) * 1000);
         int still = 0;
         for (int i = 0; i < IDLE; i++) {
                 if (fds[i] < 0)
@@ -782,12 +721,12 @@ static void test_lease_while_down(void)
         CHECK(deadline - created == 2000000000LL, "a 2 s lease: created %lld, deadline %lld", created, deadline);
         CHECK(term_daemon(5000) >= 0, "tally-vmm did not exit on SIGTERM");
         while (wall_ns() < deadline + 300000000LL)
-                sleep_ms(50);
+                test_sleep_ms(50);
         kill((pid_t)jint(sb, "pid"), SIGKILL);
-        sleep_ms(200);
+        test_sleep_ms(200);
         start_daemon();
         json_t *r = NULL;
-        for (int64_t until = now_ms() + 3000; now_ms() < until; sleep_ms(50)) {
+        for (int64_t until = test_now_ms() + 3000; test_now_ms() < until; test_sleep_ms(50)) {
                 json_decref(r);
                 r = record(id);
                 if (r && strcmp(jstr(r, "state"), "stopped") == 0)
@@ -821,7 +760,7 @@ static void test_stop_in_flight(void)
         char *create_argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "create", "--account", account,
                                 "--key", "key-stuck", NULL };
         pid_t client = test_spawn(create_argv, NULL, NULL);
-        sleep_ms(800);
+        test_sleep_ms(800);
         CHECK(waitpid(client, NULL, WNOHANG) == 0, "the create was not in flight");
         int64_t took = term_daemon(10000);
         fprintf(stderr, "stop_in_flight: exit with a create in flight took %lld ms\n", (long long)took);
@@ -838,7 +777,7 @@ static void test_stop_in_flight(void)
         char *exec_argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)id, "--", "true",
                               NULL };
         client = test_spawn(exec_argv, NULL, NULL);
-        sleep_ms(800);
+        test_sleep_ms(800);
         CHECK(waitpid(client, NULL, WNOHANG) == 0, "the exec was not in flight");
         took = term_daemon(10000);
         fprintf(stderr, "stop_in_flight: exit with an exec in flight took %lld ms\n", (long long)took);
@@ -889,10 +828,10 @@ int main(void)
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 int before = test_failures;
-                int64_t t0 = now_ms();
+                int64_t t0 = test_now_ms();
                 cases[i].fn();
                 fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
-                        (long long)(now_ms() - t0));
+                        (long long)(test_now_ms() - t0));
         }
         if (daemon_pid > 0)
                 term_daemon(5000);
