@@ -1,11 +1,14 @@
 /* vmmtest.c — clocks and cgroup cleanup for the tests that run a real tally-vmm
  * (see vmmtest.h). It must never leave a test's processes running. */
 #include "vmmtest.h"
+#include "support.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -84,4 +87,60 @@ void test_cgroup_remove(const char *rel, int cgroup_version)
                 snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/%s", *r, rel);
                 test_cgroup_kill_and_remove(dir);
         }
+}
+
+int test_vmm_cli_raw_v(const char *sock, char **out, char **err, const char *first, va_list ap)
+{
+        char *argv[64];
+        int n = 0;
+        argv[n++] = (char *)test_env("TALLY_VMM_BIN");
+        argv[n++] = "--socket";
+        argv[n++] = (char *)sock;
+        for (const char *a = first; a && n < 62; a = va_arg(ap, const char *))
+                argv[n++] = (char *)a;
+        argv[n] = NULL;
+        return test_run(argv, out, err);
+}
+
+json_t *test_vmm_cli_v(const char *sock, int *ret_rc, char **ret_err, const char *first, va_list ap)
+{
+        char *out = NULL, *err = NULL;
+        int rc = test_vmm_cli_raw_v(sock, &out, &err, first, ap);
+        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+        if (!j)
+                j = json_pack("{s:s, s:s}", "raw_stdout", out ? out : "", "raw_stderr", err ? err : "");
+        free(out);
+        if (ret_err)
+                *ret_err = err;
+        else
+                free(err);
+        if (ret_rc)
+                *ret_rc = rc;
+        return j;
+}
+
+json_t *test_vmm_cli(const char *sock, int *ret_rc, char **ret_err, const char *first, ...)
+{
+        va_list ap;
+        va_start(ap, first);
+        json_t *j = test_vmm_cli_v(sock, ret_rc, ret_err, first, ap);
+        va_end(ap);
+        return j;
+}
+
+int test_vmm_wait_ready(const char *sock, int timeout_ms, int *cgroup_version)
+{
+        int64_t until = test_now_ms() + timeout_ms;
+        while (test_now_ms() < until) {
+                int rc;
+                json_t *st = test_vmm_cli(sock, &rc, NULL, "status", NULL);
+                bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
+                if (rc == 0 && !*cgroup_version)
+                        *cgroup_version = (int)json_integer_value(json_object_get(st, "cgroup_version"));
+                json_decref(st);
+                if (ready)
+                        return 0;
+                test_sleep_ms(100);
+        }
+        return -ETIMEDOUT;
 }

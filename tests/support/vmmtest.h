@@ -3,6 +3,8 @@
  * check failed. Cleanup only: nothing here checks tally-vmm's behaviour. */
 #pragma once
 
+#include <jansson.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -22,3 +24,19 @@ void test_cgroup_kill_and_remove(const char *dir);
  * freezer first (frozen processes cannot die until thawed); 0 (not known):
  * both. */
 void test_cgroup_remove(const char *rel, int cgroup_version);
+
+/* Runs tally-vmm's own client, `$TALLY_VMM_BIN --socket sock ARGS...`, ARGS the
+ * NULL-terminated list from first on (at most 59). */
+/* Its exit status (or 128+signal); stdout and stderr as test_run. */
+int test_vmm_cli_raw_v(const char *sock, char **out, char **err, const char *first, va_list ap);
+/* Its stdout as JSON, or {"raw_stdout", "raw_stderr"} when it is not JSON
+ * (never NULL; the caller owns it). Its stderr (malloc'd) to *ret_err and exit
+ * status to *ret_rc when these are not NULL. */
+json_t *test_vmm_cli_v(const char *sock, int *ret_rc, char **ret_err, const char *first, va_list ap);
+json_t *test_vmm_cli(const char *sock, int *ret_rc, char **ret_err, const char *first, ...);
+
+/* Asks the daemon at sock for `status` every 100 ms, up to timeout_ms, until it
+ * reports control_ready. While *cgroup_version is 0, a status answered sets it
+ * to the daemon's cgroup_version. Returns 0, or -ETIMEDOUT (what to do then,
+ * the test decides). */
+int test_vmm_wait_ready(const char *sock, int timeout_ms, int *cgroup_version);

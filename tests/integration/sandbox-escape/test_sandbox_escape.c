@@ -165,41 +165,19 @@ static void on_signal(int sig)
 
 static int cli_raw(char **out, char **err, const char *first, ...)
 {
-        char *argv[64];
-        int n = 0;
-        argv[n++] = (char *)test_env("TALLY_VMM_BIN");
-        argv[n++] = "--socket";
-        argv[n++] = sock;
         va_list ap;
         va_start(ap, first);
-        for (const char *a = first; a && n < 62; a = va_arg(ap, const char *))
-                argv[n++] = (char *)a;
+        int rc = test_vmm_cli_raw_v(sock, out, err, first, ap);
         va_end(ap);
-        argv[n] = NULL;
-        return test_run(argv, out, err);
+        return rc;
 }
 
 static json_t *cli(int *ret_rc, const char *first, ...)
 {
-        char *argv[64];
-        int n = 0;
-        argv[n++] = (char *)test_env("TALLY_VMM_BIN");
-        argv[n++] = "--socket";
-        argv[n++] = sock;
         va_list ap;
         va_start(ap, first);
-        for (const char *a = first; a && n < 62; a = va_arg(ap, const char *))
-                argv[n++] = (char *)a;
+        json_t *j = test_vmm_cli_v(sock, ret_rc, NULL, first, ap);
         va_end(ap);
-        argv[n] = NULL;
-        char *out = NULL, *err = NULL;
-        int rc = test_run(argv, &out, &err);
-        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
-        if (!j)
-                j = json_pack("{s:s, s:s}", "raw_stdout", out ? out : "", "raw_stderr", err ? err : "");
-        free(out);
-        free(err);
-        *ret_rc = rc;
         return j;
 }
 
@@ -222,19 +200,9 @@ static void start_daemon(void)
                          "--host-id", "test-escape-host", "--backend", "process", "--final-wait-ms", "3000",
                          "--log-level", "debug", NULL };
         daemon_pid = test_spawn(argv, NULL, log);
-        int64_t until = test_now_ms() + 20000;
-        while (test_now_ms() < until) {
-                int rc;
-                json_t *st = cli(&rc, "status", NULL);
-                bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
-                if (rc == 0 && !cgroup_version)
-                        cgroup_version = (int)json_integer_value(json_object_get(st, "cgroup_version"));
-                json_decref(st);
-                if (ready) {
-                        free(log);
-                        return;
-                }
-                test_sleep_ms(100);
+        if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0) {
+                free(log);
+                return;
         }
         char *l = test_read_file(log);
         fprintf(stderr, "FAIL: tally-vmm did not become ready in 20 s; its log:\n%s\n", l ? l : "");

@@ -65,29 +65,15 @@ static void cleanup(void)
 
 static json_t *cli(int *ret_rc, const char *first, ...)
 {
-        char *argv[64];
-        int n = 0;
-        argv[n++] = (char *)test_env("TALLY_VMM_BIN");
-        argv[n++] = "--socket";
-        argv[n++] = sock;
+        char *err = NULL;
         va_list ap;
         va_start(ap, first);
-        for (const char *a = first; a && n < 62; a = va_arg(ap, const char *))
-                argv[n++] = (char *)a;
+        json_t *j = test_vmm_cli_v(sock, ret_rc, &err, first, ap);
         va_end(ap);
-        argv[n] = NULL;
-        char *out = NULL, *err = NULL;
-        int rc = test_run(argv, &out, &err);
-        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
-        if (!j) {
-                j = json_pack("{s:s, s:s}", "raw_stdout", out ? out : "", "raw_stderr", err ? err : "");
-        } else if (err && *err) {
+        /* The client's complaints go with its answer into a failed check's message. */
+        if (err && *err && !json_object_get(j, "raw_stdout"))
                 json_object_set_new(j, "raw_stderr", json_string(err));
-        }
-        free(out);
         free(err);
-        if (ret_rc)
-                *ret_rc = rc;
         return j;
 }
 
@@ -133,18 +119,8 @@ static void start_daemon(void)
                          "--log-level", "debug", NULL };
         /* Append: a restarted daemon's log follows the first one's. */
         daemon_pid = test_spawn(argv, NULL, log);
-        int64_t until = test_now_ms() + 20000;
-        while (test_now_ms() < until) {
-                int rc;
-                json_t *st = cli(&rc, "status", NULL);
-                bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
-                if (rc == 0 && !cgroup_version)
-                        cgroup_version = (int)jint(st, "cgroup_version");
-                json_decref(st);
-                if (ready)
-                        return;
-                test_sleep_ms(100);
-        }
+        if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0)
+                return;
         char *l = test_read_file(log);
         fprintf(stderr, "FAIL: tally-vmm did not become ready in 20 s; its log:\n%s\n", l ? l : "");
         free(l);

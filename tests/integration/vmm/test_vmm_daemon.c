@@ -91,29 +91,10 @@ static void cleanup(void)
 
 static json_t *cli(int *ret_rc, char **ret_err, const char *first, ...)
 {
-        char *argv[64];
-        int n = 0;
-        argv[n++] = (char *)test_env("TALLY_VMM_BIN");
-        argv[n++] = "--socket";
-        argv[n++] = sock;
         va_list ap;
         va_start(ap, first);
-        for (const char *a = first; a && n < 62; a = va_arg(ap, const char *))
-                argv[n++] = (char *)a;
+        json_t *j = test_vmm_cli_v(sock, ret_rc, ret_err, first, ap);
         va_end(ap);
-        argv[n] = NULL;
-        char *out = NULL, *err = NULL;
-        int rc = test_run(argv, &out, &err);
-        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
-        if (!j)
-                j = json_pack("{s:s, s:s}", "raw_stdout", out ? out : "", "raw_stderr", err ? err : "");
-        free(out);
-        if (ret_err)
-                *ret_err = err;
-        else
-                free(err);
-        if (ret_rc)
-                *ret_rc = rc;
         return j;
 }
 
@@ -189,18 +170,8 @@ static void start_daemon(void)
                          "--limits-database-url", db_url, "--api-idle-timeout-s", IDLE_TIMEOUT, "--log-level", "debug",
                          NULL };
         daemon_pid = test_spawn(argv, NULL, log_path);
-        int64_t until = test_now_ms() + 20000;
-        while (test_now_ms() < until) {
-                int rc;
-                json_t *st = cli(&rc, NULL, "status", NULL);
-                bool ready = rc == 0 && json_is_true(json_object_get(st, "control_ready"));
-                if (rc == 0 && !cgroup_version)
-                        cgroup_version = (int)jint(st, "cgroup_version");
-                json_decref(st);
-                if (ready)
-                        return;
-                test_sleep_ms(100);
-        }
+        if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0)
+                return;
         fprintf(stderr, "FAIL: tally-vmm did not become ready in 20 s\n");
         test_failures++;
         cleanup();
