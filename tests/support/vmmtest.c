@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int64_t test_clock_ns(clockid_t id)
@@ -28,6 +29,21 @@ void test_sleep_ms(int ms)
 {
         struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
         nanosleep(&ts, NULL);
+}
+
+void test_stop_process(pid_t *pid, int sig)
+{
+        if (*pid <= 0)
+                return;
+        kill(*pid, sig);
+        waitpid(*pid, NULL, 0);
+        *pid = -1;
+}
+
+const char *test_jstr(json_t *j, const char *key)
+{
+        const char *s = json_string_value(json_object_get(j, key));
+        return s ? s : "";
 }
 
 static void write_if_there(const char *dir, const char *file, const char *text)

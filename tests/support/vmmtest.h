@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 /* clock id read in nanoseconds (CLOCK_MONOTONIC, CLOCK_BOOTTIME, CLOCK_REALTIME). */
@@ -13,6 +14,12 @@ int64_t test_clock_ns(clockid_t id);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t test_now_ms(void);
 void test_sleep_ms(int ms);
+
+/* Sends *pid sig and reaps it, then sets *pid to -1; nothing when *pid <= 0. */
+void test_stop_process(pid_t *pid, int sig);
+
+/* The string at key of JSON object j, "" when there is none (never NULL). */
+const char *test_jstr(json_t *j, const char *key);
 
 /* Thaws cgroup folder dir (v1 freezer or v2 cgroup.freeze), SIGKILLs every
  * process in it and its sub-folders, depth first, and removes them; warns on

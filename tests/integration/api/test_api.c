@@ -48,16 +48,8 @@ struct session {
 
 static void cleanup(void)
 {
-        if (api_pid > 0) {
-                kill(api_pid, SIGKILL);
-                waitpid(api_pid, NULL, 0);
-                api_pid = -1;
-        }
-        if (vmm_pid > 0) {
-                kill(vmm_pid, SIGKILL);
-                waitpid(vmm_pid, NULL, 0);
-                vmm_pid = -1;
-        }
+        test_stop_process(&api_pid, SIGKILL);
+        test_stop_process(&vmm_pid, SIGKILL);
         if (*parent) {
                 test_cgroup_remove(parent, 0);
                 while (waitpid(-1, NULL, WNOHANG) > 0)
@@ -180,20 +172,14 @@ static void resp_free(struct resp *r)
         memset(r, 0, sizeof(*r));
 }
 
-static const char *jstr(json_t *j, const char *k)
-{
-        const char *s = json_string_value(json_object_get(j, k));
-        return s ? s : "";
-}
-
 static const char *err_code(struct resp *r)
 {
-        return jstr(json_object_get(r->json, "error"), "code");
+        return test_jstr(json_object_get(r->json, "error"), "code");
 }
 
 static const char *err_field(struct resp *r)
 {
-        return jstr(json_object_get(r->json, "error"), "field");
+        return test_jstr(json_object_get(r->json, "error"), "field");
 }
 
 /* ---- the database, read directly ---- */
@@ -336,7 +322,7 @@ static struct session sign_in(const char *email, const char *password, long *ret
         *ret_status = r.status;
         if (r.status == 201) {
                 sscanf(r.cookie, "tally_session=%127[^;]", s.token);
-                snprintf(s.csrf, sizeof(s.csrf), "%s", jstr(r.json, "csrf_token"));
+                snprintf(s.csrf, sizeof(s.csrf), "%s", test_jstr(r.json, "csrf_token"));
         }
         resp_free(&r);
         return s;
@@ -348,7 +334,7 @@ static void create_sandbox(const struct key *k, char *id, size_t size)
         struct resp r = http("POST", "/v1/sandboxes", k->secret, NULL,
                              "{\"vcpus\":1,\"memory_mib\":64,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}");
         CHECK(r.status == 201, "create: %ld %s", r.status, r.body ? r.body : "");
-        snprintf(id, size, "%s", jstr(r.json, "id"));
+        snprintf(id, size, "%s", test_jstr(r.json, "id"));
         resp_free(&r);
 }
 
@@ -395,13 +381,13 @@ static void test_sessions(void)
               "cookie: %s", r.cookie);
         struct session c = { 0 };
         sscanf(r.cookie, "tally_session=%127[^;]", c.token);
-        snprintf(c.csrf, sizeof(c.csrf), "%s", jstr(r.json, "csrf_token"));
+        snprintf(c.csrf, sizeof(c.csrf), "%s", test_jstr(r.json, "csrf_token"));
         resp_free(&r);
         /* the token is stored hashed */
         CHECK(sql_int("SELECT count(*) FROM sessions WHERE token_hash = sha256(convert_to($1, 'UTF8'))", c.token) == 1,
               "sessions.token_hash is not the SHA-256 of the cookie");
         r = http("GET", "/v1/sessions/current", NULL, &c, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "account"), acct_a) == 0, "whoami: %ld %s", r.status, r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "account"), acct_a) == 0, "whoami: %ld %s", r.status, r.body);
         resp_free(&r);
         /* a write with a session but without (or with a wrong) CSRF token */
         r = http_full("POST", "/v1/keys", NULL, &c, false, "{\"name\":\"x\"}", NULL);
@@ -457,7 +443,7 @@ static void test_keys_person_only(void)
               r.body);
         resp_free(&r);
         r = http("GET", "/v1/keys?limit=2", NULL, &sess_a, NULL);
-        const char *cursor = jstr(r.json, "next_cursor");
+        const char *cursor = test_jstr(r.json, "next_cursor");
         CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "keys")) == 2 && *cursor, "page 1: %s", r.body);
         snprintf(path, sizeof(path), "/v1/keys?limit=2&cursor=%s", cursor);
         resp_free(&r);
@@ -468,10 +454,10 @@ static void test_keys_person_only(void)
         resp_free(&r);
         r = http("POST", "/v1/keys", NULL, &sess_a, "{\"name\":\"made-by-person\",\"policy\":\"alert_only\"}");
         char made[64] = "", secret[128] = "";
-        snprintf(made, sizeof(made), "%s", jstr(r.json, "id"));
-        snprintf(secret, sizeof(secret), "%s", jstr(r.json, "key"));
+        snprintf(made, sizeof(made), "%s", test_jstr(r.json, "id"));
+        snprintf(secret, sizeof(secret), "%s", test_jstr(r.json, "key"));
         CHECK(r.status == 201 && strncmp(secret, "tk_", 3) == 0 &&
-                      strcmp(jstr(r.json, "limit_policy"), "alert_only") == 0,
+                      strcmp(test_jstr(r.json, "limit_policy"), "alert_only") == 0,
               "person creates a key: %ld %s", r.status, r.body);
         resp_free(&r);
         /* shown once: reading it back never shows the secret */
@@ -497,7 +483,7 @@ static void test_keys_person_only(void)
         snprintf(path, sizeof(path), "/v1/keys/%s/limit", key_a2.id);
         r = http("PUT", path, NULL, &sess_a, "{\"daily_limit_nanodollars\": 5000000000, \"policy\": \"stop\"}");
         CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "daily_limit_nanodollars")) == 5000000000 &&
-                      strcmp(jstr(r.json, "limit_policy"), "stop") == 0,
+                      strcmp(test_jstr(r.json, "limit_policy"), "stop") == 0,
               "set limit: %ld %s", r.status, r.body);
         resp_free(&r);
         r = http("DELETE", path, NULL, &sess_a, NULL);
@@ -522,7 +508,7 @@ static void test_limit_block(void)
         create_sandbox(&key_a, paused, sizeof(paused));
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", paused);
         struct resp r = http("POST", path, key_a.secret, NULL, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "paused") == 0, "pause: %ld %s", r.status, r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "state"), "paused") == 0, "pause: %ld %s", r.status, r.body);
         resp_free(&r);
         /* today's spend: 5,000 nano-dollars (cpu_rated = 5000 x 3600e9), at a limit of 4,000 */
         sql_exec("INSERT INTO spend_daily (key_id, day, account_id, cpu_rated) "
@@ -580,11 +566,11 @@ static void test_limit_block(void)
         /* the paused sandbox stayed paused until someone resumes it */
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", paused);
         r = http("GET", path, key_a.secret, NULL, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "paused") == 0, "after the raise: %s", r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "state"), "paused") == 0, "after the raise: %s", r.body);
         resp_free(&r);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", paused);
         r = http("POST", path, key_a.secret, NULL, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "running") == 0, "resume after raise: %ld %s", r.status,
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "state"), "running") == 0, "resume after raise: %ld %s", r.status,
               r.body);
         resp_free(&r);
         r = http_full("POST", "/v1/sandboxes", key_a.secret, NULL, false, "{\"memory_mib\":64}", "after-raise");
@@ -597,7 +583,7 @@ static void test_limit_block(void)
                  key_a.id, acct_a);
         r = http("PUT", lpath, NULL, &sess_a, "{\"daily_limit_nanodollars\": 1000, \"policy\": \"alert_only\"}");
         CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "block_lifted")) &&
-                      strcmp(jstr(r.json, "limit_policy"), "alert_only") == 0,
+                      strcmp(test_jstr(r.json, "limit_policy"), "alert_only") == 0,
               "alert_only under spend: %ld %s", r.status, r.body);
         resp_free(&r);
         sql_exec("INSERT INTO key_blocks (key_id, day, account_id, policy) "
@@ -622,14 +608,14 @@ static void test_lifecycle(void)
         create_sandbox(&key_a2, id, sizeof(id));
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
         struct resp r = http("POST", path, key_a2.secret, NULL, "{\"command\":[\"/bin/sh\",\"-c\",\"echo hi; exit 3\"]}");
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "stdout"), "hi\n") == 0 &&
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "stdout"), "hi\n") == 0 &&
                       json_integer_value(json_object_get(r.json, "exit_code")) == 3,
               "exec: %ld %s", r.status, r.body);
         resp_free(&r);
         /* a command longer than the idle connection timeout (2 s here) still answers */
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
         r = http("POST", path, key_a2.secret, NULL, "{\"command\":\"sleep 3; echo late\"}");
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "stdout"), "late\n") == 0, "long exec: %ld %s", r.status, r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "stdout"), "late\n") == 0, "long exec: %ld %s", r.status, r.body);
         resp_free(&r);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/timeout", id);
         r = http("POST", path, key_a2.secret, NULL, "{\"timeout_s\": 900}");
@@ -650,7 +636,7 @@ static void test_lifecycle(void)
         size_t i;
         json_t *sb;
         bool only_paused = r.status == 200;
-        json_array_foreach(json_object_get(r.json, "sandboxes"), i, sb) only_paused &= strcmp(jstr(sb, "state"), "paused") == 0;
+        json_array_foreach(json_object_get(r.json, "sandboxes"), i, sb) only_paused &= strcmp(test_jstr(sb, "state"), "paused") == 0;
         CHECK(only_paused, "state filter: %s", r.body);
         resp_free(&r);
         r = http("GET", "/v1/sandboxes?label=suite=api&state=running&limit=1", key_a2.secret, NULL, NULL);
@@ -675,7 +661,7 @@ static void test_lifecycle(void)
         resp_free(&r);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
         r = http("DELETE", path, key_a2.secret, NULL, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "stopped") == 0, "delete: %ld %s", r.status, r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "state"), "stopped") == 0, "delete: %ld %s", r.status, r.body);
         resp_free(&r);
 }
 
@@ -691,7 +677,7 @@ static void *race(void *arg)
         struct racer *x = arg;
         struct resp r = http_full("POST", "/v1/sandboxes", key_a2.secret, NULL, false, x->body, "race-key-1");
         x->status = r.status;
-        snprintf(x->id, sizeof(x->id), "%s", jstr(r.json, "id"));
+        snprintf(x->id, sizeof(x->id), "%s", test_jstr(r.json, "id"));
         resp_free(&r);
         return NULL;
 }
@@ -713,7 +699,7 @@ static int vmm_count(const char *acct)
         int n = 0;
         size_t i;
         json_t *sb;
-        json_array_foreach(json_object_get(j, "sandboxes"), i, sb) n += strcmp(jstr(sb, "state"), "stopped") != 0;
+        json_array_foreach(json_object_get(j, "sandboxes"), i, sb) n += strcmp(test_jstr(sb, "state"), "stopped") != 0;
         json_decref(j);
         free(r.body);
         return n;
@@ -805,7 +791,7 @@ static void test_tenancy(void)
         char path[256];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", b_sbx);
         struct resp r = http("GET", path, key_b.secret, NULL, NULL);
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "state"), "running") == 0, "B's sandbox: %s", r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "state"), "running") == 0, "B's sandbox: %s", r.body);
         resp_free(&r);
         /* A's list never shows it */
         r = http("GET", "/v1/sandboxes", key_a.secret, NULL, NULL);
@@ -858,7 +844,7 @@ static void test_bad_input(void)
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 struct resp r = http(cases[i].method, cases[i].path, key_a2.secret, NULL, cases[i].body);
                 CHECK(r.status == cases[i].status && strcmp(err_field(&r), cases[i].field) == 0 &&
-                              *jstr(json_object_get(r.json, "error"), "message"),
+                              *test_jstr(json_object_get(r.json, "error"), "message"),
                       "%s %s %s: %ld %s", cases[i].method, cases[i].path, cases[i].body ? cases[i].body : "", r.status,
                       r.body);
                 resp_free(&r);

@@ -11,6 +11,7 @@
  * exactly, then rounded once (spend_daily's rule). */
 #include "pipe.h"
 #include "support.h"
+#include "vmmtest.h"
 
 #include <curl/curl.h>
 #include <inttypes.h>
@@ -95,12 +96,6 @@ static void resp_free(struct resp *r)
         json_decref(r->json);
 }
 
-static const char *jstr(json_t *j, const char *k)
-{
-        const char *s = json_string_value(json_object_get(j, k));
-        return s ? s : "";
-}
-
 static void start_api(void)
 {
         char log[1024];
@@ -141,12 +136,12 @@ int main(void)
                              "{\"email\":\"owner@pipe.example\",\"password\":\"a long enough password\"}");
         char token[128] = "", csrf[128] = "", key[128] = "", key_id[64] = "";
         sscanf(r.cookie, "tally_session=%127[^;]", token);
-        snprintf(csrf, sizeof(csrf), "%s", jstr(r.json, "csrf_token"));
+        snprintf(csrf, sizeof(csrf), "%s", test_jstr(r.json, "csrf_token"));
         CHECK(r.status == 201 && *token, "sign-in: %ld %s", r.status, r.body);
         resp_free(&r);
         r = http("POST", "/v1/keys", NULL, token, csrf, "{\"name\":\"agent\"}");
-        snprintf(key, sizeof(key), "%s", jstr(r.json, "key"));
-        snprintf(key_id, sizeof(key_id), "%s", jstr(r.json, "id"));
+        snprintf(key, sizeof(key), "%s", test_jstr(r.json, "key"));
+        snprintf(key_id, sizeof(key_id), "%s", test_jstr(r.json, "id"));
         CHECK(r.status == 201 && *key, "key: %ld %s", r.status, r.body);
         resp_free(&r);
 
@@ -154,14 +149,14 @@ int main(void)
         r = http("POST", "/v1/sandboxes", key, NULL, NULL,
                  "{\"vcpus\":1,\"memory_mib\":128,\"command\":[\"sleep\",\"600\"]}");
         char id[80] = "";
-        snprintf(id, sizeof(id), "%s", jstr(r.json, "id"));
+        snprintf(id, sizeof(id), "%s", test_jstr(r.json, "id"));
         CHECK(r.status == 201 && *id, "create: %ld %s", r.status, r.body);
         resp_free(&r);
         char path[256];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
         r = http("POST", path, key, NULL, NULL,
                  "{\"command\":[\"sh\",\"-c\",\"i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done\"]}");
-        CHECK(r.status == 200 && strcmp(jstr(r.json, "stdout"), "done\n") == 0, "exec: %ld %s", r.status, r.body);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "stdout"), "done\n") == 0, "exec: %ld %s", r.status, r.body);
         resp_free(&r);
         pipe_sleep_ms(600);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
@@ -219,7 +214,7 @@ int main(void)
         size_t i;
         json_t *row;
         json_array_foreach(json_object_get(r.json, "data"), i, row) {
-                if (strcmp(jstr(json_object_get(row, "group"), "sandbox"), id) == 0)
+                if (strcmp(test_jstr(json_object_get(row, "group"), "sandbox"), id) == 0)
                         got_usage += json_integer_value(json_object_get(row, "cost_nanodollars"));
         }
         CHECK(want_usage && got_usage == strtoll(want_usage, NULL, 10),
@@ -229,7 +224,7 @@ int main(void)
         r = http("GET", "/v1/spend", key, NULL, NULL, NULL);
         long long got_spend = -1;
         json_array_foreach(json_object_get(r.json, "data"), i, row) {
-                if (strcmp(jstr(row, "key"), key_id) == 0)
+                if (strcmp(test_jstr(row, "key"), key_id) == 0)
                         got_spend = json_integer_value(json_object_get(row, "spend_nanodollars"));
         }
         CHECK(r.status == 200 && want_spend && got_spend == strtoll(want_spend, NULL, 10),

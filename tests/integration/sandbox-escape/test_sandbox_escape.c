@@ -125,24 +125,12 @@ static void cleanup(void)
         for (int i = 0; i < ninits; i++)
                 if (init_ns[i] && pidns_of(inits[i]) == init_ns[i])
                         kill(inits[i], SIGKILL);
-        if (daemon_pid > 0) {
-                kill(daemon_pid, SIGKILL);
-                waitpid(daemon_pid, NULL, 0);
-                daemon_pid = -1;
-        }
+        test_stop_process(&daemon_pid, SIGKILL);
         pid_t *others[] = { &collector_pid, &aggregator_pid, &broker_pid };
         for (int i = 0; i < 3; i++)
-                if (*others[i] > 0) {
-                        kill(*others[i], SIGKILL);
-                        waitpid(*others[i], NULL, 0);
-                        *others[i] = -1;
-                }
+                test_stop_process(others[i], SIGKILL);
         for (int i = 0; i < 2; i++)
-                if (victims[i] > 0) {
-                        kill(victims[i], SIGKILL);
-                        waitpid(victims[i], NULL, 0);
-                        victims[i] = -1;
-                }
+                test_stop_process(&victims[i], SIGKILL);
         if (*parent)
                 test_cgroup_remove(parent, cgroup_version);
         if (*ctl_parent)
@@ -179,12 +167,6 @@ static json_t *cli(int *ret_rc, const char *first, ...)
         json_t *j = test_vmm_cli_v(sock, ret_rc, NULL, first, ap);
         va_end(ap);
         return j;
-}
-
-static const char *jstr(json_t *j, const char *key)
-{
-        const char *s = json_string_value(json_object_get(j, key));
-        return s ? s : "";
 }
 
 /* In the daemon's environment only: seen by whoever may ptrace-read the daemon. */
@@ -346,14 +328,14 @@ static bool create(struct sandbox *sb, const char *name)
         json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
                         "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
                         name, NULL);
-        CHECK(rc == 0 && *jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
-        if (rc != 0 || !*jstr(j, "id")) {
+        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
+        if (rc != 0 || !*test_jstr(j, "id")) {
                 json_decref(j);
                 return false;
         }
-        snprintf(sb->id, sizeof(sb->id), "%s", jstr(j, "id"));
-        snprintf(sb->dir, sizeof(sb->dir), "%s", jstr(j, "dir"));
-        snprintf(sb->cpu_dir, sizeof(sb->cpu_dir), "%s", jstr(j, "cgroup_cpu"));
+        snprintf(sb->id, sizeof(sb->id), "%s", test_jstr(j, "id"));
+        snprintf(sb->dir, sizeof(sb->dir), "%s", test_jstr(j, "dir"));
+        snprintf(sb->cpu_dir, sizeof(sb->cpu_dir), "%s", test_jstr(j, "cgroup_cpu"));
         sb->init = (pid_t)json_integer_value(json_object_get(j, "pid"));
         json_decref(j);
         sb->pidns = pidns_of(sb->init);
@@ -1064,7 +1046,7 @@ static void attack_registry(void)
         char *out = control(&(struct control){ 0 }, args);
         char *cafter = test_read_file(crec);
         json_t *cj = cafter ? json_loads(cafter, 0, NULL) : NULL;
-        CTL(cj && strcmp(jstr(cj, "account"), "escaped") == 0, "control: the scratch record was not rewritten: %s",
+        CTL(cj && strcmp(test_jstr(cj, "account"), "escaped") == 0, "control: the scratch record was not rewritten: %s",
             cafter ? cafter : "(none)");
         json_decref(cj);
         free(cafter);
@@ -1077,8 +1059,8 @@ static void attack_registry(void)
                 ESCAPED("registry: the record changed from inside the sandbox: %s", after ? after : "(gone)");
         int rc;
         json_t *j = cli(&rc, "show", sb.id, NULL);
-        if (strcmp(jstr(j, "account"), account) != 0)
-                ESCAPED("registry: the daemon now shows account %s", jstr(j, "account"));
+        if (strcmp(test_jstr(j, "account"), account) != 0)
+                ESCAPED("registry: the daemon now shows account %s", test_jstr(j, "account"));
         json_decref(j);
         free(after);
         free(before);

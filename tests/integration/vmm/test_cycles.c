@@ -52,11 +52,7 @@ static int cgroup_version(void)
 
 static void cleanup(void)
 {
-        if (daemon_pid > 0) {
-                kill(daemon_pid, SIGKILL);
-                waitpid(daemon_pid, NULL, 0);
-                daemon_pid = -1;
-        }
+        test_stop_process(&daemon_pid, SIGKILL);
         if (!*parent)
                 return;
         test_cgroup_remove(parent, cgroup_version());

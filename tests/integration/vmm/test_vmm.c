@@ -39,16 +39,8 @@ static int cgroup_version;
 
 static void cleanup(void)
 {
-        if (daemon_pid > 0) {
-                kill(daemon_pid, SIGKILL);
-                waitpid(daemon_pid, NULL, 0);
-                daemon_pid = -1;
-        }
-        if (broker_pid > 0) {
-                kill(broker_pid, SIGTERM);
-                waitpid(broker_pid, NULL, 0);
-                broker_pid = -1;
-        }
+        test_stop_process(&daemon_pid, SIGKILL);
+        test_stop_process(&broker_pid, SIGTERM);
         if (!*parent)
                 return;
         test_cgroup_remove(parent, cgroup_version);
@@ -77,12 +69,6 @@ static json_t *cli(int *ret_rc, const char *first, ...)
         return j;
 }
 
-static const char *jstr(json_t *j, const char *key)
-{
-        const char *s = json_string_value(json_object_get(j, key));
-        return s ? s : "";
-}
-
 static long long jint(json_t *j, const char *key)
 {
         return json_integer_value(json_object_get(j, key));
@@ -103,7 +89,7 @@ static json_t *create(const char *key, const char *vcpus, const char *mem, const
                               mem, "--timeout", timeout, "--label", "suite=vmm", "--", "/bin/sh", "-c", cmd, NULL)
                         : cli(&rc, "create", "--account", account, "--key", key, "--vcpus", vcpus, "--memory-mib",
                               mem, "--timeout", timeout, "--label", "suite=vmm", NULL);
-        CHECK(rc == 0 && *jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
+        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
         return j;
 }
 
@@ -153,7 +139,7 @@ static uint64_t read_u64(const char *dir, const char *file)
 /* The cgroup's CPU counter, read by this test from the file the kernel keeps. */
 static uint64_t cgroup_cpu(json_t *sb)
 {
-        const char *dir = jstr(sb, "cgroup_cpu");
+        const char *dir = test_jstr(sb, "cgroup_cpu");
         if (cgroup_version == 1)
                 return read_u64(dir, "cpuacct.usage");
         char path[1024];
@@ -193,7 +179,7 @@ static bool wait_state(const char *id, const char *want, int timeout_ms)
         int64_t until = test_now_ms() + timeout_ms;
         do {
                 json_t *j = show(id);
-                bool ok = strcmp(jstr(j, "state"), want) == 0;
+                bool ok = strcmp(test_jstr(j, "state"), want) == 0;
                 json_decref(j);
                 if (ok)
                         return true;
@@ -257,7 +243,7 @@ static struct usage_event *wait_event(enum event_type type, const char *id, int 
 static void test_cpu_conserved(void)
 {
         json_t *sb = create("key-cpu", "1", "128", "120", NULL);
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         /* The burner reports the CPU time it used itself (utime + stime in clock ticks from /proc/self/stat). */
         char *out = NULL;
         int rc = sh_exec(id, "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; "
@@ -272,7 +258,7 @@ static void test_cpu_conserved(void)
 
         int src;
         json_t *st = cli(&src, "stop", id, NULL);
-        CHECK(src == 0 && strcmp(jstr(st, "state"), "stopped") == 0, "stop: %s", json_dumps(st, 0));
+        CHECK(src == 0 && strcmp(test_jstr(st, "state"), "stopped") == 0, "stop: %s", json_dumps(st, 0));
         uint64_t after = cgroup_cpu(sb); /* the cgroup outlives the stop until its counter is safe */
         uint64_t final = (uint64_t)jint(st, "final_cpu_ns");
         CHECK(final == after, "final_cpu_ns %" PRIu64 " != the stopped cgroup's counter %" PRIu64, final, after);
@@ -282,7 +268,7 @@ static void test_cpu_conserved(void)
         char rec_path[1024];
         snprintf(rec_path, sizeof(rec_path), "%s/sandboxes/%s.json", state, id);
         json_t *rec = json_load_file(rec_path, 0, NULL);
-        CHECK(rec && (uint64_t)jint(rec, "final_cpu_ns") == after && strcmp(jstr(rec, "state"), "stopped") == 0,
+        CHECK(rec && (uint64_t)jint(rec, "final_cpu_ns") == after && strcmp(test_jstr(rec, "state"), "stopped") == 0,
               "registry record lacks the final counter: %s", rec ? json_dumps(rec, 0) : "(none)");
         json_decref(rec);
 
@@ -307,7 +293,7 @@ static void test_cpu_conserved(void)
         FILE *f = fopen(final_path, "w");
         if (f)
                 fclose(f);
-        const char *cpu_dir = jstr(sb, "cgroup_cpu");
+        const char *cpu_dir = test_jstr(sb, "cgroup_cpu");
         int64_t until = test_now_ms() + 5000;
         while ((dir_exists(cpu_dir) || access(rec_path, F_OK) == 0) && test_now_ms() < until)
                 test_sleep_ms(50);
@@ -320,7 +306,7 @@ static void test_cpu_conserved(void)
 static void test_memory_limit(void)
 {
         json_t *sb = create("key-mem", "1", "64", "120", NULL);
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         int small = sh_exec(id, "head -c 16000000 /dev/zero | tail -c 1 >/dev/null", NULL, NULL);
         CHECK(small == 0, "a 16 MB command failed in a 64 MiB sandbox: %d", small);
         /* tail -c N keeps N bytes in memory: 200 MB cannot fit. */
@@ -328,7 +314,7 @@ static void test_memory_limit(void)
         int big = sh_exec(id, "dd if=/dev/zero of=/dev/null bs=200M count=1", NULL, &err);
         CHECK(big == 137, "a 200 MB command in a 64 MiB sandbox was not killed: exit %d, %s", big, err ? err : "");
         free(err);
-        const char *mem = jstr(sb, "cgroup_memory");
+        const char *mem = test_jstr(sb, "cgroup_memory");
         if (cgroup_version == 1) {
                 uint64_t limit = read_u64(mem, "memory.limit_in_bytes");
                 uint64_t peak = read_u64(mem, "memory.max_usage_in_bytes");
@@ -361,14 +347,14 @@ static void test_memory_limit(void)
 static void test_pause(void)
 {
         json_t *sb = create("key-pause", "1", "64", "120", "while :; do :; done");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         /* Let the loop burn 100 ms of CPU first, however loaded the machine is
          * (the wait is on the cgroup's own counter, bounded at 30 s). */
         for (int i = 0; i < 300 && cgroup_cpu(sb) <= 100000000ULL; i++)
                 test_sleep_ms(100);
         int rc;
         json_t *p = cli(&rc, "pause", id, NULL);
-        CHECK(rc == 0 && strcmp(jstr(p, "state"), "paused") == 0, "pause: %s", json_dumps(p, 0));
+        CHECK(rc == 0 && strcmp(test_jstr(p, "state"), "paused") == 0, "pause: %s", json_dumps(p, 0));
         json_decref(p);
         if (cgroup_version == 1) {
                 char dir[1024];
@@ -387,7 +373,7 @@ static void test_pause(void)
         CHECK(ex != 0 && err && strstr(err, "paused"), "exec in a paused sandbox: rc=%d %s", ex, err ? err : "");
         free(err);
         json_t *r = cli(&rc, "resume", id, NULL);
-        CHECK(rc == 0 && strcmp(jstr(r, "state"), "running") == 0, "resume: %s", json_dumps(r, 0));
+        CHECK(rc == 0 && strcmp(test_jstr(r, "state"), "running") == 0, "resume: %s", json_dumps(r, 0));
         json_decref(r);
         test_sleep_ms(300);
         uint64_t c = cgroup_cpu(sb);
@@ -402,7 +388,7 @@ static void test_pause(void)
 static void test_timeout(void)
 {
         json_t *sb = create("key-timeout", "1", "64", "1", "sleep 1000");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         pid_t pid = (pid_t)jint(sb, "pid");
         CHECK(pid_alive(pid), "the sandbox's init is not running");
         CHECK(wait_state(id, "stopped", 4000), "a 1 s sandbox was not stopped after 4 s");
@@ -412,7 +398,7 @@ static void test_timeout(void)
 
         /* A sandbox whose main process is killed from outside is stopped too, its counter kept. */
         sb = create("key-killed", "1", "64", "120", NULL);
-        id = jstr(sb, "id");
+        id = test_jstr(sb, "id");
         kill((pid_t)jint(sb, "pid"), SIGKILL);
         CHECK(wait_state(id, "stopped", 4000), "a sandbox whose init was killed still counts as running");
         struct usage_event *ev = wait_event(EVENT_STOPPED, id, 5000);
@@ -424,7 +410,7 @@ static void test_timeout(void)
 static void test_fork(void)
 {
         json_t *sb = create("key-fork", "1", "64", "120", NULL);
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         CHECK(sh_exec(id, "echo forked-data > note.txt", NULL, NULL) == 0, "could not write a file");
         int rc;
         json_t *f = cli(&rc, "fork", id, "--count", "3", NULL);
@@ -434,11 +420,11 @@ static void test_fork(void)
         size_t i;
         json_t *c;
         json_array_foreach(copies, i, c) {
-                const char *cid = jstr(c, "id");
-                CHECK(strcmp(cid, id) != 0 && strcmp(jstr(c, "parent"), id) == 0, "copy %s has parent %s", cid,
-                      jstr(c, "parent"));
+                const char *cid = test_jstr(c, "id");
+                CHECK(strcmp(cid, id) != 0 && strcmp(test_jstr(c, "parent"), id) == 0, "copy %s has parent %s", cid,
+                      test_jstr(c, "parent"));
                 CHECK(pid_alive((pid_t)jint(c, "pid")), "copy %s is not running", cid);
-                CHECK(dir_exists(jstr(c, "cgroup_cpu")), "copy %s has no cgroup", cid);
+                CHECK(dir_exists(test_jstr(c, "cgroup_cpu")), "copy %s has no cgroup", cid);
                 char *out = NULL;
                 CHECK(sh_exec(cid, "cat note.txt", &out, NULL) == 0 && out && strcmp(out, "forked-data\n") == 0,
                       "copy %s lacks the source's file: %s", cid, out ? out : "");
@@ -553,7 +539,7 @@ static void test_bad_input(void)
         cases[5].needle = "has no images";
         cases[5].answer = cli(&cases[5].rc, "create", "--account", account, "--key", "k", "--image", "ubuntu", NULL);
         for (int i = 0; i < 6; i++) {
-                const char *err = jstr(cases[i].answer, "raw_stderr");
+                const char *err = test_jstr(cases[i].answer, "raw_stderr");
                 CHECK(cases[i].rc == 1 && strstr(err, cases[i].needle), "%s: rc=%d stderr=%s", cases[i].what,
                       cases[i].rc, err);
                 json_decref(cases[i].answer);
@@ -569,15 +555,15 @@ static void test_bad_input(void)
         /* exec in a stopped sandbox */
         json_t *sb = create("key-bad", "1", "64", "120", NULL);
         int rc;
-        json_decref(cli(&rc, "stop", jstr(sb, "id"), NULL));
+        json_decref(cli(&rc, "stop", test_jstr(sb, "id"), NULL));
         char *err = NULL;
-        int ex = sh_exec(jstr(sb, "id"), "true", NULL, &err);
+        int ex = sh_exec(test_jstr(sb, "id"), "true", NULL, &err);
         CHECK(ex == 1 && err && strstr(err, "stopped"), "exec in a stopped sandbox: rc=%d %s", ex, err ? err : "");
         free(err);
         json_decref(sb);
         /* exec with output caps and a timeout */
         sb = create("key-exec", "1", "64", "120", NULL);
-        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)jstr(sb, "id"),
+        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)test_jstr(sb, "id"),
                          "--output-cap", "1000", "--timeout-ms", "700", "--", "/bin/sh", "-c",
                          "head -c 5000 /dev/zero | tr '\\0' a; echo oops >&2; sleep 30", NULL };
         char *out = NULL;
@@ -592,20 +578,20 @@ static void test_bad_input(void)
         /* Without the init's exec socket (a sandbox from an older tally-vmm, a state folder
          * too deep for a socket path) exec joins the namespaces and cgroup itself. */
         char init_sock[1100];
-        snprintf(init_sock, sizeof(init_sock), "%s/init.sock", jstr(sb, "dir"));
+        snprintf(init_sock, sizeof(init_sock), "%s/init.sock", test_jstr(sb, "dir"));
         CHECK(access(init_sock, F_OK) == 0, "no exec socket at %s", init_sock);
         unlink(init_sock);
         out = NULL;
-        ex = sh_exec(jstr(sb, "id"), "cat /proc/self/cgroup; hostname", &out, NULL);
+        ex = sh_exec(test_jstr(sb, "id"), "cat /proc/self/cgroup; hostname", &out, NULL);
         /* Inside its cgroup namespace, rooted at the sandbox's cgroup: "/" there;
          * from any other cgroup the path would climb out ("/.."). */
-        CHECK(ex == 0 && out && strstr(out, jstr(sb, "id")) && strstr(out, "0::/\n") && !strstr(out, "/.."),
+        CHECK(ex == 0 && out && strstr(out, test_jstr(sb, "id")) && strstr(out, "0::/\n") && !strstr(out, "/.."),
               "exec without the init's socket did not run in the sandbox: rc=%d %s", ex, out ? out : "");
         free(out);
         /* The daemon's flags (a database URL) and environment do not show inside. */
         out = NULL;
         err = NULL;
-        ex = sh_exec(jstr(sb, "id"), "tr '\\0' ' ' < /proc/1/cmdline; echo; tr '\\0' ' ' < /proc/1/environ; env",
+        ex = sh_exec(test_jstr(sb, "id"), "tr '\\0' ' ' < /proc/1/cmdline; echo; tr '\\0' ' ' < /proc/1/environ; env",
                      &out, &err);
         CHECK(ex == 0 && out && strstr(out, "tally-sandbox-init") && !strstr(out, "limits-database-url") &&
                       !strstr(out, "postgresql:") && !strstr(out, "TALLY_"),
@@ -613,7 +599,7 @@ static void test_bad_input(void)
               err ? err : "");
         free(out);
         free(err);
-        json_decref(cli(&rc, "stop", jstr(sb, "id"), NULL));
+        json_decref(cli(&rc, "stop", test_jstr(sb, "id"), NULL));
         json_decref(sb);
 }
 
@@ -646,7 +632,7 @@ static void test_control(void)
         rd_kafka_producev(p, RD_KAFKA_V_TOPIC(TOPIC_CONTROL), RD_KAFKA_V_KEY(account, strlen(account)),
                           RD_KAFKA_V_VALUE(buf, (size_t)n), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
         rd_kafka_flush(p, 5000);
-        bool pa = wait_state(jstr(a, "id"), "paused", 3000), pb = wait_state(jstr(b, "id"), "paused", 3000);
+        bool pa = wait_state(test_jstr(a, "id"), "paused", 3000), pb = wait_state(test_jstr(b, "id"), "paused", 3000);
         int64_t took = test_now_ms() - t0;
         CHECK(pa && pb, "the key's sandboxes were not paused by the control command");
         /* tally-vmm aims at a second; the check allows the design's two (invariant 5) so a
@@ -654,8 +640,8 @@ static void test_control(void)
         fprintf(stderr, "control: paused %lld ms after the command was published\n", (long long)took);
         CHECK(took <= 2000, "pausing took %lld ms from the command's publication (more than two seconds)",
               (long long)took);
-        json_t *o = show(jstr(other, "id"));
-        CHECK(strcmp(jstr(o, "state"), "running") == 0, "another key's sandbox was paused");
+        json_t *o = show(test_jstr(other, "id"));
+        CHECK(strcmp(test_jstr(o, "state"), "running") == 0, "another key's sandbox was paused");
         json_decref(o);
         /* stop for the key */
         c.action = CONTROL_STOP;
@@ -663,11 +649,11 @@ static void test_control(void)
         rd_kafka_producev(p, RD_KAFKA_V_TOPIC(TOPIC_CONTROL), RD_KAFKA_V_KEY(account, strlen(account)),
                           RD_KAFKA_V_VALUE(buf, (size_t)n), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
         rd_kafka_flush(p, 5000);
-        CHECK(wait_state(jstr(a, "id"), "stopped", 3000) && wait_state(jstr(b, "id"), "stopped", 3000),
+        CHECK(wait_state(test_jstr(a, "id"), "stopped", 3000) && wait_state(test_jstr(b, "id"), "stopped", 3000),
               "the control stop command did not stop the key's sandboxes");
         rd_kafka_destroy(p);
         int rc;
-        json_decref(cli(&rc, "stop", jstr(other, "id"), NULL));
+        json_decref(cli(&rc, "stop", test_jstr(other, "id"), NULL));
         json_decref(a);
         json_decref(b);
         json_decref(other);
@@ -678,14 +664,14 @@ static void test_restart(void)
 {
         json_t *run = create("key-restart", "1", "64", "120", NULL), *paused = create("key-restart", "1", "64", "120", NULL);
         int rc;
-        json_decref(cli(&rc, "pause", jstr(paused, "id"), NULL));
+        json_decref(cli(&rc, "pause", test_jstr(paused, "id"), NULL));
         /* An orphan: a cgroup with no record, as a crash mid-create would leave. */
         char orphan[512];
         snprintf(orphan, sizeof(orphan), cgroup_version == 2 ? "/sys/fs/cgroup/%s/sbx-orphan" :
                  "/sys/fs/cgroup/memory/%s/sbx-orphan", parent);
         CHECK(mkdir(orphan, 0755) == 0, "could not make an orphan cgroup %s: %s", orphan, strerror(errno));
         /* A command running through exec does not hold up the daemon's exit. */
-        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)jstr(run, "id"),
+        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)test_jstr(run, "id"),
                               "--timeout-ms", "60000", "--", "sleep", "50", NULL };
         pid_t client = test_spawn(long_exec, NULL, NULL);
         test_sleep_ms(500);
@@ -698,21 +684,21 @@ static void test_restart(void)
         CHECK(WIFEXITED(cstatus) && WEXITSTATUS(cstatus) == 1, "the ended exec's client exited with %d", cstatus);
         CHECK(pid_alive((pid_t)jint(run, "pid")), "the sandbox died with the daemon");
         start_daemon();
-        json_t *r = show(jstr(run, "id")), *p = show(jstr(paused, "id"));
-        CHECK(strcmp(jstr(r, "state"), "running") == 0 && jint(r, "pid") == jint(run, "pid"),
+        json_t *r = show(test_jstr(run, "id")), *p = show(test_jstr(paused, "id"));
+        CHECK(strcmp(test_jstr(r, "state"), "running") == 0 && jint(r, "pid") == jint(run, "pid"),
               "the running sandbox was not found again: %s", json_dumps(r, 0));
-        CHECK(strcmp(jstr(p, "state"), "paused") == 0, "the paused sandbox was not found again");
+        CHECK(strcmp(test_jstr(p, "state"), "paused") == 0, "the paused sandbox was not found again");
         char *out = NULL;
-        CHECK(sh_exec(jstr(run, "id"), "echo still-here", &out, NULL) == 0 && out && strcmp(out, "still-here\n") == 0,
+        CHECK(sh_exec(test_jstr(run, "id"), "echo still-here", &out, NULL) == 0 && out && strcmp(out, "still-here\n") == 0,
               "exec after the restart failed");
         free(out);
         CHECK(!dir_exists(orphan), "the orphaned cgroup was not removed");
-        json_decref(cli(&rc, "resume", jstr(paused, "id"), NULL));
-        json_t *st = cli(&rc, "stop", jstr(run, "id"), NULL);
-        CHECK(rc == 0 && strcmp(jstr(st, "state"), "stopped") == 0, "stop after the restart failed");
+        json_decref(cli(&rc, "resume", test_jstr(paused, "id"), NULL));
+        json_t *st = cli(&rc, "stop", test_jstr(run, "id"), NULL);
+        CHECK(rc == 0 && strcmp(test_jstr(st, "state"), "stopped") == 0, "stop after the restart failed");
         CHECK(!pid_alive((pid_t)jint(run, "pid")), "a recovered sandbox's init survived its stop");
         json_decref(st);
-        json_decref(cli(&rc, "stop", jstr(paused, "id"), NULL));
+        json_decref(cli(&rc, "stop", test_jstr(paused, "id"), NULL));
         json_decref(r);
         json_decref(p);
         json_decref(run);
@@ -760,7 +746,7 @@ static void test_outage(void)
         open_usage_consumer();
         start_daemon();
         json_t *sb = create("key-outage", "1", "64", "120", NULL);
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         CHECK(sh_exec(id, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done", NULL, NULL) == 0, "burn failed");
         broker_ctl(ctl_sock, "down");
         int rc;
@@ -774,7 +760,7 @@ static void test_outage(void)
         if (f)
                 fclose(f);
         test_sleep_ms(2000); /* well past final_wait_ms */
-        const char *cpu_dir = jstr(sb, "cgroup_cpu");
+        const char *cpu_dir = test_jstr(sb, "cgroup_cpu");
         CHECK(dir_exists(cpu_dir) && access(rec_path, F_OK) == 0,
               "the cgroup or record went before the stopped event was acknowledged");
         broker_ctl(ctl_sock, "up");

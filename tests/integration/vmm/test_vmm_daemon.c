@@ -62,11 +62,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 
 static void cleanup(void)
 {
-        if (daemon_pid > 0) {
-                kill(daemon_pid, SIGKILL);
-                waitpid(daemon_pid, NULL, 0);
-                daemon_pid = -1;
-        }
+        test_stop_process(&daemon_pid, SIGKILL);
         if (*parent) {
                 test_cgroup_remove(parent, cgroup_version);
                 *parent = '\0';
@@ -96,12 +92,6 @@ static json_t *cli(int *ret_rc, char **ret_err, const char *first, ...)
         json_t *j = test_vmm_cli_v(sock, ret_rc, ret_err, first, ap);
         va_end(ap);
         return j;
-}
-
-static const char *jstr(json_t *j, const char *key)
-{
-        const char *s = json_string_value(json_object_get(j, key));
-        return s ? s : "";
 }
 
 static long long jint(json_t *j, const char *key)
@@ -158,7 +148,7 @@ static json_t *create(const char *key, const char *mem)
         int rc;
         json_t *j = cli(&rc, NULL, "create", "--account", account, "--key", key, "--memory-mib", mem, "--timeout",
                         "120", NULL);
-        CHECK(rc == 0 && *jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
+        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
         return j;
 }
 
@@ -210,7 +200,7 @@ static json_t *record(const char *id)
 static uint64_t cgroup_cpu(json_t *sb)
 {
         char path[1024];
-        snprintf(path, sizeof(path), "%s/%s", jstr(sb, "cgroup_cpu"), cgroup_version == 1 ? "cpuacct.usage" : "cpu.stat");
+        snprintf(path, sizeof(path), "%s/%s", test_jstr(sb, "cgroup_cpu"), cgroup_version == 1 ? "cpuacct.usage" : "cpu.stat");
         char *t = test_read_file(path);
         uint64_t v = 0;
         if (t && cgroup_version == 1)
@@ -326,7 +316,7 @@ static struct usage_event *wait_event(enum event_type type, const char *id, int 
 static void test_exec_memory(void)
 {
         json_t *sb = create("key-mem", "128");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         const long long cap = 16LL << 20;
         /* Warm up: the daemon's first exec makes its thread and buffers. */
         int rc;
@@ -370,7 +360,7 @@ static void test_held_time(void)
         int64_t c0 = boot_ns(), cw0 = wall_ns();
         json_t *sb = create("key-held", "64");
         int64_t c1 = boot_ns(), cw1 = wall_ns();
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         json_t *r = record(id);
         int64_t C = jint(r, "state_since_boot_ns");
         CHECK(C >= c0 && C <= c1 && jint(r, "running_ns") == 0 && jint(r, "paused_ns") == 0,
@@ -403,7 +393,7 @@ static void test_held_time(void)
         int64_t r0 = boot_ns(), rw0 = wall_ns();
         json_t *res = cli(&rc, NULL, "resume", id, NULL);
         int64_t r1 = boot_ns(), rw1 = wall_ns();
-        CHECK(rc == 0 && strcmp(jstr(res, "state"), "running") == 0, "resume after the restart: %s",
+        CHECK(rc == 0 && strcmp(test_jstr(res, "state"), "running") == 0, "resume after the restart: %s",
               json_dumps(res, 0));
         /* 120 s lease, of which (pause - create) ran down before the pause. */
         long long deadline = jint(res, "deadline_ns");
@@ -425,7 +415,7 @@ static void test_held_time(void)
         int64_t s0 = boot_ns(), sw0 = wall_ns();
         json_t *st = cli(&rc, NULL, "stop", id, NULL);
         int64_t s1 = boot_ns(), sw1 = wall_ns();
-        CHECK(rc == 0 && strcmp(jstr(st, "state"), "stopped") == 0, "stop: %s", json_dumps(st, 0));
+        CHECK(rc == 0 && strcmp(test_jstr(st, "state"), "stopped") == 0, "stop: %s", json_dumps(st, 0));
         json_decref(st);
         uint64_t counter = cgroup_cpu(sb);
         r = record(id);
@@ -476,8 +466,8 @@ static void test_main_ends(void)
                 int rc;
                 json_t *sb = cli(&rc, NULL, "create", "--account", account, "--key", "key-ends", "--memory-mib", "64",
                                  NULL);
-                CHECK(rc == 0 && *jstr(sb, "id"), "create failed");
-                const char *id = jstr(sb, "id");
+                CHECK(rc == 0 && *test_jstr(sb, "id"), "create failed");
+                const char *id = test_jstr(sb, "id");
                 test_sleep_ms(300 + 150 * i);
                 int64_t k0 = boot_ns();
                 kill((pid_t)jint(sb, "pid"), SIGKILL);
@@ -486,12 +476,12 @@ static void test_main_ends(void)
                 for (int64_t until = test_now_ms() + 3000; test_now_ms() < until; test_sleep_ms(20)) {
                         json_decref(r);
                         r = record(id);
-                        if (r && strcmp(jstr(r, "state"), "stopped") == 0)
+                        if (r && strcmp(test_jstr(r, "state"), "stopped") == 0)
                                 break;
                 }
                 long long S = r ? jint(r, "state_since_boot_ns") : 0;
                 fprintf(stderr, "main_ends: %s stopped %lld ms after the kill\n", id, (S - k0) / 1000000);
-                CHECK(r && strcmp(jstr(r, "state"), "stopped") == 0 && S >= k0 && S <= k1 + 150000000LL,
+                CHECK(r && strcmp(test_jstr(r, "state"), "stopped") == 0 && S >= k0 && S <= k1 + 150000000LL,
                       "a sandbox whose main process was killed at [%lld, %lld] stopped holding at %lld (%lld ms later)",
                       (long long)k0, (long long)k1, S, (S - k1) / 1000000);
                 json_decref(r);
@@ -505,7 +495,7 @@ static void test_resume_blocked(void)
         char key[64], sql[512];
         snprintf(key, sizeof(key), "key-rb-%d", (int)getpid());
         json_t *sb = create(key, "64");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         int rc;
         json_decref(cli(&rc, NULL, "pause", id, NULL));
         CHECK(rc == 0 && frozen(id), "pause failed");
@@ -523,8 +513,8 @@ static void test_resume_blocked(void)
         CHECK(rc == 1 && err && strstr(err, "daily spend limit"), "the client's resume: rc=%d %s", rc, err ? err : "");
         free(err);
         json_t *r = record(id);
-        CHECK(frozen(id) && strcmp(jstr(r, "state"), "paused") == 0,
-              "after a refused resume the sandbox is not paused (frozen=%d, record %s)", frozen(id), jstr(r, "state"));
+        CHECK(frozen(id) && strcmp(test_jstr(r, "state"), "paused") == 0,
+              "after a refused resume the sandbox is not paused (frozen=%d, record %s)", frozen(id), test_jstr(r, "state"));
         json_decref(r);
         /* create is refused by the same check */
         json_t *c = cli(&rc, &err, "create", "--account", account, "--key", key, NULL);
@@ -535,7 +525,7 @@ static void test_resume_blocked(void)
         snprintf(sql, sizeof(sql), "DELETE FROM key_blocks WHERE key_id = '%s'", key);
         db_exec(sql);
         json_t *res = cli(&rc, NULL, "resume", id, NULL);
-        CHECK(rc == 0 && strcmp(jstr(res, "state"), "running") == 0 && !frozen(id), "resume once unblocked: %s",
+        CHECK(rc == 0 && strcmp(test_jstr(res, "state"), "running") == 0 && !frozen(id), "resume once unblocked: %s",
               json_dumps(res, 0));
         json_decref(res);
         json_decref(cli(&rc, NULL, "stop", id, NULL));
@@ -547,7 +537,7 @@ static void test_resume_blocked(void)
 static void test_record_failure(void)
 {
         json_t *sb = create("key-rec", "64");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         char tmp[1024];
         snprintf(tmp, sizeof(tmp), "%s/sandboxes/%s.json.tmp", state, id);
         const char *steps[] = { "pause", "stop" }, *want[] = { "paused", "stopped" };
@@ -561,13 +551,13 @@ static void test_record_failure(void)
                       "%s with an unwritable record reported success: rc=%d %s", steps[i], rc, err ? err : "");
                 free(err);
                 json_t *r = record(id);
-                CHECK(r && strcmp(jstr(r, "state"), want[i]) != 0, "the record was written despite the folder");
+                CHECK(r && strcmp(test_jstr(r, "state"), want[i]) != 0, "the record was written despite the folder");
                 json_decref(r);
                 rmdir(tmp);
                 bool ok = false;
                 for (int64_t until = test_now_ms() + 3000; !ok && test_now_ms() < until; test_sleep_ms(50)) {
                         r = record(id);
-                        ok = r && strcmp(jstr(r, "state"), want[i]) == 0;
+                        ok = r && strcmp(test_jstr(r, "state"), want[i]) == 0;
                         json_decref(r);
                 }
                 CHECK(ok, "the record did not catch up with the %s within 3 s of the disk recovering", steps[i]);
@@ -605,7 +595,7 @@ static void test_api_abuse(void)
                 waitpid(p, &status, 0);
         }
         json_t *st = json_load_file(out_path, 0, NULL);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && *jstr(st, "host"),
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && *test_jstr(st, "host"),
               "status with %d idle connections open failed (status %d, %lld ms)", opened, status, (long long)took);
         CHECK(took < 2000, "status took %lld ms with %d idle connections open", (long long)took, opened);
         fprintf(stderr, "api_abuse: status answered in %lld ms\n", (long long)took);
@@ -627,13 +617,13 @@ static void test_api_abuse(void)
         /* A command running longer than the idle timeout is not idle: it gets its answer. */
         json_t *sb = create("key-long", "64");
         char *out = NULL;
-        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)jstr(sb, "id"), "--",
+        char *long_exec[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)test_jstr(sb, "id"), "--",
                               "/bin/sh", "-c", "sleep 3; echo done", NULL };
         int rc = test_run(long_exec, &out, NULL);
         CHECK(rc == 0 && out && strcmp(out, "done\n") == 0, "a 3 s exec with a %d s idle timeout: rc=%d %s",
               IDLE_TIMEOUT_S, rc, out ? out : "");
         free(out);
-        json_decref(cli(&rc, NULL, "stop", jstr(sb, "id"), NULL));
+        json_decref(cli(&rc, NULL, "stop", test_jstr(sb, "id"), NULL));
         json_decref(sb);
 }
 
@@ -641,7 +631,7 @@ static void test_api_abuse(void)
 static void test_permissions(void)
 {
         json_t *sb = create("key-perm", "64");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         char reg[1024], rec[1100], probe[1024];
         snprintf(reg, sizeof(reg), "%s/sandboxes", state);
         snprintf(rec, sizeof(rec), "%s/%s.json", reg, id);
@@ -686,8 +676,8 @@ static void test_lease_while_down(void)
         int rc;
         json_t *sb = cli(&rc, NULL, "create", "--account", account, "--key", "key-lease", "--memory-mib", "64",
                          "--timeout", "2", NULL);
-        CHECK(rc == 0 && *jstr(sb, "id"), "create failed");
-        const char *id = jstr(sb, "id");
+        CHECK(rc == 0 && *test_jstr(sb, "id"), "create failed");
+        const char *id = test_jstr(sb, "id");
         long long created = jint(sb, "created_ns"), deadline = jint(sb, "deadline_ns");
         CHECK(deadline - created == 2000000000LL, "a 2 s lease: created %lld, deadline %lld", created, deadline);
         CHECK(term_daemon(5000) >= 0, "tally-vmm did not exit on SIGTERM");
@@ -700,10 +690,10 @@ static void test_lease_while_down(void)
         for (int64_t until = test_now_ms() + 3000; test_now_ms() < until; test_sleep_ms(50)) {
                 json_decref(r);
                 r = record(id);
-                if (r && strcmp(jstr(r, "state"), "stopped") == 0)
+                if (r && strcmp(test_jstr(r, "state"), "stopped") == 0)
                         break;
         }
-        CHECK(r && strcmp(jstr(r, "state"), "stopped") == 0, "the ended sandbox was not stopped after the restart");
+        CHECK(r && strcmp(test_jstr(r, "state"), "stopped") == 0, "the ended sandbox was not stopped after the restart");
         /* The lease is wall-clock time, held time boot-clock time: they may differ by
          * the clocks' relative slew (NTP: at most 500 ppm, 1 ms over 2 s) and the
          * nanoseconds between reading them. */
@@ -743,7 +733,7 @@ static void test_stop_in_flight(void)
         /* An exec into a sandbox whose init does not answer (frozen behind the daemon's back). */
         start_daemon();
         json_t *sb = create("key-stuck-exec", "64");
-        const char *id = jstr(sb, "id");
+        const char *id = test_jstr(sb, "id");
         set_frozen(id, true);
         char *exec_argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", (char *)id, "--", "true",
                               NULL };
