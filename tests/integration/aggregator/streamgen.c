@@ -16,7 +16,7 @@ static unsigned rnd(unsigned *s)
         return (*s >> 8) & 0xffffff;
 }
 
-static char *u128s(u128 v, char *buf)
+char *gen_u128s(u128 v, char *buf)
 {
         char tmp[48];
         int n = 0;
@@ -128,8 +128,8 @@ void gen_stream_verify(struct aggtest *t, const struct gen_stream *g)
                 const struct gen_sandbox *sb = &g->sandboxes[i];
                 char cpu[48], mem[48], sto[48];
                 snprintf(cpu, sizeof(cpu), "%llu", (unsigned long long)sb->truth_cpu_ns);
-                u128s(sb->truth_mem_byte_ns, mem);
-                u128s(sb->truth_storage_byte_ns, sto);
+                gen_u128s(sb->truth_mem_byte_ns, mem);
+                gen_u128s(sb->truth_storage_byte_ns, sto);
                 int row = -1;
                 for (int k = 0; k < PQntuples(r); k++)
                         if (strcmp(PQgetvalue(r, k, 0), sb->id) == 0)

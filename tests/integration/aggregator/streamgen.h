@@ -29,6 +29,8 @@ struct gen_stream {
 /* Draws nsandboxes lives of about nsamples each, starting around start_ns. */
 void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, size_t nsamples, int64_t start_ns);
 void gen_stream_free(struct gen_stream *g);
+/* v in decimal into buf (at least 40 bytes), as the ledger's numeric columns print it; returns buf. */
+char *gen_u128s(u128 v, char *buf);
 
 /* Compares the ledger's totals per sandbox with the ground truth; CHECKs. */
 void gen_stream_verify(struct aggtest *t, const struct gen_stream *g);

@@ -9,20 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *u128s(u128 v, char *buf)
-{
-        char tmp[48];
-        int n = 0;
-        do {
-                tmp[n++] = (char)('0' + (int)(v % 10));
-                v /= 10;
-        } while (v);
-        for (int i = 0; i < n; i++)
-                buf[i] = tmp[n - 1 - i];
-        buf[n] = '\0';
-        return buf;
-}
-
 static const rd_kafka_metadata_topic_t *usage_md(struct aggtest *t, const struct rd_kafka_metadata **md)
 {
         rd_kafka_topic_t *topic = rd_kafka_topic_new(t->producer, TOPIC_USAGE, NULL);
@@ -87,8 +73,8 @@ void kt_compare(struct aggtest *t, const struct gen_stream *g, int64_t produced)
         }
         char truth_cpu[48], truth_mem[48], truth_sto[48];
         snprintf(truth_cpu, sizeof(truth_cpu), "%llu", (unsigned long long)cpu);
-        u128s(mem, truth_mem);
-        u128s(sto, truth_sto);
+        gen_u128s(mem, truth_mem);
+        gen_u128s(sto, truth_sto);
         char *billed_cpu = aggtest_query(t, "SELECT coalesce(sum(cpu_ns), 0)::text FROM usage_hourly");
         char *billed_mem = aggtest_query(t, "SELECT coalesce(sum(mem_byte_ns), 0)::text FROM usage_hourly");
         char *billed_sto = aggtest_query(t, "SELECT coalesce(sum(storage_byte_ns), 0)::text FROM usage_hourly");
