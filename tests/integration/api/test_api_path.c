@@ -110,7 +110,7 @@ static void start_api(void)
                         port = atoi(q + 6);
                 free(l);
                 if (!port)
-                        pipe_sleep_ms(50);
+                        test_sleep_ms(50);
         }
         CHECK(port > 0, "tally-api did not start");
 }
@@ -158,7 +158,7 @@ int main(void)
                  "{\"command\":[\"sh\",\"-c\",\"i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done\"]}");
         CHECK(r.status == 200 && strcmp(test_jstr(r.json, "stdout"), "done\n") == 0, "exec: %ld %s", r.status, r.body);
         resp_free(&r);
-        pipe_sleep_ms(600);
+        test_sleep_ms(600);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
         r = http("DELETE", path, key, NULL, NULL, NULL);
         CHECK(r.status == 200, "delete: %ld %s", r.status, r.body);

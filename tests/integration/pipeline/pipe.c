@@ -20,12 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-void pipe_sleep_ms(int ms)
-{
-        struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-        nanosleep(&ts, NULL);
-}
-
 char *pipe_query(struct pipeline *p, const char *sql)
 {
         PGconn *c = PQconnectdb(p->db_url);
@@ -65,7 +59,7 @@ void pipe_daemon_stop(pid_t pid)
         for (int i = 0; i < 100; i++) {
                 if (waitpid(pid, NULL, WNOHANG) == pid)
                         return;
-                pipe_sleep_ms(100);
+                test_sleep_ms(100);
         }
         CHECK(0, "pid %d did not stop within 10 s of SIGTERM", (int)pid);
         kill(pid, SIGKILL);
@@ -133,7 +127,7 @@ void pipe_start(struct pipeline *p, const char *name, int tick_ms, const char *c
                 assigned = l && strstr(l, "partition assigned");
                 free(l);
                 if (!assigned)
-                        pipe_sleep_ms(50);
+                        test_sleep_ms(50);
         }
         if (!assigned) {
                 fprintf(stderr, "FAIL: the aggregator was not assigned its partitions within 15 s\n");
@@ -169,14 +163,7 @@ int pipe_finish(struct pipeline *p)
                 tail_log(p, "aggregator");
         }
         /* Whatever is left (a failed run) goes with its processes. */
-        char cmd[1400];
-        snprintf(cmd, sizeof(cmd),
-                 "for h in /sys/fs/cgroup/*/%s /sys/fs/cgroup/%s; do [ -d \"$h\" ] || continue; "
-                 "for s in \"$h\"/*/; do [ -d \"$s\" ] || continue; cat \"$s/cgroup.procs\" 2>/dev/null | xargs -r kill -9; "
-                 "rmdir \"$s\"/*/ 2>/dev/null; rmdir \"$s\" 2>/dev/null; done; rmdir \"$h\" 2>/dev/null; done; true",
-                 p->cgroup_parent, p->cgroup_parent);
-        if (system(cmd) != 0)
-                fprintf(stderr, "cleanup of %s failed\n", p->cgroup_parent);
+        test_cgroup_remove(p->cgroup_parent, 0);
         test_db_drop(p->db_url);
         free(p->dir);
         curl_global_cleanup();
@@ -340,11 +327,11 @@ int pipe_stop_with_truth(struct pipeline *p, struct sb *s)
         for (int i = 0; i < 500; i++) {
                 if ((left = procs_in(s->cpu_dir)) == 0)
                         break;
-                pipe_sleep_ms(10);
+                test_sleep_ms(10);
         }
         CHECK(left == 0, "sandbox %s: %d process(es) still in its cgroup 5 s after stop", s->id, left);
         int64_t a = pipe_cgroup_cpu_ns(s->cpu_dir);
-        pipe_sleep_ms(20);
+        test_sleep_ms(20);
         int64_t b = pipe_cgroup_cpu_ns(s->cpu_dir);
         CHECK(a >= 0 && a == b, "sandbox %s: the CPU counter of a cgroup without processes moved: %" PRId64
               " then %" PRId64 " ns", s->id, a, b);
@@ -365,7 +352,7 @@ int pipe_wait_removed(struct pipeline *p, const char *id, int timeout_ms)
         for (int waited = 0; waited <= timeout_ms; waited += 20) {
                 if (access(path, F_OK) != 0 && access(spool, F_OK) != 0)
                         return 0;
-                pipe_sleep_ms(20);
+                test_sleep_ms(20);
         }
         CHECK(0, "%d ms after its stop, sandbox %s's record is %s and the collector's final sample %s", timeout_ms, id,
               access(path, F_OK) == 0 ? "still there" : "gone",
@@ -412,7 +399,7 @@ int pipe_wait_caught_up(struct pipeline *p, int timeout_ms)
                 free(v);
                 if (done >= end)
                         return 0;
-                pipe_sleep_ms(100);
+                test_sleep_ms(100);
         }
         CHECK(0, "the aggregator committed %" PRId64 " of the usage topic's %" PRId64 " messages in %d ms", done, end,
               timeout_ms);

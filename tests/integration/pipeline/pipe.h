@@ -11,6 +11,7 @@
 #pragma once
 
 #include "support.h"
+#include "vmmtest.h" /* test_sleep_ms, the tests' waits */
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -103,4 +104,3 @@ int64_t pipe_disk_bytes(struct pipeline *p, const char *id);
 char *pipe_query(struct pipeline *p, const char *sql);
 void pipe_exec_sql(struct pipeline *p, const char *sql);
 
-void pipe_sleep_ms(int ms);

@@ -31,7 +31,7 @@ int main(void)
         if (pipe_create(&P, &s, "{\"account\": \"acct_pipe\", \"key\": \"key_free\", \"vcpus\": 1, \"memory_mib\": 128,"
                                 " \"command\": [\"sleep\", \"600\"]}") < 0)
                 return pipe_finish(&P);
-        pipe_sleep_ms(1000); /* a few samples */
+        test_sleep_ms(1000); /* a few samples */
         kill(P.collector, SIGKILL);
         waitpid(P.collector, NULL, 0);
         P.collector = 0;
@@ -40,7 +40,7 @@ int main(void)
         /* The work nobody samples: a shell loop, about a CPU-second. */
         const char *work[] = { "sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done", NULL };
         CHECK(pipe_exec(&P, &s, work) == 0, "the work failed");
-        pipe_sleep_ms(500);
+        test_sleep_ms(500);
         if (pipe_stop_with_truth(&P, &s) < 0)
                 return pipe_finish(&P);
         CHECK(s.truth_cpu_ns > (uint64_t)before + 100000000,

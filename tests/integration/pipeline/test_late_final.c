@@ -29,12 +29,12 @@ int main(void)
                 return pipe_finish(&P);
         const char *work[] = { "sh", "-c", "i=0; while [ $i -lt 50000 ]; do i=$((i+1)); done", NULL };
         CHECK(pipe_exec(&P, &s, work) == 0, "the work failed");
-        pipe_sleep_ms(1000); /* a few samples */
+        test_sleep_ms(1000); /* a few samples */
         pipe_daemon_stop(P.collector);
         P.collector = 0;
         if (pipe_stop_with_truth(&P, &s) < 0)
                 return pipe_finish(&P);
-        pipe_sleep_ms(10000);
+        test_sleep_ms(10000);
         int64_t restarted = time_boot_ns();
         pipe_collector_start(&P);
         pipe_wait_removed(&P, s.id, 15000);

@@ -43,7 +43,7 @@ static void conservation(void)
         CHECK(pipe_exec(&P, &s, work) == 0, "the work failed");
         int64_t seen = pipe_cgroup_cpu_ns(s.cpu_dir);
         CHECK(seen > 100000000, "the work used only %" PRId64 " ns of CPU", seen);
-        pipe_sleep_ms(1000); /* a few more samples of an idle sandbox */
+        test_sleep_ms(1000); /* a few more samples of an idle sandbox */
         if (pipe_stop_with_truth(&P, &s) < 0)
                 return;
         CHECK(s.truth_cpu_ns >= (uint64_t)seen, "final counter %" PRIu64 " below an earlier reading %" PRId64,
@@ -114,7 +114,7 @@ static void spend_limit(void)
                 if (frozen(s.cpu_dir, P.cgroup_parent, s.id))
                         froze = time_boot_ns(), froze_cpu = pipe_cgroup_cpu_ns(s.cpu_dir);
                 else
-                        pipe_sleep_ms(5);
+                        test_sleep_ms(5);
         }
         CHECK(crossed, "the key's spend did not reach its limit within 30 s (cpu %" PRId64 " ns)",
               pipe_cgroup_cpu_ns(s.cpu_dir));
@@ -130,7 +130,7 @@ static void spend_limit(void)
                         " ms of CPU past it\n", (froze - crossed) / NS_PER_MS, (froze_cpu - crossed_cpu) / NS_PER_MS);
         }
         int64_t a = pipe_cgroup_cpu_ns(s.cpu_dir);
-        pipe_sleep_ms(1000);
+        test_sleep_ms(1000);
         int64_t b = pipe_cgroup_cpu_ns(s.cpu_dir);
         CHECK(froze && a == b, "a paused sandbox accrued %" PRId64 " ns of CPU", b - a);
 
@@ -153,6 +153,6 @@ int main(void)
         pipe_start(&P, "pipeline", TICK_MS, NULL);
         conservation();
         spend_limit();
-        pipe_sleep_ms(1000); /* the vmm removes each sandbox's cgroup once its final counter is safe */
+        test_sleep_ms(1000); /* the vmm removes each sandbox's cgroup once its final counter is safe */
         return pipe_finish(&P);
 }

@@ -55,13 +55,13 @@ int main(void)
         int64_t disk = 0;
         bool pr_ok = pipe_create(&P, &pr, SPEC) == 0;
         if (pr_ok) {
-                pipe_sleep_ms(300);
+                test_sleep_ms(300);
                 pr_ok = pipe_action(&P, &pr, "pause", &pause) == 0;
                 /* Storage is billed on the memory size plus the disk bytes used. */
                 disk = pipe_disk_bytes(&P, pr.id);
-                pipe_sleep_ms(1300);
+                test_sleep_ms(1300);
                 pr_ok = pr_ok && pipe_action(&P, &pr, "resume", &resume) == 0;
-                pipe_sleep_ms(700);
+                test_sleep_ms(700);
                 pr_ok = pipe_stop_with_truth(&P, &pr) == 0 && pr_ok;
         }
 
