@@ -31,6 +31,17 @@ void test_sleep_ms(int ms)
         nanosleep(&ts, NULL);
 }
 
+void test_run_cases(const struct test_case *cases, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                int before = test_failures;
+                int64_t t0 = test_now_ms();
+                cases[i].fn();
+                fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
+                        (long long)(test_now_ms() - t0));
+        }
+}
+
 void test_stop_process(pid_t *pid, int sig)
 {
         if (*pid <= 0)

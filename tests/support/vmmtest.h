@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <time.h>
@@ -14,6 +15,16 @@ int64_t test_clock_ns(clockid_t id);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t test_now_ms(void);
 void test_sleep_ms(int ms);
+
+/* One case of a test program. */
+struct test_case {
+        const char *name;
+        void (*fn)(void);
+};
+/* Runs the n cases in order, each followed by "ok   NAME (N ms)" or
+ * "FAIL NAME (N ms)" on stderr (FAIL: the case added to test_failures). */
+void test_run_cases(const struct test_case *cases, size_t n);
+#define TEST_RUN_CASES(cases) test_run_cases(cases, sizeof(cases) / sizeof(cases[0]))
 
 /* Sends *pid sig and reaps it, then sets *pid to -1; nothing when *pid <= 0. */
 void test_stop_process(pid_t *pid, int sig);

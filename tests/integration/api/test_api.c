@@ -1013,10 +1013,7 @@ int main(void)
         setup_accounts();
         start_vmm();
         start_api();
-        struct {
-                const char *name;
-                void (*fn)(void);
-        } cases[] = {
+        const struct test_case cases[] = {
                 { "health", test_health },
                 { "sessions", test_sessions },
                 { "keys_person_only", test_keys_person_only },
@@ -1030,13 +1027,7 @@ int main(void)
                 { "read_routes", test_read_routes },
                 { "no_secrets_logged", test_no_secrets_logged },
         };
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-                int before = test_failures;
-                int64_t t0 = test_now_ms();
-                cases[i].fn();
-                fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
-                        (long long)(test_now_ms() - t0));
-        }
+        TEST_RUN_CASES(cases);
         kill(api_pid, SIGTERM);
         int status = 0;
         waitpid(api_pid, &status, 0);

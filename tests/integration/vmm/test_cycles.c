@@ -452,19 +452,11 @@ int main(void)
         signal(SIGINT, on_signal);
         curl_global_init(CURL_GLOBAL_DEFAULT);
         start_daemon();
-        int64_t t0 = test_now_ms();
-        int before = test_failures;
-        test_cycles();
-        fprintf(stderr, "%s cycles (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", (long long)(test_now_ms() - t0));
-        t0 = test_now_ms();
-        before = test_failures;
-        test_jail_layers();
-        fprintf(stderr, "%s jail_layers (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
-                (long long)(test_now_ms() - t0));
-        t0 = test_now_ms();
-        before = test_failures;
-        test_lease_while_down();
-        fprintf(stderr, "%s lease_while_down (%lld ms)\n", test_failures == before ? "ok  " : "FAIL",
-                (long long)(test_now_ms() - t0));
+        const struct test_case cases[] = {
+                { "cycles", test_cycles },
+                { "jail_layers", test_jail_layers },
+                { "lease_while_down", test_lease_while_down },
+        };
+        TEST_RUN_CASES(cases);
         return test_result();
 }

@@ -810,23 +810,14 @@ int main(void)
         make_limits_db();
         open_usage_consumer();
         start_daemon();
-        struct {
-                const char *name;
-                void (*fn)(void);
-        } cases[] = {
+        const struct test_case cases[] = {
                 { "cpu_conserved", test_cpu_conserved }, { "memory_limit", test_memory_limit },
                 { "pause", test_pause },                 { "timeout", test_timeout },
                 { "fork", test_fork },                   { "bad_input", test_bad_input },
                 { "control", test_control },             { "restart", test_restart },
                 { "outage", test_outage },
         };
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-                int before = test_failures;
-                int64_t t0 = test_now_ms();
-                cases[i].fn();
-                fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
-                        (long long)(test_now_ms() - t0));
-        }
+        TEST_RUN_CASES(cases);
         stop_daemon();
         rd_kafka_consumer_close(usage_consumer);
         rd_kafka_destroy(usage_consumer);

@@ -777,23 +777,14 @@ int main(void)
         free(merr);
         open_usage_consumer();
         start_daemon();
-        struct {
-                const char *name;
-                void (*fn)(void);
-        } cases[] = {
+        const struct test_case cases[] = {
                 { "exec_memory", test_exec_memory },       { "held_time", test_held_time },
                 { "main_ends", test_main_ends },
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
                 { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
         };
-        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-                int before = test_failures;
-                int64_t t0 = test_now_ms();
-                cases[i].fn();
-                fprintf(stderr, "%s %s (%lld ms)\n", test_failures == before ? "ok  " : "FAIL", cases[i].name,
-                        (long long)(test_now_ms() - t0));
-        }
+        TEST_RUN_CASES(cases);
         if (daemon_pid > 0)
                 term_daemon(5000);
         rd_kafka_consumer_close(usage_consumer);
