@@ -31,6 +31,22 @@ void test_sleep_ms(int ms)
         nanosleep(&ts, NULL);
 }
 
+static void (*exit_cleanup)(void);
+
+static void on_signal(int sig)
+{
+        exit_cleanup();
+        _exit(128 + sig);
+}
+
+void test_cleanup_at_exit(void (*cleanup)(void))
+{
+        exit_cleanup = cleanup;
+        atexit(cleanup);
+        signal(SIGTERM, on_signal);
+        signal(SIGINT, on_signal);
+}
+
 void test_run_cases(const struct test_case *cases, size_t n)
 {
         for (size_t i = 0; i < n; i++) {

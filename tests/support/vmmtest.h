@@ -16,6 +16,9 @@ int64_t test_clock_ns(clockid_t id);
 int64_t test_now_ms(void);
 void test_sleep_ms(int ms);
 
+/* Runs cleanup at exit, and on SIGTERM or SIGINT (then exits 128+signal). */
+void test_cleanup_at_exit(void (*cleanup)(void));
+
 /* One case of a test program. */
 struct test_case {
         const char *name;

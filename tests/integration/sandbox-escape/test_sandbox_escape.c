@@ -143,12 +143,6 @@ static void cleanup(void)
         }
 }
 
-static void on_signal(int sig)
-{
-        cleanup();
-        _exit(128 + sig);
-}
-
 /* ---- the daemon, through its own command line client ---- */
 
 static int cli_raw(char **out, char **err, const char *first, ...)
@@ -1552,9 +1546,7 @@ int main(void)
         sock = fmt("%s/vmm.sock", work);
         ctl_dir = fmt("%s/ctl", work);
         mkdir(ctl_dir, 0755);
-        atexit(cleanup);
-        signal(SIGTERM, on_signal);
-        signal(SIGINT, on_signal);
+        test_cleanup_at_exit(cleanup);
         start_pipeline();
         start_daemon();
         unsetenv("TALLY_ESCAPE_DAEMON_SECRET");

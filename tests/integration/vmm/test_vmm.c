@@ -790,12 +790,6 @@ static void make_limits_db(void)
         PQfinish(c);
 }
 
-static void on_signal(int sig)
-{
-        cleanup();
-        _exit(128 + sig);
-}
-
 int main(void)
 {
         snprintf(parent, sizeof(parent), "tally-test-vmm-%d", (int)getpid());
@@ -803,9 +797,7 @@ int main(void)
         work = test_tmpdir("vmm");
         if (asprintf(&state, "%s/state", work) < 0 || asprintf(&sock, "%s/vmm.sock", work) < 0)
                 return 1;
-        atexit(cleanup);
-        signal(SIGTERM, on_signal);
-        signal(SIGINT, on_signal);
+        test_cleanup_at_exit(cleanup);
         brokers = test_env("TALLY_TEST_BROKERS");
         make_limits_db();
         open_usage_consumer();

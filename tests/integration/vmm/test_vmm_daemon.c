@@ -749,12 +749,6 @@ static void test_stop_in_flight(void)
         json_decref(sb);
 }
 
-static void on_signal(int sig)
-{
-        cleanup();
-        _exit(128 + sig);
-}
-
 int main(void)
 {
         snprintf(parent, sizeof(parent), "tally-test-vmmd-%d", (int)getpid());
@@ -766,9 +760,7 @@ int main(void)
         if (asprintf(&state, "%s/state", base) < 0 || asprintf(&sock, "%s/vmm.sock", base) < 0 ||
             asprintf(&log_path, "%s/vmm.log", base) < 0)
                 return 1;
-        atexit(cleanup);
-        signal(SIGTERM, on_signal);
-        signal(SIGINT, on_signal);
+        test_cleanup_at_exit(cleanup);
         db_url = test_db_create("vmmd");
         char *migrate[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, NULL };
         char *merr = NULL;
