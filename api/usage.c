@@ -234,9 +234,8 @@ static void add_dims(const struct usage_query *q, struct sqlbuf *b)
         }
 }
 
-/* Whole UTC days by day or month read the daily rollups of sql/005 (usage
- * per sandbox and day, or per key and day when no dimension needs the
- * sandbox), whose rated sums are the same exact Σ quantity x rate per hour;
+/* Whole UTC days by day or month, grouped by nothing finer than the key,
+ * read the per-key daily rollup (sql/005, sql/007), whose rated sums are the same exact Σ quantity x rate per hour;
  * anything else reads usage_hourly and rates each hour here. */
 static bool whole_days(const struct usage_query *q)
 {
@@ -251,12 +250,14 @@ static void build_sql(const struct usage_query *q, struct sqlbuf *b)
                 labels |= q->dims[i] == DIM_LABEL;
                 per_sandbox |= q->dims[i] != DIM_KEY;
         }
-        if (whole_days(q)) {
+        /* The daily rollup is per key (sql/007): a dimension that needs the
+         * sandbox reads usage_hourly. */
+        if (whole_days(q) && !per_sandbox) {
                 add(b, "WITH h AS (SELECT date_trunc($5, u.day::timestamp) AT TIME ZONE 'UTC' AS period");
                 add_dims(q, b);
                 add(b, ", sum(u.cpu_ns) AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS st,"
                        " sum(u.cpu_rated) AS cr, sum(u.memory_rated) AS mr, sum(u.storage_rated) AS sr FROM %s u",
-                    per_sandbox ? "usage_daily" : "usage_key_daily");
+                    "usage_key_daily");
                 if (labels)
                         add(b, " LEFT JOIN sandboxes s ON s.id = u.sandbox_id AND s.account_id = $1");
                 add(b, " WHERE u.account_id = $1 AND ($2::text IS NULL OR u.key_id = $2::text)"
