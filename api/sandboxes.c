@@ -365,14 +365,19 @@ int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *er
         if ((rc = find(r, &h, &sb, err)) < 0)
                 return rc;
         /* Its cost so far, from the ledger: each meter's usage times the rate in
-         * force for its hour, summed exactly and rounded once. */
+         * force for its hour, summed exactly over one common denominator (the
+         * vCPU-hour base divides the GiB-hour base 2^30 times) and rounded once
+         * by tally_round_div (sql/006), as spend_daily is. */
         const char *p[] = { r->id, r->caller.account };
         PGresult *res = db_query(req_db(r), "cost a sandbox", PGRES_TUPLES_OK,
-                                 "SELECT coalesce(round(sum("
-                                 "  cpu_ns::numeric * rate_at(account_plan(account_id), 'cpu', hour) / meter_unit_base('cpu')"
-                                 "+ mem_byte_ns * rate_at(account_plan(account_id), 'memory', hour) / meter_unit_base('memory')"
-                                 "+ storage_byte_ns * rate_at(account_plan(account_id), 'storage', hour) / meter_unit_base('storage')"
-                                 ")), 0)::bigint FROM usage_hourly WHERE sandbox_id = $1 AND account_id = $2",
+                                 "SELECT coalesce(tally_round_div("
+                                 "  sum(cpu_ns::numeric * rate_at(account_plan(account_id), 'cpu', hour))"
+                                 "    * 1073741824 * meter_unit_base('storage')"
+                                 "+ sum(mem_byte_ns * rate_at(account_plan(account_id), 'memory', hour)) * meter_unit_base('storage')"
+                                 "+ sum(storage_byte_ns * rate_at(account_plan(account_id), 'storage', hour))"
+                                 "    * meter_unit_base('memory'),"
+                                 "  meter_unit_base('memory') * meter_unit_base('storage')), 0)::bigint "
+                                 "FROM usage_hourly WHERE sandbox_id = $1 AND account_id = $2",
                                  2, p);
         if (res) {
                 json_object_set_new(sb, "cost_nanodollars", json_integer(strtoll(PQgetvalue(res, 0, 0), NULL, 10)));
