@@ -36,6 +36,9 @@ static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *e
 static int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err);
+/* static.c: the dashboard page and its files */
+int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 struct route {
         const char *method;
@@ -45,6 +48,8 @@ struct route {
 };
 
 static const struct route routes[] = {
+        { "GET", "/", h_static_index, NEED_NONE },
+        { "GET", "/static/{id}", h_static_file, NEED_NONE },
         { "GET", "/healthz", h_healthz, NEED_NONE },
         { "GET", "/metrics", h_metrics, NEED_NONE },
         { "GET", "/v1/openapi.json", h_openapi, NEED_NONE },
