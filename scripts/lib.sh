@@ -20,7 +20,12 @@ TALLY_DEB_PACKAGES=(
   libseccomp-dev e2fsprogs
   python3 wrk
   maven openjdk-17-jre-headless
+  chromium
 )
+# Commands a package provides, installed only when the command is missing: nodejs
+# and npm may come from elsewhere than Debian (a newer Node.js already on the host).
+# npm installs the dashboard's chart library and the browser test's driver (web/package.json).
+TALLY_DEB_COMMANDS=(npm:npm node:nodejs)
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -29,6 +34,9 @@ ensure_packages() {
   local missing=() p
   for p in "${TALLY_DEB_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  for p in "${TALLY_DEB_COMMANDS[@]}"; do
+    command -v "${p%%:*}" >/dev/null 2>&1 || missing+=("${p#*:}")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing Debian packages: ${missing[*]}"
@@ -49,6 +57,50 @@ build_tally() {
       meson setup --reconfigure "$TALLY_ROOT/$dir" "$TALLY_ROOT" "$@" >/dev/null
   fi
   ninja -C "$TALLY_ROOT/$dir" >/dev/null || ninja -C "$TALLY_ROOT/$dir"
+}
+
+# build_tally_progress DIR: build_tally for people watching (scripts/up): says what it
+# does and shows ninja's progress on one line instead of minutes of silence.
+build_tally_progress() {
+  local dir=$1; shift
+  if [ ! -f "$TALLY_ROOT/$dir/build.ninja" ]; then
+    say "configuring the build in $dir/ (meson)"
+    meson setup "$TALLY_ROOT/$dir" "$TALLY_ROOT" "$@" >/dev/null
+  fi
+  local todo
+  todo=$(ninja -C "$TALLY_ROOT/$dir" -n 2>/dev/null | grep -c '^\[' || true)
+  if [ "${todo:-0}" -eq 0 ]; then
+    say "build is up to date ($dir/)"
+    return 0
+  fi
+  say "building tally into $dir/ ($todo steps; the first build takes a minute or two)"
+  local log=$TALLY_ROOT/$dir/up-build.log last=-1 line n total pct t0
+  t0=$(date +%s)
+  if ! ninja -C "$TALLY_ROOT/$dir" 2>&1 | tee "$log" | while IFS= read -r line; do
+      [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\ (.*)$ ]] || continue
+      n=${BASH_REMATCH[1]}; total=${BASH_REMATCH[2]}; pct=$(( n * 100 / total ))
+      if [ -t 2 ]; then
+        printf '\r  [%3d%%] %-70.70s' "$pct" "${BASH_REMATCH[3]}" >&2
+      elif [ $(( pct / 10 )) -ne "$last" ]; then
+        last=$(( pct / 10 )); printf '  build %3d%% (%d/%d)\n' "$pct" "$n" "$total" >&2
+      fi
+    done; then
+    [ -t 2 ] && printf '\n' >&2
+    say "build failed (log: $log)"; tail -30 "$log" >&2; exit 1
+  fi
+  [ -t 2 ] && printf '\r%-80s\r' '' >&2
+  say "built in $(( $(date +%s) - t0 )) s"
+}
+
+# web_deps: the dashboard's npm packages (web/package.json, pinned by web/package-lock.json)
+# in web/node_modules, installed with `npm ci` when missing or older than the lock file.
+web_deps() {
+  local web=$TALLY_ROOT/web
+  [ -f "$web/package-lock.json" ] || return 0
+  if [ ! -f "$web/node_modules/.package-lock.json" ] || [ "$web/package-lock.json" -nt "$web/node_modules/.package-lock.json" ]; then
+    say "installing the dashboard's npm packages (web/package-lock.json)"
+    (cd "$web" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci failed in $web"
+  fi
 }
 
 # The user PostgreSQL runs as, and a command prefix that runs as it.
@@ -138,14 +190,14 @@ broker_start() {
   die "tally-broker did not become ready"
 }
 
-# stop_pidfile FILE: SIGTERM, wait up to 10 s, then SIGKILL.
+# stop_pidfile FILE [TENTHS]: SIGTERM, wait up to TENTHS/10 s (default 10 s), then SIGKILL.
 stop_pidfile() {
-  local f=$1 pid i
+  local f=$1 tenths=${2:-100} pid i
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for i in $(seq 1 "$tenths"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$f"
