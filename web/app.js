@@ -10,6 +10,7 @@ const $ = (sel, root = document) => root.querySelector(sel);
 let csrf = sessionStorage.getItem("tally_csrf") || "";
 let timer = null;
 const charts = {};
+const keyNames = new Map(); // key id → name, from /v1/spend
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -148,7 +149,9 @@ async function refresh() {
   if (refreshing) return refreshing;
   refreshing = (async () => {
     try {
-      await Promise.all([spend(), sandboxes(), alerts(), usage(), invoices()]);
+      await spend(); // first: the other sections name keys by the names it reads
+      await Promise.all([sandboxes(), alerts(), usage(), invoices()]);
+      document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
     } catch (e) {
       if (e.status === 401) { showSignIn(); return; }
       $("#asof").textContent = "refresh failed: " + e.message;
@@ -173,6 +176,7 @@ async function spend() {
   const keep = new Set();
   for (const k of rows) {
     keep.add(k.key);
+    keyNames.set(k.key, k.name || k.key);
     let tr = tbody.querySelector(`tr[data-key="${CSS.escape(k.key)}"]`);
     if (!tr) {
       tr = el("tr", { "data-key": k.key });
@@ -243,7 +247,7 @@ async function sandboxes() {
   const full = await Promise.all(list.map((s) => api("GET", `/v1/sandboxes/${encodeURIComponent(s.id)}`).catch(() => s)));
   const rows = full.map((s) => el("tr", { "data-sandbox": s.id },
     el("td", {}, el("code", {}, s.id)),
-    el("td", {}, s.key || ""),
+    el("td", { title: s.key || "" }, keyNames.get(s.key) || s.key || ""),
     el("td", {}, Object.entries(s.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ")),
     el("td", { class: "state-" + s.state }, s.state),
     el("td", { class: "num" }, s.vcpus ?? ""),
@@ -256,7 +260,7 @@ async function alerts() {
   const page = await api("GET", "/v1/alerts?limit=20");
   const rows = page.data.map((a) => el("tr", {},
     el("td", {}, a.created_at.replace("T", " ").replace(/\.\d+/, "")),
-    el("td", {}, a.key), el("td", {}, a.day),
+    el("td", { title: a.key }, keyNames.get(a.key) || a.key), el("td", {}, a.day),
     el("td", { class: "num" }, a.threshold_pct + "%"),
     el("td", { class: "num" }, money(a.spend_nanodollars)),
     el("td", { class: "num" }, money(a.limit_nanodollars)),
