@@ -37,7 +37,10 @@ static const struct program_info program = {
                    "         (without --password-file the password is read from the terminal, or one line of stdin)\n"
                    "  key create --account ID [--name NAME] [--daily-limit-nanodollars N] [--policy pause|stop|alert_only]\n"
                    "         (prints the key's id and its secret, once)\n"
-                   "  plan assign --account ID --plan PLAN",
+                   "  plan assign --account ID --plan PLAN\n"
+                   "  status [URL...]     the pipeline's health (groups, hosts, dead letters); probes each URL\n"
+                   "  spend [--account ID] [--day YYYY-MM-DD]     spend per key against its limit\n"
+                   "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day]   usage and cost (admin_status.c)",
 };
 
 struct args {
@@ -149,8 +152,13 @@ static int set_password(PGconn *db, const char *email, const char *file)
         return r < 0 ? r : 0;
 }
 
+int admin_view(PGconn *db, int argc, char **argv); /* admin_status.c: status, spend, usage */
+
 static int command(PGconn *db, int argc, char **argv)
 {
+        int viewed = admin_view(db, argc, argv);
+        if (viewed != -ENOSYS)
+                return viewed;
         if (argc < 2)
                 return -EINVAL;
         const char *what = argv[0], *verb = argv[1];
