@@ -185,6 +185,34 @@ def main():
         if st != 402:
             fail(f"a blocked key could start a sandbox: {st} {body}")
 
+        # tally-admin's terminal views agree with /v1.
+        admin = [os.path.join(BUILD, "api", "tally-admin"),
+                 f"--database-url=postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally"]
+        def admin_out(*args):
+            p = subprocess.run(admin + list(args), capture_output=True, text=True, timeout=30)
+            print(f"--- tally-admin {' '.join(args)} (exit {p.returncode})\n{p.stdout}{p.stderr}", flush=True)
+            if p.returncode != 0:
+                fail(f"tally-admin {' '.join(args)} exited {p.returncode}")
+            return p.stdout
+        def micro(nd):  # nano-dollars -> "$0.001234", half away from zero, as PostgreSQL rounds
+            return "$%d.%06d" % divmod((nd + 500) // 1000, 1000000)
+        for _ in range(20):
+            a = call(base, "GET", "/v1/spend", key=keys["trial"]["key"])[1]["data"][0]["spend_nanodollars"]
+            out = admin_out("spend", "--account", "demo")
+            b = call(base, "GET", "/v1/spend", key=keys["trial"]["key"])[1]["data"][0]["spend_nanodollars"]
+            line = next((l for l in out.splitlines() if trial in l), "")
+            if a == b:
+                break
+        if micro(a) not in line or "BLOCKED" not in line:
+            fail(f"tally-admin spend shows {line!r} for the trial key; /v1/spend says {a} nano-dollars, blocked")
+        out = admin_out("status", base + "/healthz")
+        if not re.search(r"tally-aggregator\s+usage\s+\d+\s+\d+\s+\d+ s ago\s+up", out) or \
+                not re.search(r"\s\d+ s ago\s+\S+\s+ok", out) or not re.search(r"/healthz\s+up\s+HTTP 200", out):
+            fail("tally-admin status does not show the aggregator committing, the host sampled and tally-api up")
+        out = admin_out("usage", "--account", "demo", "--by", "meter")
+        if not all(re.search(rf"demo\s+{m}\s+\d+\.\d+\s+\S+\s+\$\d+\.\d{{6}}", out) for m in ("cpu", "memory", "storage")):
+            fail("tally-admin usage --by meter does not list cpu, memory and storage with their cost")
+
         # stop: every process ends, the instance's cgroups go.
         pids = [int(open(os.path.join(state, "run", f)).read()) for f in os.listdir(os.path.join(state, "run"))
                 if f.endswith(".pid")]
