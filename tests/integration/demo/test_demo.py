@@ -145,19 +145,6 @@ def main():
             time.sleep(2)
         print("billed:", first, flush=True)
 
-        # The browser test, while the demo runs (spend still rising on the agents key).
-        snap = os.environ.get("TALLY_SCREENSHOT") or os.path.join(state, "dashboard.png")
-        node = subprocess.run(["node", os.environ.get("TALLY_DASHBOARD_TEST",
-                                                      os.path.join(os.path.dirname(__file__), "dashboard.cjs"))],
-                              env=dict(os.environ, TALLY_URL=base, TALLY_EMAIL=email, TALLY_PASSWORD=pw,
-                                       TALLY_DATABASE_URL=f"postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally",
-                                       TALLY_KEY_ID=keys["agents"]["id"], TALLY_SCREENSHOT=snap,
-                                       TALLY_ROOT=ROOT),
-                              capture_output=True, text=True, timeout=120)
-        print(f"--- dashboard.cjs (exit {node.returncode})\n{node.stdout}{node.stderr}", flush=True)
-        if node.returncode != 0:
-            fail("the dashboard browser test failed")
-
         # Costs rise: each running sandbox's cost grew since it was first seen billed.
         for sid, (agent, c0) in first.items():
             st, sb, _ = call(base, "GET", f"/v1/sandboxes/{sid}", cookie=cookie)
@@ -212,6 +199,19 @@ def main():
         out = admin_out("usage", "--account", "demo", "--by", "meter")
         if not all(re.search(rf"demo\s+{m}\s+\d+\.\d+\s+\S+\s+\$\d+\.\d{{6}}", out) for m in ("cpu", "memory", "storage")):
             fail("tally-admin usage --by meter does not list cpu, memory and storage with their cost")
+
+        # The browser test, the trial key blocked (spend still rising on the agents key).
+        snap = os.environ.get("TALLY_SCREENSHOT") or os.path.join(state, "dashboard.png")
+        node = subprocess.run(["node", os.environ.get("TALLY_DASHBOARD_TEST",
+                                                      os.path.join(os.path.dirname(__file__), "dashboard.cjs"))],
+                              env=dict(os.environ, TALLY_URL=base, TALLY_EMAIL=email, TALLY_PASSWORD=pw,
+                                       TALLY_DATABASE_URL=f"postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally",
+                                       TALLY_KEY_ID=keys["agents"]["id"], TALLY_SCREENSHOT=snap,
+                                       TALLY_ROOT=ROOT),
+                              capture_output=True, text=True, timeout=120)
+        print(f"--- dashboard.cjs (exit {node.returncode})\n{node.stdout}{node.stderr}", flush=True)
+        if node.returncode != 0:
+            fail("the dashboard browser test failed")
 
         # stop: every process ends, the instance's cgroups go.
         pids = [int(open(os.path.join(state, "run", f)).read()) for f in os.listdir(os.path.join(state, "run"))
