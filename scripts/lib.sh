@@ -38,12 +38,15 @@ ensure_packages() {
   for p in "${TALLY_DEB_COMMANDS[@]}"; do
     command -v "${p%%:*}" >/dev/null 2>&1 || missing+=("${p#*:}")
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  say "installing Debian packages: ${missing[*]}"
-  local sudo=()
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # The dashboard's chart library and the browser test's driver (the demo test needs both).
+  web_deps
 }
 
 # build DIR [meson options...]: configures once, then builds incrementally.
