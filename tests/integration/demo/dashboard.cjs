@@ -97,8 +97,13 @@ function sql(query) {
     check(true, "the usage chart by meter is drawn");
     await page.waitForSelector("#chart-label canvas", { timeout: 20000 });
     check(true, "the usage chart by label is drawn");
+    const listed = await page.evaluate(async () =>
+      (await (await fetch("/v1/sandboxes?state=running,paused&limit=1000", { credentials: "same-origin" })).json())
+        .sandboxes.map((s) => s.id).sort());
+    const shownIds = await page.$$eval("#sandboxes tr[data-sandbox]", (trs) => trs.map((t) => t.dataset.sandbox).sort());
     const costs = await page.$$eval("#sandboxes td.cost", (tds) => tds.map((t) => Number(t.dataset.nanodollars)));
-    check(costs.length >= 3 && costs.every((c) => c > 0), `running sandboxes listed with their cost so far: ${costs}`);
+    check(listed.length > 0 && JSON.stringify(shownIds) === JSON.stringify(listed) && costs.every((c) => c > 0),
+      `the running and paused sandboxes (${listed.length}) are listed with their cost so far: ${costs}`);
     const n = await page.$eval("body", (b) => Number(b.dataset.refreshed || 0));
     await page.waitForFunction((m) => Number(document.body.dataset.refreshed || 0) > m, { timeout: 20000 }, n);
     check(true, "live refresh runs");
