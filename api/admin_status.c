@@ -152,19 +152,20 @@ static void table_print(struct table *t)
                                 w[c] = cw;
                 }
         }
-        /* Too wide: cut the widest left-aligned columns until it fits (never below 6). */
+        /* Too wide: cut the widest text (left-aligned) column until it fits, none below 4
+         * columns; figures (right-aligned) are never cut. */
         int cols = term_columns();
         for (;;) {
                 int total = 0, widest = -1;
                 for (int c = 0; c < t->ncols; c++) {
                         total += w[c] + (c ? 2 : 0);
-                        if (!t->right[c] && w[c] > 6 && (widest < 0 || w[c] > w[widest]))
+                        if (!t->right[c] && w[c] > 4 && (widest < 0 || w[c] > w[widest]))
                                 widest = c;
                 }
                 if (total <= cols || widest < 0)
                         break;
                 int over = total - cols;
-                w[widest] = w[widest] - over >= 6 ? w[widest] - over : 6;
+                w[widest] = w[widest] - over >= 4 ? w[widest] - over : 4;
         }
         for (int c = 0; c < t->ncols; c++) {
                 if (c)

@@ -175,8 +175,9 @@ def main():
         # tally-admin's terminal views agree with /v1.
         admin = [os.path.join(BUILD, "api", "tally-admin"),
                  f"--database-url=postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally"]
-        def admin_out(*args):
-            p = subprocess.run(admin + list(args), capture_output=True, text=True, timeout=30)
+        def admin_out(*args, columns="100"):
+            p = subprocess.run(admin + list(args), capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, COLUMNS=columns))
             print(f"--- tally-admin {' '.join(args)} (exit {p.returncode})\n{p.stdout}{p.stderr}", flush=True)
             if p.returncode != 0:
                 fail(f"tally-admin {' '.join(args)} exited {p.returncode}")
@@ -196,6 +197,10 @@ def main():
         if not re.search(r"tally-aggregator\s+usage\s+\d+\s+\d+\s+\d+ s ago\s+up", out) or \
                 not re.search(r"\s\d+ s ago\s+\S+\s+ok", out) or not re.search(r"/healthz\s+up\s+HTTP 200", out):
             fail("tally-admin status does not show the aggregator committing, the host sampled and tally-api up")
+        narrow = admin_out("spend", "--account", "demo", columns="60")
+        wide = max(len(l) for l in narrow.splitlines()[1:])  # the title line is prose, the table must fit
+        if wide > 60 or "…" not in narrow:
+            fail(f"tally-admin spend's table does not fit 60 columns (widest line {wide})")
         out = admin_out("usage", "--account", "demo", "--by", "meter")
         if not all(re.search(rf"demo\s+{m}\s+\d+\.\d+\s+\S+\s+\$\d+\.\d{{6}}", out) for m in ("cpu", "memory", "storage")):
             fail("tally-admin usage --by meter does not list cpu, memory and storage with their cost")
