@@ -71,6 +71,12 @@ def write(summary, security, ok, params=None, body=None, opid=None, extra=(), de
 
 
 paths = {
+    "/": {"get": op("The billing dashboard (web/index.html): a person signs in and it reads /v1 with the session.", [],
+                    {"200": resp("The page", {"type": "string"}, "text/html")}, opid="getDashboard")},
+    "/static/{id}": {"parameters": [ID], "get": op(
+        "A file of the dashboard (web/): its script and style, and the chart library npm installed.", [],
+        {"200": resp("The file", {"type": "string"}, "application/octet-stream"),
+         "404": {"$ref": "#/components/responses/NotFound"}}, opid="getDashboardFile")},
     "/healthz": {"get": op("Liveness: the server answers and reaches PostgreSQL.", [],
                            {"200": resp("Healthy", {"type": "object"}), "503": resp("Unhealthy", ref("Error"))},
                            opid="getHealthz")},
