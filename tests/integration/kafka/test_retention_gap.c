@@ -9,7 +9,10 @@
  * watermark minus one, read here by the test's own client), log it at
  * error, count it in /metrics, and go on billing from the earliest offset
  * Kafka still has, with nothing billed twice. A second partition whose
- * billed messages were deleted (nothing lost) must record no gap.
+ * billed messages were deleted (nothing lost) must record no gap. Then the
+ * same while it runs: frozen (SIGSTOP) while retention deletes what it has
+ * not fetched yet, it must find the gap when Kafka answers its next fetch
+ * with OFFSET_OUT_OF_RANGE (auto.offset.reset=error), not reset silently.
  *
  * Time is what retention measures, and retention is by each segment's
  * newest record timestamp: the messages meant to age out carry a CreateTime
@@ -25,6 +28,8 @@
 #include "timeutil.h"
 
 #include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +137,9 @@ int main(void)
         int port = store_free_port();
         char ports[16];
         snprintf(ports, sizeof(ports), "%d", port);
-        const char *extra[] = { "--batch-ms", "50", "--metrics-port", ports, NULL };
+        /* A group session longer than the freeze below: the partitions stay where they are. */
+        const char *extra[] = { "--batch-ms", "50", "--metrics-port", ports, "--consumer-settings",
+                                "session.timeout.ms=120000,heartbeat.interval.ms=1000", NULL };
         int64_t t0 = time_wall_ns() - 30 * 60 * NS_PER_SEC;
         int64_t old_ms = time_wall_ns() / NS_PER_MS - 2 * 3600 * 1000; /* two hours ago */
 
@@ -256,6 +263,76 @@ int main(void)
         CHECK(cpu && strcmp(cpu, "70000000000") == 0, "CPU billed after the gap: %s, want 70 s", cpu ? cpu : "?");
         free(cpu);
         CHECK(store_int(&t, "SELECT count(*) FROM offset_gaps") == 1, "a second gap was recorded");
+
+        /* While it runs: frozen (SIGSTOP; its group session outlasts the
+         * freeze), its fetch position goes out of range as retention deletes
+         * what it has not read. Retention now 5 s and a segment per record:
+         * samples 6 and 7 (billed) age out in 5 s, 8 and 9 (never billed) go
+         * in two hours old, 10 ten minutes ahead (the active segment, kept).
+         * Kafka answers the fetch with OFFSET_OUT_OF_RANGE, the consumer
+         * (auto.offset.reset=error) reports it, and the same rule applies. */
+        snprintf(q, sizeof(q), "SELECT next_offset FROM consumer_offsets WHERE topic = 'usage' AND partition = %d", PART);
+        int64_t stored2 = store_int(&t, q);
+        kill(agg, SIGSTOP);
+        int64_t frozen = time_mono_ns();
+        const char *const cfg2[] = { "retention.ms", "5000", "segment.ms", "1", "min.insync.replicas", "1", NULL };
+        alter_usage(&t, cfg2);
+        for (int i = 0; i < 100; i++) {
+                seg = describe_usage(&t, "segment.ms");
+                bool done = seg && strcmp(seg, "1") == 0;
+                free(seg);
+                if (done)
+                        break;
+                time_sleep_ns(100 * NS_PER_MS);
+        }
+        time_sleep_ns(NS_PER_SEC);
+        for (int seq = 8; seq <= 9; seq++) {
+                struct usage_event ev = sample("sb_rgap", seq, t0);
+                produce_at(&t, PART, &ev, old_ms);
+        }
+        struct usage_event ev10 = sample("sb_rgap", 10, t0);
+        produce_at(&t, PART, &ev10, time_wall_ns() / NS_PER_MS + 10 * 60 * 1000);
+        int64_t lo2 = -1, hi2 = -1;
+        for (int i = 0; i < 600; i++) {
+                watermarks(&t, PART, &lo2, &hi2);
+                if (lo2 == hi2 - 1)
+                        break;
+                time_sleep_ns(100 * NS_PER_MS);
+        }
+        fprintf(stderr, "aggregator frozen at next offset %" PRId64 "; after retention partition %d holds %" PRId64
+                        "..%" PRId64 "; thawed after %" PRId64 " ms\n",
+                stored2, PART, lo2, hi2 - 1, (time_mono_ns() - frozen) / NS_PER_MS);
+        CHECK(stored2 == 7 && lo2 == 9 && hi2 == 10, "want next offset 7 and offsets 9..9 kept, have %" PRId64
+              " and %" PRId64 "..%" PRId64, stored2, lo2, hi2 - 1);
+        kill(agg, SIGCONT);
+        if (aggtest_wait_caught_up(&t, 120) < 0) {
+                CHECK(0, "the running aggregator did not carry on after the gap");
+                store_log_dump(&t, 1, 3000);
+        }
+        snprintf(want, sizeof(want), "2 %d %" PRId64 " %" PRId64 " behind", PART, stored2, lo2 - 1);
+        v = aggtest_query(&t, "SELECT (SELECT count(*) FROM offset_gaps) || ' ' || partition || ' ' || from_offset"
+                              " || ' ' || to_offset || ' ' || kind FROM offset_gaps ORDER BY id DESC LIMIT 1");
+        fprintf(stderr, "offset_gaps, the second: %s (want %s)\n", v ? v : "?", want);
+        CHECK(v && strcmp(v, want) == 0, "offset_gaps says %s, want %s", v ? v : "?", want);
+        free(v);
+        snprintf(want, sizeof(want), "partition=%d kind=behind from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRId64,
+                 PART, stored2, lo2 - 1, lo2 - stored2);
+        CHECK(store_log_has(&t, 1, want) && store_log_has(&t, 1, "found=while_consuming"),
+              "the error line does not say %s found=while_consuming", want);
+        page = store_metrics(port);
+        gaps = page ? store_metric(page, "tally_aggregator_offset_gaps_total") : -1;
+        lost = page ? store_metric(page, "tally_aggregator_offsets_lost_total") : -1;
+        fprintf(stderr, "/metrics: offset_gaps_total %" PRId64 ", offsets_lost_total %" PRId64 "\n", gaps, lost);
+        CHECK(gaps == 2, "offset gaps in /metrics: %" PRId64 ", want 2", gaps);
+        CHECK(lost == (lo - stored) + (lo2 - stored2), "offsets lost in /metrics: %" PRId64 ", want %" PRId64, lost,
+              (lo - stored) + (lo2 - stored2));
+        free(page);
+        cpu = billed_cpu(&t, "sb_rgap");
+        fprintf(stderr, "billed cpu_ns: sb_rgap %s (want 100e9)\n", cpu ? cpu : "?");
+        CHECK(cpu && strcmp(cpu, "100000000000") == 0, "CPU billed across the second gap: %s, want 100 s",
+              cpu ? cpu : "?");
+        free(cpu);
+        CHECK(store_int(&t, "SELECT count(*) FROM dead_letters") == 0, "samples were dead-lettered");
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
         aggtest_stop(&t);
         return test_result();
