@@ -264,7 +264,7 @@ kafka_wait_node() {
   port=$(cat "$dir/node.$n/port")
   for i in $(seq 1 600); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    kill -0 "$(cat "$dir/node.$n/pid")" 2>/dev/null || { tail -20 "$dir/node.$n/server.log" "$dir/node.$n/stdout.log" >&2; die "kafka node $n exited (log: $dir/node.$n/server.log)"; }
+    kill -0 "$(cat "$dir/node.$n/pid")" 2>/dev/null || { tail -n 20 "$dir/node.$n/server.log" "$dir/node.$n/stdout.log" >&2; die "kafka node $n exited (log: $dir/node.$n/server.log)"; }
     sleep 0.1
   done
   die "kafka node $n did not listen on $port within 60 s (log: $dir/node.$n/server.log)"

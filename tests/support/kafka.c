@@ -22,6 +22,11 @@ static int script(struct test_kafka *k, const char *cmd, const char *a1, const c
         return test_run(argv, NULL, err);
 }
 
+/* On Apache Kafka the broker's and topics' settings that scripts/kafka takes
+ * from the environment reach it from the test's own environment: a test sets
+ * TALLY_KAFKA_RETENTION_CHECK_MS, TALLY_KAFKA_SEGMENT_BYTES,
+ * TALLY_KAFKA_TOPIC_CONFIG or TALLY_KAFKA_RETENTION_MS before starting
+ * (kafka-retention-gap checks retention every 250 ms). */
 void test_kafka_start(struct test_kafka *k, const char *dir, int partitions, int nodes)
 {
         memset(k, 0, sizeof(*k));

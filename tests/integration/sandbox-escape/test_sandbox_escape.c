@@ -55,9 +55,10 @@ static char account[64], token[32];
 static char *work, *state, *sock, *ctl_dir;
 static const char *helper;
 static pid_t daemon_pid = -1;
-/* the rest of the pipeline: a private broker (other tests' usage stays out of this
+/* the rest of the pipeline: a private Kafka (other tests' usage stays out of this
  * ledger), the collector, the aggregator and a database of its own */
-static pid_t broker_pid = -1, collector_pid = -1, aggregator_pid = -1;
+static pid_t collector_pid = -1, aggregator_pid = -1;
+static struct test_kafka kafka; /* the development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache */
 static char *brokers, *db_url;
 /* each stopped sandbox's final counter as read here, for the ledger check at the end */
 static struct billed {
@@ -126,9 +127,10 @@ static void cleanup(void)
                 if (init_ns[i] && pidns_of(inits[i]) == init_ns[i])
                         kill(inits[i], SIGKILL);
         test_stop_process(&daemon_pid, SIGKILL);
-        pid_t *others[] = { &collector_pid, &aggregator_pid, &broker_pid };
-        for (int i = 0; i < 3; i++)
+        pid_t *others[] = { &collector_pid, &aggregator_pid };
+        for (int i = 0; i < 2; i++)
                 test_stop_process(others[i], SIGKILL);
+        test_kafka_stop(&kafka);
         for (int i = 0; i < 2; i++)
                 test_stop_process(&victims[i], SIGKILL);
         if (*parent)
@@ -1459,16 +1461,9 @@ static void start_pipeline(void)
         PQclear(r);
         PQfinish(c);
         free(sql);
-        char *boot = fmt("%s/broker.bootstrap", work), *log = fmt("%s/broker.log", work);
-        char *broker[] = { (char *)test_env("TALLY_BROKER_BIN"), "--partitions", "2", "--bootstrap-file", boot, NULL };
-        broker_pid = test_spawn(broker, NULL, log);
-        if (test_wait_file(boot, 10000) < 0) {
-                fprintf(stderr, "FAIL: the private broker did not start\n");
-                exit(1);
-        }
-        brokers = test_read_file(boot);
-        free(log);
-        log = fmt("%s/collector.log", work);
+        test_kafka_start(&kafka, work, 2, 1);
+        brokers = strdup(kafka.bootstrap);
+        char *log = fmt("%s/collector.log", work);
         char *collector[] = { (char *)test_env("TALLY_COLLECTOR_BIN"), "--state-dir", state, "--kafka-brokers", brokers,
                               "--tick-ms", "200", "--metrics-port", "0", NULL };
         collector_pid = test_spawn(collector, NULL, log);
@@ -1478,7 +1473,6 @@ static void start_pipeline(void)
                                brokers, "--batch-ms", "100", NULL };
         aggregator_pid = test_spawn(aggregator, NULL, log);
         free(log);
-        free(boot);
 }
 
 /* the attacks whose sandbox the ledger billed wrongly */

@@ -1,6 +1,6 @@
 /* test_qemu_billing.c — a qemu sandbox through the whole pipeline, every
  * part a real process: tally-vmm (qemu backend, TCG) launches the microVM
- * jailed in its cgroup, tally-collector samples it, a private tally-broker
+ * jailed in its cgroup, tally-collector samples it, a private Kafka
  * carries the topics, tally-aggregator bills into a real PostgreSQL ledger.
  *
  * Inside the guest the sandbox tries to leave its cgroup (it mounts its own
@@ -34,7 +34,7 @@
 /* docs/qemu.md: QEMU's uid and gid are 2,100,000,000 plus its pid. */
 #define JAIL_UID_BASE 2100000000ul
 
-static char state_dir[512], cgroup_parent[64], brokers[128];
+static char state_dir[512], cgroup_parent[64], brokers[512];
 static char *db_url;
 
 static void sleep_ms(int ms)
@@ -286,18 +286,11 @@ int main(void)
         exec_sql("INSERT INTO accounts (id, name) VALUES ('acct_qb', 'qemu billing');"
                  "INSERT INTO api_keys (id, account_id, key_hash) VALUES ('key_qb', 'acct_qb', sha256('key_qb'))");
 
-        char bootstrap[600];
-        snprintf(bootstrap, sizeof(bootstrap), "%s/broker.bootstrap", dir);
         mkdir(state_dir, 0755);
-        char *broker[] = { (char *)test_env("TALLY_BROKER_BIN"), "--partitions", "2", "--bootstrap-file", bootstrap, NULL };
-        pid_t broker_pid = daemon_start("broker", broker);
-        if (test_wait_file(bootstrap, 10000) < 0) {
-                fprintf(stderr, "FAIL: the broker did not start\n");
-                return 1;
-        }
-        char *b = test_read_file(bootstrap);
-        snprintf(brokers, sizeof(brokers), "%s", str(b));
-        free(b);
+        /* The development broker, or Apache Kafka under TALLY_TEST_KAFKA=apache (tests/support/kafka.c). */
+        struct test_kafka kafka;
+        test_kafka_start(&kafka, dir, 2, 1);
+        snprintf(brokers, sizeof(brokers), "%s", kafka.bootstrap);
 
         char tick[16];
         snprintf(tick, sizeof(tick), "%d", TICK_MS);
@@ -323,7 +316,7 @@ int main(void)
         daemon_stop(aggregator_pid, "tally-aggregator");
         daemon_stop(collector_pid, "tally-collector");
         daemon_stop(vmm_pid, "tally-vmm");
-        daemon_stop(broker_pid, "tally-broker");
+        test_kafka_stop(&kafka);
         if (test_failures) {
                 const char *logs[] = { "vmm", "collector", "aggregator" };
                 for (int i = 0; i < 3; i++) {
