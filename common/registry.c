@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int registry_path(char *buf, size_t size, const char *state_dir, const char *id)
@@ -266,4 +268,68 @@ void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64
         rec->state = to;
         if (boot_now > rec->state_since_boot_ns)
                 rec->state_since_boot_ns = boot_now;
+}
+
+/* Opens the lock file (creating the folders and the file) and takes it with
+ * op (LOCK_SH or LOCK_EX), polling for at most wait_ms: a blocking flock could
+ * not be bounded without signals. The polls start short, so the collector finds
+ * the gaps between moments, and back off to 1 ms. */
+static int moments_lock(const char *state_dir, int op, int64_t wait_ms)
+{
+        char dir[PATH_MAX], path[PATH_MAX];
+        if (snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir) >= (int)sizeof(dir) ||
+            snprintf(path, sizeof(path), "%s/" REGISTRY_MOMENTS_LOCK, dir) >= (int)sizeof(path))
+                return -ENAMETOOLONG;
+        /* Read-only: its close is no IN_CLOSE_WRITE for the collector's watch. */
+        int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && errno == ENOENT) {
+                if ((mkdir(state_dir, 0700) < 0 && errno != EEXIST) || (mkdir(dir, 0700) < 0 && errno != EEXIST))
+                        return -errno;
+                fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        }
+        if (fd < 0)
+                return -errno;
+        struct timespec now, until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += wait_ms / 1000;
+        until.tv_nsec += (wait_ms % 1000) * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+        }
+        long pause_ns = 50000;
+        for (;;) {
+                if (flock(fd, op | LOCK_NB) == 0)
+                        return fd;
+                if (errno != EWOULDBLOCK && errno != EINTR) {
+                        int r = -errno;
+                        close(fd);
+                        return r;
+                }
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+                        close(fd);
+                        return -ETIMEDOUT;
+                }
+                struct timespec p = { 0, pause_ns };
+                nanosleep(&p, NULL);
+                if (pause_ns < 1000000)
+                        pause_ns *= 2;
+        }
+}
+
+int registry_moment_begin(const char *state_dir, int64_t wait_ms)
+{
+        return moments_lock(state_dir, LOCK_SH, wait_ms);
+}
+
+int registry_moments_quiesce(const char *state_dir, int64_t wait_ms)
+{
+        return moments_lock(state_dir, LOCK_EX, wait_ms);
+}
+
+void registry_moment_end(int fd)
+{
+        if (fd >= 0)
+                close(fd); /* the last descriptor of its open file description: the lock goes with it */
 }
