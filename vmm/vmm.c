@@ -56,10 +56,14 @@ static struct moment moment_now(void)
  * it) is logged and the moment goes on without: the vmm never stops for it. */
 static int moment_begin(const char *state_dir, const char *id)
 {
+        int64_t asked = time_mono_ns();
         int fd = registry_moment_begin(state_dir, REGISTRY_MOMENT_WAIT_MS);
+        int64_t waited_ms = (time_mono_ns() - asked) / NS_PER_MS;
         if (fd < 0)
                 log_warn("could not take the registry's moment lock: a collector tick may run past this moment "
                          "until it reads the record", "sandbox=%s error=\"%s\"", id, strerror(-fd));
+        else if (waited_ms >= 100)
+                log_warn("waited for the registry's moment lock", "sandbox=%s waited_ms=%lld", id, (long long)waited_ms);
         return fd;
 }
 
