@@ -87,6 +87,7 @@ struct collector {
         struct spool spool;
         int inotify_fd;
         uint32_t generation;          /* the host's, on disk before any seq uses it */
+        int64_t gen_raised_mono;      /* when it was last set (start or raise), monotonic */
         uint64_t ticks;
         struct wall_guard wall;
         int64_t stamp_wall, stamp_mono, stamp_boot; /* the clocks for the readings being taken */
@@ -239,8 +240,33 @@ static int raise_generation(void *ctx, uint32_t next)
                 return r;
         }
         c->gen_error_logged = false;
+        c->gen_raised_mono = time_mono_ns();
         log_info("generation raised: a sandbox's sequence ran out of n", "generation=%u", next);
         return 0;
+}
+
+/* Keeps the host's generation with the clock's hours during a long run
+ * (state.h), stored before any seq uses it; every sandbox's next seq moves to
+ * it (seq_next). Outside the moment lock: it may fsync. */
+static void follow_clock(struct collector *c)
+{
+        uint32_t next = generation_follow_clock(c->generation, c->stamp_wall / NS_PER_SEC,
+                                                c->stamp_mono - c->gen_raised_mono);
+        if (next == c->generation)
+                return;
+        int r = state_save_generation(c->state_dir, next);
+        if (r < 0) {
+                M_ADD(c, state_save_errors_total, 1);
+                if (!c->gen_error_logged)
+                        log_error("could not store a raised generation: keeping the current one",
+                                  "generation=%u error=\"%s\"", next, strerror(-r));
+                c->gen_error_logged = true;
+                return;
+        }
+        c->gen_error_logged = false;
+        c->generation = next;
+        c->gen_raised_mono = c->stamp_mono;
+        log_info("generation raised to follow the clock", "generation=%u", next);
 }
 
 /* Fills c->ev with s's sample at this stamp. Returns 0, or the -errno of a
@@ -885,6 +911,7 @@ static void sample_all(struct collector *c)
 {
         publish_pending(c);
         tick_records(c); /* the clocks and the records, then the counters */
+        follow_clock(c);
         scan_tick(c, c->opt.read_peak && c->ticks % (uint64_t)c->opt.peak_every == 0);
         uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->n; i++) {
@@ -1003,6 +1030,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
                 snprintf(err, errlen, "could not create the state folders under %s: %s", c->state_dir, strerror(-r));
                 goto fail;
         }
+        c->gen_raised_mono = time_mono_ns();
         if ((r = state_next_generation(c->state_dir, time_wall_ns() / NS_PER_SEC, &c->generation)) < 0) {
                 snprintf(err, errlen, "could not store the start generation in %s/" COLLECTOR_DIR ": %s",
                          c->state_dir, strerror(-r));
