@@ -58,6 +58,7 @@ struct sandbox {
          * on the boot clock; state_since_boot_ns 0: the vmm did not say, no held time is sent. */
         uint64_t running_ns, paused_ns;
         int64_t state_since_boot_ns;
+        bool starting;                /* the record says the backend has not started it: no samples yet */
         /* What its last encoded sample carried: held time and clocks never go back within a sandbox. */
         bool pub_known;
         uint64_t pub_running_ns, pub_paused_ns;
@@ -721,6 +722,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         s->running_ns = rec->running_ns;
         s->paused_ns = rec->paused_ns;
         s->state_since_boot_ns = rec->state_since_boot_ns;
+        s->starting = rec->starting;
         int moved = set_str(&s->cpu_dir, rec->cgroup_cpu) | set_str(&s->mem_dir, rec->cgroup_memory);
         if (moved < 0 || set_str(&s->disk_path, rec->disk_path) < 0)
                 return -ENOMEM;
@@ -916,7 +918,7 @@ static void sample_all(struct collector *c)
         uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->n; i++) {
                 struct sandbox *s = c->list[i];
-                if (s->finished || s->state == STATE_STOPPED)
+                if (s->finished || s->state == STATE_STOPPED || s->starting)
                         continue;
                 if (s->files.version == 0 && open_files(c, s) < 0)
                         continue; /* not there (yet, or any more) */

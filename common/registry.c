@@ -66,6 +66,8 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
         json_t *j = to_json(rec);
         if (!j)
                 return -ENOMEM;
+        if (rec->starting)
+                json_object_set_new(j, "starting", json_true());
         char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS);
         json_decref(j);
         if (!text)
@@ -155,6 +157,10 @@ int registry_read_file(const char *path, struct sandbox_record *ret)
         r.cgroup_version = (int)version;
         r.pid = (pid_t)pid;
         r.state_since_boot_ns = (int64_t)since;
+        json_t *starting = json_object_get(o, "starting");
+        if (starting && !json_is_boolean(starting))
+                bad = 1;
+        r.starting = json_is_true(starting);
         json_t *labels = json_object_get(o, "labels");
         if (!bad && labels && json_is_object(labels)) {
                 struct usage_event tmp = { 0 };
@@ -266,6 +272,7 @@ void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64
 {
         registry_held_at(rec, boot_now, &rec->running_ns, &rec->paused_ns);
         rec->state = to;
+        rec->starting = false;
         if (boot_now > rec->state_since_boot_ns)
                 rec->state_since_boot_ns = boot_now;
 }

@@ -44,6 +44,11 @@ struct sandbox_record {
         uint64_t running_ns;
         uint64_t paused_ns;
         int64_t state_since_boot_ns;
+        /* Written before the backend starts (the vmm's first write of a new
+         * sandbox): the sandbox may not run yet and its held time has no
+         * moment to count from. The collector takes no sample of it until a
+         * record says it started; registry_set_state clears it. */
+        bool starting;
         int cgroup_version;              /* 1 or 2 */
         char cgroup_cpu[PATH_MAX];       /* folder holding cpuacct.usage (v1) or cpu.stat (v2) */
         char cgroup_memory[PATH_MAX];    /* folder holding memory.usage_in_bytes (v1) or memory.current (v2) */
@@ -77,7 +82,7 @@ void registry_held_at(const struct sandbox_record *rec, int64_t boot_now, uint64
                       uint64_t *ret_paused_ns);
 
 /* Moves rec to state `to` at boot-clock instant boot_now, adding the time
- * spent in the state it leaves to its total. */
+ * spent in the state it leaves to its total; a starting record has started. */
 void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64_t boot_now);
 
 /* The moment lock orders the vmm's lifecycle moments against the collector's

@@ -593,6 +593,10 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
                 goto fail;
         }
         dir_made = true;
+        /* Written before the start (a restarted vmm finds the cgroup by it), marked starting: the
+         * collector samples it only once the record with the start's moment replaces it, so no
+         * sample without held time falls between the two (docs/registry.md, "Moments and ticks"). */
+        rec->starting = true;
         if ((r = write_spec_file(sb->dir, req->network, req->pids_max)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
                 snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
                 goto fail;

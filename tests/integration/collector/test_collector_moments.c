@@ -16,6 +16,14 @@
  * running and no more paused time than that truth gives plus 10 ms (the rule);
  * the final sample exactly (P - T0) + (S - R) running and R - P paused.
  *
+ * A sandbox being created: the vmm's first record is written before the
+ * backend starts, marked starting and with no moment yet. The collector must
+ * send nothing for it (a sample without held time there is billed by the
+ * interval rule, off by up to the start's duration); once the record with the
+ * start's moment S0 replaces it (written as the vmm does, 1.5 ticks after S0
+ * under the lock), every sample carries running time within 10 ms of its
+ * instant - S0.
+ *
  * Then a lock held past the collector's bound (2 s): the collector must keep
  * sampling, count moment_lock_timeouts_total and say so in its log. */
 #include "sandboxes.h"
@@ -185,6 +193,48 @@ int main(void)
               "paused", worst_paused);
         fprintf(stderr, "%d samples; at most %" PRId64 " ns running and %" PRId64 " ns paused above the truth "
                 "(moments %d ms before their records)\n", samples, worst_run, worst_paused, GAP_MS);
+
+        /* A sandbox being created: its cgroup and burner made in a folder the collector does not
+         * watch, then its record written here as the vmm's first write is. */
+        char prestate[600];
+        snprintf(prestate, sizeof(prestate), "%s/prestate", dir);
+        mkdir(prestate, 0755);
+        struct test_sandbox fresh;
+        snprintf(id, sizeof(id), "%sfresh", prefix);
+        tsb_create(&fresh, prestate, id, "acct_moments", 1, 20);
+        registry_remove(prestate, fresh.rec.id);
+        fresh.rec.starting = true;
+        fresh.rec.state_since_boot_ns = 0;
+        CHECK(registry_write(state, &fresh.rec) == 0, "could not write the starting record");
+        msleep(3 * TICK_MS);
+        consumer_poll(c, prefix, 200);
+        p = consumer_items(c, &n);
+        int early = 0;
+        for (size_t i = 0; i < n; i++)
+                early += strcmp(p[i].sandbox, fresh.rec.id) == 0;
+        CHECK(early == 0, "%d samples of a sandbox whose record says it has not started", early);
+        int lock = registry_moment_begin(state, 2000);
+        CHECK(lock >= 0, "could not take the moment lock: %s", strerror(-lock));
+        int64_t started = time_boot_ns();
+        msleep(GAP_MS);
+        fresh.rec.starting = false;
+        fresh.rec.state_since_boot_ns = started;
+        CHECK(registry_write(state, &fresh.rec) == 0, "could not write the started record");
+        registry_moment_end(lock);
+        wait_samples(c, prefix, fresh.rec.id, STATE_RUNNING, 3, 20000);
+        p = consumer_items(c, &n);
+        for (size_t i = 0; i < n; i++) {
+                if (strcmp(p[i].sandbox, fresh.rec.id) != 0)
+                        continue;
+                int64_t truth = p[i].mono_ns + boot_minus_mono - started, off = (int64_t)p[i].running_ns - truth;
+                CHECK(p[i].held_known && off <= RULE_NS && off >= -RULE_NS,
+                      "a sample of the new sandbox carried running %" PRIu64 " ns (held time %s), it had run %"
+                      PRId64 " ns", p[i].running_ns, p[i].held_known ? "sent" : "not sent", truth);
+        }
+        tsb_stop(&fresh, state);
+        for (int waited = 0; waited < 10000 && !tsb_final_marked(&fresh, state); waited += 50)
+                msleep(50);
+        tsb_remove(&fresh, state);
 
         /* A vmm wedged inside a moment: the collector waits 2 s at most, then samples on. */
         struct test_sandbox other;
