@@ -58,6 +58,7 @@ struct sandbox {
          * on the boot clock; state_since_boot_ns 0: the vmm did not say, no held time is sent. */
         uint64_t running_ns, paused_ns;
         int64_t state_since_boot_ns;
+        bool starting;                /* the record says the backend has not started it: no samples yet */
         /* What its last encoded sample carried: held time and clocks never go back within a sandbox. */
         bool pub_known;
         uint64_t pub_running_ns, pub_paused_ns;
@@ -71,6 +72,13 @@ struct sandbox {
         char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
 };
 
+/* A registry record inotify said changed: its content at the read, or gone. */
+struct changed_record {
+        bool gone;
+        char id[EVENT_ID_MAX + 1];
+        struct sandbox_record rec;
+};
+
 struct collector {
         struct collector_options opt;
         char state_dir[PATH_MAX];
@@ -80,6 +88,7 @@ struct collector {
         struct spool spool;
         int inotify_fd;
         uint32_t generation;          /* the host's, on disk before any seq uses it */
+        int64_t gen_raised_mono;      /* when it was last set (start or raise), monotonic */
         uint64_t ticks;
         struct wall_guard wall;
         int64_t stamp_wall, stamp_mono, stamp_boot; /* the clocks for the readings being taken */
@@ -96,6 +105,14 @@ struct collector {
         bool scanned;                 /* this tick's walk succeeded */
         bool scan_error_logged;
         bool gen_error_logged;        /* a raised generation could not be stored (logged once until it is) */
+        /* Records read while the moment lock was held, applied once it is released (reading is
+         * quick; applying may open files, walk a disk folder or fsync a final sample). */
+        struct changed_record *changed;
+        size_t nchanged, changed_cap;
+        struct sandbox_record *listed; /* a full re-read (the inotify queue overflowed) ... */
+        int nlisted;
+        bool full_read;               /* ... when set */
+        bool lock_timed_out;          /* the last tick could not take the moment lock */
         struct usage_event ev;        /* reused for every sample */
         char buf[SAMPLE_MAX];
         struct collector_metrics m;
@@ -224,8 +241,33 @@ static int raise_generation(void *ctx, uint32_t next)
                 return r;
         }
         c->gen_error_logged = false;
+        c->gen_raised_mono = time_mono_ns();
         log_info("generation raised: a sandbox's sequence ran out of n", "generation=%u", next);
         return 0;
+}
+
+/* Keeps the host's generation with the clock's hours during a long run
+ * (state.h), stored before any seq uses it; every sandbox's next seq moves to
+ * it (seq_next). Outside the moment lock: it may fsync. */
+static void follow_clock(struct collector *c)
+{
+        uint32_t next = generation_follow_clock(c->generation, c->stamp_wall / NS_PER_SEC,
+                                                c->stamp_mono - c->gen_raised_mono);
+        if (next == c->generation)
+                return;
+        int r = state_save_generation(c->state_dir, next);
+        if (r < 0) {
+                M_ADD(c, state_save_errors_total, 1);
+                if (!c->gen_error_logged)
+                        log_error("could not store a raised generation: keeping the current one",
+                                  "generation=%u error=\"%s\"", next, strerror(-r));
+                c->gen_error_logged = true;
+                return;
+        }
+        c->gen_error_logged = false;
+        c->generation = next;
+        c->gen_raised_mono = c->stamp_mono;
+        log_info("generation raised to follow the clock", "generation=%u", next);
 }
 
 /* Fills c->ev with s's sample at this stamp. Returns 0, or the -errno of a
@@ -680,6 +722,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         s->running_ns = rec->running_ns;
         s->paused_ns = rec->paused_ns;
         s->state_since_boot_ns = rec->state_since_boot_ns;
+        s->starting = rec->starting;
         int moved = set_str(&s->cpu_dir, rec->cgroup_cpu) | set_str(&s->mem_dir, rec->cgroup_memory);
         if (moved < 0 || set_str(&s->disk_path, rec->disk_path) < 0)
                 return -ENOMEM;
@@ -698,47 +741,86 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         return 0;
 }
 
-static void reload_one(struct collector *c, const char *name)
+/* Reads one record inotify named into c->changed (nothing for other files). */
+static void read_changed(struct collector *c, const char *name, bool *ret_full)
 {
         size_t len = strlen(name);
-        if (len <= 5 || strcmp(name + len - 5, ".json") != 0)
+        if (len <= 5 || strcmp(name + len - 5, ".json") != 0 || len - 5 > EVENT_ID_MAX)
                 return;
-        char id[EVENT_ID_MAX + 1];
-        if (len - 5 > EVENT_ID_MAX)
-                return;
-        memcpy(id, name, len - 5);
-        id[len - 5] = '\0';
-        struct sandbox_record rec;
-        int r = registry_read(c->state_dir, id, &rec);
-        if (r == -ENOENT) {
-                struct sandbox *s = find(c, id);
-                if (s)
-                        remove_sandbox(c, s, "record removed");
+        if (c->nchanged == c->changed_cap) {
+                size_t cap = c->changed_cap ? c->changed_cap * 2 : 64;
+                struct changed_record *l = realloc(c->changed, cap * sizeof(*l));
+                if (!l) {
+                        *ret_full = true; /* read every record instead */
+                        return;
+                }
+                c->changed = l;
+                c->changed_cap = cap;
+        }
+        struct changed_record *ch = &c->changed[c->nchanged];
+        memcpy(ch->id, name, len - 5);
+        ch->id[len - 5] = '\0';
+        int r = registry_read(c->state_dir, ch->id, &ch->rec);
+        if (r < 0 && r != -ENOENT) {
+                log_warn("skipping an invalid registry record", "sandbox=%s", ch->id);
                 return;
         }
-        if (r < 0) {
-                log_warn("skipping an invalid registry record", "sandbox=%s", id);
-                return;
-        }
-        if ((r = load_record(c, &rec)) < 0)
-                log_error("could not track a sandbox", "sandbox=%s error=\"%s\"", id, strerror(-r));
-        sandbox_record_clear(&rec);
+        ch->gone = r == -ENOENT;
+        c->nchanged++;
 }
 
-static int rescan(struct collector *c)
+static void clear_changes(struct collector *c)
 {
-        struct sandbox_record *recs = NULL;
-        int n = registry_list(c->state_dir, &recs);
+        for (size_t i = 0; i < c->nchanged; i++)
+                if (!c->changed[i].gone)
+                        sandbox_record_clear(&c->changed[i].rec);
+        c->nchanged = 0;
+        registry_list_free(c->listed, c->nlisted);
+        c->listed = NULL;
+        c->nlisted = 0;
+        c->full_read = false;
+}
+
+/* Reads the records inotify says changed since the last call (or every record
+ * if its queue overflowed), without acting on them: quick enough to run under
+ * the moment lock. apply_changes acts on them. */
+static void collect_changes(struct collector *c)
+{
+        char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+        bool full = false;
+        for (;;) {
+                ssize_t n = read(c->inotify_fd, buf, sizeof(buf));
+                if (n <= 0)
+                        break;
+                for (char *p = buf; p < buf + n;) {
+                        const struct inotify_event *ev = (const struct inotify_event *)p;
+                        if (ev->mask & IN_Q_OVERFLOW)
+                                full = true;
+                        else if (ev->len > 0 && !full)
+                                read_changed(c, ev->name, &full);
+                        p += sizeof(*ev) + ev->len;
+                }
+        }
+        if (!full)
+                return;
+        /* Every record as it is now: newer than anything the queue held. */
+        clear_changes(c);
+        int n = registry_list(c->state_dir, &c->listed);
         if (n < 0) {
                 log_error("could not read the registry", "path=%s error=\"%s\"", c->registry_dir, strerror(-n));
-                return n;
+                c->listed = NULL;
+                return; /* the periodic rescan catches up */
         }
-        /* Mark and sweep: a sandbox no record names any more is gone. */
+        c->nlisted = n;
+        c->full_read = true;
+}
+
+/* Takes in every record of a full read; a sandbox no record names any more is gone. */
+static int apply_list(struct collector *c, struct sandbox_record *recs, int n)
+{
         bool *seen = calloc(c->n + (size_t)n + 1, sizeof(*seen));
-        if (!seen) {
-                registry_list_free(recs, n);
+        if (!seen)
                 return -ENOMEM;
-        }
         for (int i = 0; i < n; i++) {
                 int r = load_record(c, &recs[i]);
                 struct sandbox *s = find(c, recs[i].id);
@@ -751,38 +833,92 @@ static int rescan(struct collector *c)
                 if (!seen[i])
                         remove_sandbox(c, c->list[i], "record removed");
         free(seen);
-        registry_list_free(recs, n);
         return 0;
 }
 
-static void drain_inotify(struct collector *c)
+/* Acts on what collect_changes read, in the order read. The tick's clocks are
+ * kept: a final sample taken here reads its own. */
+static void apply_changes(struct collector *c)
 {
-        char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
-        for (;;) {
-                ssize_t n = read(c->inotify_fd, buf, sizeof(buf));
-                if (n <= 0)
-                        return;
-                for (char *p = buf; p < buf + n;) {
-                        const struct inotify_event *ev = (const struct inotify_event *)p;
-                        if (ev->mask & IN_Q_OVERFLOW)
-                                rescan(c);
-                        else if (ev->len > 0)
-                                reload_one(c, ev->name);
-                        p += sizeof(*ev) + ev->len;
+        int64_t wall = c->stamp_wall, mono = c->stamp_mono, boot = c->stamp_boot;
+        if (c->full_read && apply_list(c, c->listed, c->nlisted) < 0)
+                log_error("could not take in the registry", "error=\"%s\"", strerror(ENOMEM));
+        for (size_t i = 0; i < c->nchanged; i++) {
+                struct changed_record *ch = &c->changed[i];
+                struct sandbox *s;
+                int r;
+                if (ch->gone) {
+                        if ((s = find(c, ch->id)))
+                                remove_sandbox(c, s, "record removed");
+                } else if ((r = load_record(c, &ch->rec)) < 0) {
+                        log_error("could not track a sandbox", "sandbox=%s error=\"%s\"", ch->id, strerror(-r));
                 }
         }
+        clear_changes(c);
+        c->stamp_wall = wall, c->stamp_mono = mono, c->stamp_boot = boot;
+}
+
+static int rescan(struct collector *c)
+{
+        struct sandbox_record *recs = NULL;
+        int n = registry_list(c->state_dir, &recs);
+        if (n < 0) {
+                log_error("could not read the registry", "path=%s error=\"%s\"", c->registry_dir, strerror(-n));
+                return n;
+        }
+        int r = apply_list(c, recs, n);
+        registry_list_free(recs, n);
+        return r;
+}
+
+/* Between ticks: records are taken in as soon as they change, so the tick's
+ * locked read finds little left to read. */
+static void drain_inotify(struct collector *c)
+{
+        collect_changes(c);
+        apply_changes(c);
+}
+
+/* The start of a tick: its clocks, and every record holding a lifecycle moment
+ * before them. Under the moment lock held exclusive (registry.h), no vmm is
+ * between a moment's clock read and its record's rename, so every moment
+ * before the stamp is in a record renamed before it, and its inotify event is
+ * already queued: the read below finds it. Only reading is done under the lock
+ * (one flock pair a tick); the records are acted on after it is released. A
+ * lock not had within REGISTRY_MOMENT_WAIT_MS (a wedged vmm holding it) is
+ * counted and the tick goes on without it. */
+static void tick_records(struct collector *c)
+{
+        int lock = registry_moments_quiesce(c->state_dir, REGISTRY_MOMENT_WAIT_MS);
+        if (lock < 0) {
+                M_ADD(c, moment_lock_timeouts_total, 1);
+                if (!c->lock_timed_out)
+                        log_warn("could not take the registry's moment lock: sampling without it (held time may run "
+                                 "past a moment until its record is read)", "wait_ms=%d error=\"%s\"",
+                                 REGISTRY_MOMENT_WAIT_MS, strerror(-lock));
+                c->lock_timed_out = true;
+        } else if (c->lock_timed_out) {
+                log_info("the registry's moment lock is taken again", "timeouts_total=%llu",
+                         (unsigned long long)M_GET(c, moment_lock_timeouts_total));
+                c->lock_timed_out = false;
+        }
+        stamp(c);
+        collect_changes(c);
+        registry_moment_end(lock);
+        apply_changes(c);
 }
 
 /* One tick: a reading of every live sandbox. */
 static void sample_all(struct collector *c)
 {
         publish_pending(c);
-        stamp(c); /* the clocks, then the counters, as with files */
+        tick_records(c); /* the clocks and the records, then the counters */
+        follow_clock(c);
         scan_tick(c, c->opt.read_peak && c->ticks % (uint64_t)c->opt.peak_every == 0);
         uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->n; i++) {
                 struct sandbox *s = c->list[i];
-                if (s->finished || s->state == STATE_STOPPED)
+                if (s->finished || s->state == STATE_STOPPED || s->starting)
                         continue;
                 if (s->files.version == 0 && open_files(c, s) < 0)
                         continue; /* not there (yet, or any more) */
@@ -896,6 +1032,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
                 snprintf(err, errlen, "could not create the state folders under %s: %s", c->state_dir, strerror(-r));
                 goto fail;
         }
+        c->gen_raised_mono = time_mono_ns();
         if ((r = state_next_generation(c->state_dir, time_wall_ns() / NS_PER_SEC, &c->generation)) < 0) {
                 snprintf(err, errlen, "could not store the start generation in %s/" COLLECTOR_DIR ": %s",
                          c->state_dir, strerror(-r));
@@ -965,6 +1102,8 @@ void collector_free(struct collector *c)
         for (size_t i = 0; i < c->n; i++)
                 sandbox_free(c->list[i]);
         free(c->list);
+        clear_changes(c);
+        free(c->changed);
         spool_close(&c->spool);
         cgroup_scan_free(c->scan);
         if (c->inotify_fd >= 0)
@@ -1067,6 +1206,8 @@ int collector_metrics_text(const struct collector *c, char *buf, size_t size)
                 ROW(scan_cgroups, "gauge", "Cgroups the last walk saw"),
                 ROW(scan_errors_total, "counter", "Walks that failed (those ticks read files)"),
                 ROW(file_reads_total, "counter", "Sandbox readings taken from cgroup files rather than the walk"),
+                ROW(moment_lock_timeouts_total, "counter",
+                    "Ticks that could not take the registry's moment lock within 2 s (sampled without it)"),
 #undef ROW
         };
         size_t len = 0;

@@ -59,6 +59,7 @@ struct collector_metrics {
         uint64_t scan_cgroups;        /* cgroups the last walk saw */
         uint64_t scan_errors_total;   /* walks that failed (that tick read files) */
         uint64_t file_reads_total;    /* sandbox readings taken from files, not the walk */
+        uint64_t moment_lock_timeouts_total; /* ticks sampled without the moment lock (registry.h) */
 };
 
 struct collector;

@@ -85,11 +85,16 @@ int state_save_generation(const char *state_dir, uint32_t generation)
         return state_write_atomic(path, text, (size_t)len);
 }
 
+static uint64_t clock_hours(int64_t now_sec)
+{
+        return now_sec > GENERATION_EPOCH_S ? (uint64_t)(now_sec - GENERATION_EPOCH_S) / 3600 : 0;
+}
+
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
 {
         char path[PATH_MAX], text[64];
         generation_path(path, sizeof(path), state_dir);
-        uint64_t last = 0, next;
+        uint64_t last = 0, next, hours = clock_hours(now_sec);
         int r = file_read_small(path, text, sizeof(text));
         if (r < 0 && r != -ENOENT)
                 return r;
@@ -97,12 +102,10 @@ int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
                 return -EINVAL;
         if (r == 0) {
                 next = last + 1;
+                if (hours > next)
+                        next = hours < last + 1 + GENERATION_LEAP_MAX ? hours : last + 1 + GENERATION_LEAP_MAX;
         } else {
-                /* None stored: a new host, or a lost folder. Start from the hours since
-                 * GENERATION_EPOCH_S, above the generations of a host that restarted less
-                 * often than hourly, and far below 2^31. */
-                int64_t hours = (now_sec - GENERATION_EPOCH_S) / 3600;
-                next = hours > 0 ? (uint64_t)hours : 1;
+                next = hours + GENERATION_LOST_MARGIN;
         }
         if (next > INT32_MAX)
                 return -EOVERFLOW;
@@ -110,6 +113,13 @@ int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret)
                 return r;
         *ret = (uint32_t)next;
         return 0;
+}
+
+uint32_t generation_follow_clock(uint32_t gen, int64_t now_sec, int64_t since_raise_ns)
+{
+        if (gen >= INT32_MAX || clock_hours(now_sec) <= gen || since_raise_ns < INT64_C(3600) * 1000000000)
+                return gen;
+        return gen + 1;
 }
 
 static void epoch_path(char *buf, size_t size, const char *state_dir, const char *sandbox)

@@ -13,14 +13,37 @@
 /* Creates <state_dir>/collector and its epochs/ and spool/ folders. Returns 0 or -errno. */
 int state_prepare(const char *state_dir);
 
-/* Reads the last generation, stores and returns the next one: the last + 1
- * (docs/events.md: raised by one at every start, so an aggregator never sees
- * a jump it would refuse). With none stored (a new host, or a lost folder) it
- * starts at the hours since GENERATION_EPOCH_S (2023-11-14), so a lost folder
- * still gives a higher generation on a host that restarted less often than
- * hourly. Returns 0 or -errno (-EOVERFLOW past 2^31 - 1). */
+/* The host's generation follows the clock's hours since GENERATION_EPOCH_S
+ * (2023-11-14), so that one lost state folder can be recovered from the clock
+ * alone (docs/events.md, "Sequence numbers"): an aggregator dead-letters a
+ * generation more than 65,536 above the last it billed for a sandbox, and
+ * ignores one below it.
+ *  - At each start: the last + 1, or the clock's hours if higher — but never
+ *    more than GENERATION_LEAP_MAX above the last (a wall clock set far ahead
+ *    cannot make a jump an aggregator refuses).
+ *  - During a run: one more whenever the clock's hours have passed it and an
+ *    hour of monotonic time has gone by since the last raise
+ *    (generation_follow_clock): so the generation a live sandbox last used
+ *    never lags the clock by more than about an hour plus the collector's
+ *    downtime, however long the host lives.
+ *  - None stored (a new host, or a lost folder): the clock's hours plus
+ *    GENERATION_LOST_MARGIN. That is above the last one used unless the host
+ *    started (or raised) it more than the margin's times beyond the clock
+ *    since it last followed the clock (a crash loop of over 1,024 starts, or
+ *    after an earlier loss, more starts than hours since), and above it by at
+ *    most the margin plus the hours the collector was down.
+ * Returns 0 and the generation, stored first, or -errno (-EOVERFLOW past
+ * 2^31 - 1). */
 #define GENERATION_EPOCH_S INT64_C(1700000000)
+#define GENERATION_LEAP_MAX 32768
+#define GENERATION_LOST_MARGIN 1024
 int state_next_generation(const char *state_dir, int64_t now_sec, uint32_t *ret);
+
+/* The generation a running collector moves to (stored first) at wall second
+ * now_sec, since_raise_ns of monotonic time after it last started or raised
+ * it: gen + 1 when the clock's hours are above gen and an hour has passed,
+ * else gen. */
+uint32_t generation_follow_clock(uint32_t gen, int64_t now_sec, int64_t since_raise_ns);
 
 /* Stores a generation raised during a run (a sandbox's n ran out). Returns 0 or -errno. */
 int state_save_generation(const char *state_dir, uint32_t generation);

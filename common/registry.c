@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int registry_path(char *buf, size_t size, const char *state_dir, const char *id)
@@ -64,6 +66,8 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
         json_t *j = to_json(rec);
         if (!j)
                 return -ENOMEM;
+        if (rec->starting)
+                json_object_set_new(j, "starting", json_true());
         char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS);
         json_decref(j);
         if (!text)
@@ -153,6 +157,10 @@ int registry_read_file(const char *path, struct sandbox_record *ret)
         r.cgroup_version = (int)version;
         r.pid = (pid_t)pid;
         r.state_since_boot_ns = (int64_t)since;
+        json_t *starting = json_object_get(o, "starting");
+        if (starting && !json_is_boolean(starting))
+                bad = 1;
+        r.starting = json_is_true(starting);
         json_t *labels = json_object_get(o, "labels");
         if (!bad && labels && json_is_object(labels)) {
                 struct usage_event tmp = { 0 };
@@ -264,6 +272,71 @@ void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64
 {
         registry_held_at(rec, boot_now, &rec->running_ns, &rec->paused_ns);
         rec->state = to;
+        rec->starting = false;
         if (boot_now > rec->state_since_boot_ns)
                 rec->state_since_boot_ns = boot_now;
+}
+
+/* Opens the lock file (creating the folders and the file) and takes it with
+ * op (LOCK_SH or LOCK_EX), polling for at most wait_ms: a blocking flock could
+ * not be bounded without signals. The polls start short, so the collector finds
+ * the gaps between moments, and back off to 1 ms. */
+static int moments_lock(const char *state_dir, int op, int64_t wait_ms)
+{
+        char dir[PATH_MAX], path[PATH_MAX];
+        if (snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir) >= (int)sizeof(dir) ||
+            snprintf(path, sizeof(path), "%s/" REGISTRY_MOMENTS_LOCK, dir) >= (int)sizeof(path))
+                return -ENAMETOOLONG;
+        /* Read-only: its close is no IN_CLOSE_WRITE for the collector's watch. */
+        int fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && errno == ENOENT) {
+                if ((mkdir(state_dir, 0700) < 0 && errno != EEXIST) || (mkdir(dir, 0700) < 0 && errno != EEXIST))
+                        return -errno;
+                fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        }
+        if (fd < 0)
+                return -errno;
+        struct timespec now, until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += wait_ms / 1000;
+        until.tv_nsec += (wait_ms % 1000) * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+        }
+        long pause_ns = 50000;
+        for (;;) {
+                if (flock(fd, op | LOCK_NB) == 0)
+                        return fd;
+                if (errno != EWOULDBLOCK && errno != EINTR) {
+                        int r = -errno;
+                        close(fd);
+                        return r;
+                }
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+                        close(fd);
+                        return -ETIMEDOUT;
+                }
+                struct timespec p = { 0, pause_ns };
+                nanosleep(&p, NULL);
+                if (pause_ns < 1000000)
+                        pause_ns *= 2;
+        }
+}
+
+int registry_moment_begin(const char *state_dir, int64_t wait_ms)
+{
+        return moments_lock(state_dir, LOCK_SH, wait_ms);
+}
+
+int registry_moments_quiesce(const char *state_dir, int64_t wait_ms)
+{
+        return moments_lock(state_dir, LOCK_EX, wait_ms);
+}
+
+void registry_moment_end(int fd)
+{
+        if (fd >= 0)
+                close(fd); /* the last descriptor of its open file description: the lock goes with it */
 }

@@ -16,6 +16,10 @@
 #include <sys/types.h>
 
 #define REGISTRY_DIR "sandboxes"
+/* The moment lock: <state_dir>/sandboxes/.moments.lock (docs/registry.md, "Moments and ticks"). */
+#define REGISTRY_MOMENTS_LOCK ".moments.lock"
+/* How long either side waits for the other's hold of it before carrying on without. */
+#define REGISTRY_MOMENT_WAIT_MS 2000
 
 struct sandbox_record {
         char id[EVENT_ID_MAX + 1];
@@ -40,6 +44,11 @@ struct sandbox_record {
         uint64_t running_ns;
         uint64_t paused_ns;
         int64_t state_since_boot_ns;
+        /* Written before the backend starts (the vmm's first write of a new
+         * sandbox): the sandbox may not run yet and its held time has no
+         * moment to count from. The collector takes no sample of it until a
+         * record says it started; registry_set_state clears it. */
+        bool starting;
         int cgroup_version;              /* 1 or 2 */
         char cgroup_cpu[PATH_MAX];       /* folder holding cpuacct.usage (v1) or cpu.stat (v2) */
         char cgroup_memory[PATH_MAX];    /* folder holding memory.usage_in_bytes (v1) or memory.current (v2) */
@@ -73,8 +82,29 @@ void registry_held_at(const struct sandbox_record *rec, int64_t boot_now, uint64
                       uint64_t *ret_paused_ns);
 
 /* Moves rec to state `to` at boot-clock instant boot_now, adding the time
- * spent in the state it leaves to its total. */
+ * spent in the state it leaves to its total; a starting record has started. */
 void registry_set_state(struct sandbox_record *rec, enum sandbox_state to, int64_t boot_now);
+
+/* The moment lock orders the vmm's lifecycle moments against the collector's
+ * ticks, so that a tick never extrapolates a state past a moment whose record
+ * it has not read (docs/registry.md, "Moments and ticks"):
+ *  - the vmm holds it SHARED from just before it reads a moment's clock until
+ *    the record carrying that moment is renamed into place
+ *    (registry_moment_begin ... registry_moment_end); moments never wait on
+ *    each other;
+ *  - the collector holds it EXCLUSIVE once per tick while it reads its tick's
+ *    clocks and the records inotify says changed (registry_moments_quiesce ...
+ *    registry_moment_end): with it, no moment is in flight, so every moment
+ *    before the tick's clock is in a record it reads.
+ * Each hold opens the lock file afresh (an open file description of its own:
+ * flock locks belong to it, and threads of one process must not share one).
+ * Either side waits at most wait_ms (polling), then returns -ETIMEDOUT so a
+ * wedged peer never stops the other. Returns the descriptor holding the lock,
+ * or -errno. */
+int registry_moment_begin(const char *state_dir, int64_t wait_ms);
+int registry_moments_quiesce(const char *state_dir, int64_t wait_ms);
+/* Releases a hold (closes fd). Accepts a negative fd (nothing held). */
+void registry_moment_end(int fd);
 
 /* Frees what the record owns and zeroes it. Accepts NULL. */
 void sandbox_record_clear(struct sandbox_record *rec);

@@ -46,6 +46,32 @@ static struct moment moment_now(void)
         return m;
 }
 
+/* Takes the registry's moment lock (registry.h) before a moment's clocks are
+ * read; moment_end releases it once the record carrying the moment is renamed
+ * into place. Then no collector tick stamped after the moment can miss its
+ * record, and none extrapolates the old state past it (docs/registry.md,
+ * "Moments and ticks"). Never held across a backend call or a wait for the
+ * sandbox: only the clock read, the record's write and what lies between.
+ * A lock not had within REGISTRY_MOMENT_WAIT_MS (a wedged collector holding
+ * it) is logged and the moment goes on without: the vmm never stops for it. */
+static int moment_begin(const char *state_dir, const char *id)
+{
+        int64_t asked = time_mono_ns();
+        int fd = registry_moment_begin(state_dir, REGISTRY_MOMENT_WAIT_MS);
+        int64_t waited_ms = (time_mono_ns() - asked) / NS_PER_MS;
+        if (fd < 0)
+                log_warn("could not take the registry's moment lock: a collector tick may run past this moment "
+                         "until it reads the record", "sandbox=%s error=\"%s\"", id, strerror(-fd));
+        else if (waited_ms >= 100)
+                log_warn("waited for the registry's moment lock", "sandbox=%s waited_ms=%lld", id, (long long)waited_ms);
+        return fd;
+}
+
+static void moment_end(int fd)
+{
+        registry_moment_end(fd);
+}
+
 /* The moment the record's current state began, seen from now (for a record a
  * previous run wrote); now itself if the boot clock says it was another boot. */
 static struct moment moment_of_record(const struct sandbox_record *rec)
@@ -567,6 +593,10 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
                 goto fail;
         }
         dir_made = true;
+        /* Written before the start (a restarted vmm finds the cgroup by it), marked starting: the
+         * collector samples it only once the record with the start's moment replaces it, so no
+         * sample without held time falls between the two (docs/registry.md, "Moments and ticks"). */
+        rec->starting = true;
         if ((r = write_spec_file(sb->dir, req->network, req->pids_max)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
                 snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
                 goto fail;
@@ -719,6 +749,7 @@ static int pause_locked(struct vmm *v, struct sandbox *sb, const char *reason, c
                 return r;
         }
         /* The freeze has completed: from here on the sandbox is paused. */
+        int lock = moment_begin(v->s.state_dir, sb->rec.id);
         struct moment m = moment_now();
         pthread_mutex_lock(&v->lock);
         registry_set_state(&sb->rec, STATE_PAUSED, m.boot);
@@ -728,6 +759,7 @@ static int pause_locked(struct vmm *v, struct sandbox *sb, const char *reason, c
                 sb->remaining_ns = 0;
         r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
+        moment_end(lock);
         publish_simple(v, sb, EVENT_PAUSED);
         log_info("sandbox paused", "sandbox=%s reason=%s", sb->rec.id, reason ? reason : "request");
         return r < 0 ? record_failed(sb, r, "paused", why, whylen) : 0;
@@ -781,17 +813,21 @@ int vmm_resume(struct vmm *v, const char *id, char *why, size_t whylen)
                 snprintf(why, whylen, "could not resume sandbox %s: %s", id, strerror(-r));
                 goto out;
         }
-        /* Thawed: from here on the sandbox runs. */
+        /* Thawed: from here on the sandbox runs. The record is written before the backend's own
+         * resume (a QMP round trip for qemu), so the moment lock is never held across it. */
+        int lock = moment_begin(v->s.state_dir, id);
         struct moment m = moment_now();
-        if (sb->ops->resume && (r = sb->ops->resume(sb->bs)) < 0)
-                log_error("could not resume a sandbox's backend after the thaw", "sandbox=%s error=\"%s\"", id,
-                          strerror(-r));
         pthread_mutex_lock(&v->lock);
         registry_set_state(&sb->rec, STATE_RUNNING, m.boot);
         sb->moment = m;
         sb->rec.timeout_ns = deadline;
         r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
+        moment_end(lock);
+        int rb;
+        if (sb->ops->resume && (rb = sb->ops->resume(sb->bs)) < 0)
+                log_error("could not resume a sandbox's backend after the thaw", "sandbox=%s error=\"%s\"", id,
+                          strerror(-rb));
         publish_simple(v, sb, EVENT_RESUMED);
         log_info("sandbox resumed", "sandbox=%s", id);
         if (r < 0)
@@ -827,6 +863,7 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, co
         if (r < 0)
                 log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
         /* Its processes are gone: the sandbox holds nothing from here on. */
+        int lock = moment_begin(v->s.state_dir, sb->rec.id);
         struct moment m = at ? *at : moment_now();
         uint64_t cpu = 0;
         if ((r = cgroup_cpu_ns(&sb->cg, &cpu)) < 0)
@@ -840,6 +877,7 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, co
         sb->stopped_mono = time_mono_ns();
         r = save_record(v, sb);
         pthread_mutex_unlock(&v->lock);
+        moment_end(lock);
         publish_stopped(v, sb);
         log_info("sandbox stopped", "sandbox=%s reason=%s final_cpu_ns=%" PRIu64 " running_ns=%" PRIu64
                  " paused_ns=%" PRIu64, sb->rec.id, reason, sb->rec.final_cpu_ns, sb->rec.running_ns,
