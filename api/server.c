@@ -36,6 +36,7 @@ static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *e
 static int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err);
+#include "invoices.h" /* h_invoices_list, h_invoice_current, h_invoice_get */
 
 struct route {
         const char *method;
@@ -69,6 +70,9 @@ static const struct route routes[] = {
         { "GET", "/v1/usage", h_usage, NEED_ANY },
         { "GET", "/v1/spend", h_spend, NEED_ANY },
         { "GET", "/v1/alerts", h_alerts, NEED_ANY },
+        { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON },
+        { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON },
+        { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 #define ROUTE_NONE NROUTES /* metrics slot for requests that matched no route */
