@@ -70,6 +70,7 @@ T0=$(now_ns)
 PREVIEW=$(psql -tAc "SELECT count(*) FROM finance.invoices WHERE month = '$MONTH-01' AND status = 'preview'")
 T1=$(now_ns)
 PREVIEW_NS=$((T1 - T0))
+say "previewed in $(secs 0 "$PREVIEW_NS") s"
 [ "$PREVIEW" -eq "$ACCOUNTS" ] || die "want $ACCOUNTS preview invoices, have $PREVIEW"
 
 say "closing $MONTH with tally-admin"
@@ -80,9 +81,11 @@ CLOSE_NS=$((T1 - T0))
 cat "$WORK/close.out" >&2
 CLOSED=$(psql -tAc "SELECT count(*) FROM closed_invoices WHERE month = '$MONTH-01'")
 [ "$CLOSED" -eq "$ACCOUNTS" ] || die "want $ACCOUNTS closed invoices, have $CLOSED"
-BAD=$(psql -tAc "SELECT count(*) FROM closed_invoices i WHERE (i.total_cents, i.total_nanodollars) IS DISTINCT FROM
-                   (SELECT sum(amount_cents), sum(amount_nanodollars) FROM closed_invoice_lines l
-                     WHERE l.account_id = i.account_id AND l.month = i.month)")
+say "closed in $(secs 0 "$CLOSE_NS") s"
+BAD=$(psql -tAc "SELECT count(*) FROM closed_invoices i CROSS JOIN LATERAL
+                   (SELECT sum(amount_cents) AS c, sum(amount_nanodollars) AS n FROM closed_invoice_lines l
+                     WHERE l.account_id = i.account_id AND l.month = i.month) s
+                  WHERE (i.total_cents, i.total_nanodollars) IS DISTINCT FROM (s.c, s.n)")
 [ "$BAD" -eq 0 ] || die "$BAD closed invoices differ from the sum of their lines"
 
 say "exporting every invoice line of $MONTH as CSV"

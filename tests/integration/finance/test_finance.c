@@ -10,10 +10,14 @@
 #include "support.h"
 #include "timeutil.h"
 
+#include <curl/curl.h>
+#include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #define GiB (UINT64_C(1) << 30)
@@ -207,6 +211,218 @@ static void check_immutable(void)
                       PQresStatus(PQresultStatus(res)), PQresultErrorMessage(res));
                 PQclear(res);
         }
+}
+
+
+/* ---- the same rows over HTTP: a real tally-api, a person signed in ---- */
+
+static int api_port;
+static char cookie[256];
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
+{
+        char **b = ud;
+        size_t add = size * n, old = *b ? strlen(*b) : 0;
+        char *nb = realloc(*b, old + add + 1);
+        memcpy(nb + old, p, add);
+        nb[old + add] = '\0';
+        *b = nb;
+        return add;
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *ud)
+{
+        size_t len = size * n;
+        if (len > 12 && strncasecmp(p, "Set-Cookie: ", 12) == 0)
+                sscanf(p + 12, "tally_session=%255[^;\r\n]", cookie);
+        return len;
+}
+
+/* GET (or POST with body) path; returns the status, *ret_body malloc'd. */
+static long http(const char *method, const char *path, const char *accept, const char *body, const char *bearer,
+                 char **ret_body)
+{
+        CURL *c = curl_easy_init();
+        char url[512], h[512];
+        snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", api_port, path);
+        struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+        if (accept) {
+                snprintf(h, sizeof(h), "Accept: %s", accept);
+                hs = curl_slist_append(hs, h);
+        }
+        if (bearer) {
+                snprintf(h, sizeof(h), "Authorization: Bearer %s", bearer);
+                hs = curl_slist_append(hs, h);
+        } else if (cookie[0]) {
+                snprintf(h, sizeof(h), "Cookie: tally_session=%s", cookie);
+                hs = curl_slist_append(hs, h);
+        }
+        char *b = NULL;
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        if (body)
+                curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        long status = 0;
+        if (curl_easy_perform(c) == CURLE_OK)
+                curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_slist_free_all(hs);
+        curl_easy_cleanup(c);
+        *ret_body = b ? b : strdup("");
+        return status;
+}
+
+static json_t *get_json(const char *path, long want)
+{
+        char *b = NULL;
+        long st = http("GET", path, NULL, NULL, NULL, &b);
+        CHECK(st == want, "GET %s: %ld, want %ld: %.300s", path, st, want, b);
+        json_t *j = json_loads(b, 0, NULL);
+        CHECK(j != NULL, "GET %s: not JSON: %.300s", path, b);
+        free(b);
+        return j;
+}
+
+static json_int_t jint(json_t *o, const char *k)
+{
+        json_t *v = json_object_get(o, k);
+        return json_is_integer(v) ? json_integer_value(v) : INT64_MIN;
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+        json_t *v = json_object_get(o, k);
+        return json_is_string(v) ? json_string_value(v) : "";
+}
+
+/* The line of an invoice's "lines" with this kind, meter and for_month, or NULL. */
+static json_t *find_line(json_t *inv, const char *kind, const char *meter, const char *for_month)
+{
+        size_t i;
+        json_t *l;
+        json_array_foreach(json_object_get(inv, "lines"), i, l)
+                if (!strcmp(jstr(l, "kind"), kind) && !strcmp(jstr(l, "meter"), meter) &&
+                    !strcmp(jstr(l, "for_month"), for_month))
+                        return l;
+        return NULL;
+}
+
+static void check_api(const char *M1, const char *CUR)
+{
+        char *dir = t.dir, pw[1024], log[1024], *out = NULL, *err = NULL;
+        snprintf(pw, sizeof(pw), "%s/pw", dir);
+        FILE *f = fopen(pw, "w");
+        fputs("correct horse battery\n", f);
+        fclose(f);
+        char *argv1[] = { (char *)admin_bin(), "--database-url", t.db_url, "person", "create", "--account", "tasks",
+                          "--email", "fin-tasks@example.com", "--password-file", pw, NULL };
+        CHECK(test_run(argv1, &out, &err) == 0, "person create: %s", err ? err : "");
+        free(out);
+        free(err);
+        char *argv2[] = { (char *)admin_bin(), "--database-url", t.db_url, "key", "create", "--account", "tasks", NULL };
+        CHECK(test_run(argv2, &out, &err) == 0, "key create: %s", err ? err : "");
+        char secret[128] = "";
+        char *k = out ? strstr(out, "key=") : NULL;
+        if (k)
+                sscanf(k, "key=%127s", secret);
+        free(out);
+        free(err);
+
+        snprintf(log, sizeof(log), "%s/api.log", dir);
+        char *argv[] = { (char *)test_env("TALLY_API_BIN"), "--database-url", t.db_url, "--port", "0",
+                         "--cookie-secure=false", "--threads", "4", NULL };
+        pid_t api = test_spawn(argv, NULL, log);
+        for (int i = 0; i < 400 && !api_port; i++) {
+                char *l = test_read_file(log);
+                char *p = l ? strstr(l, "msg=\"listening\"") : NULL;
+                char *q = p ? strstr(p, " port=") : NULL;
+                if (q)
+                        api_port = atoi(q + 6);
+                free(l);
+                if (!api_port)
+                        time_sleep_ns(50 * NS_PER_MS);
+        }
+        CHECK(api_port > 0, "tally-api did not start");
+        if (!api_port) {
+                kill(api, SIGKILL);
+                waitpid(api, NULL, 0);
+                return;
+        }
+        char *b = NULL;
+        long st = http("POST", "/v1/sessions", NULL, "{\"email\":\"fin-tasks@example.com\",\"password\":\"correct horse battery\"}",
+                       NULL, &b);
+        CHECK(st == 201 && cookie[0], "sign-in: %ld %.200s", st, b);
+        free(b);
+
+        /* the list: the account's invoices only, m1 closed at $15.37 */
+        json_t *list = get_json("/v1/invoices", 200);
+        size_t i;
+        json_t *inv;
+        int m1_seen = 0;
+        json_array_foreach(json_object_get(list, "data"), i, inv)
+                if (!strcmp(jstr(inv, "month"), M1)) {
+                        m1_seen++;
+                        CHECK(!strcmp(jstr(inv, "status"), "closed") && jint(inv, "total_cents") == 1537,
+                              "GET /v1/invoices: m1 closed at 1537 cents");
+                }
+        CHECK(m1_seen == 1, "GET /v1/invoices: m1 listed once (%d)", m1_seen);
+        CHECK(!strcmp(jstr(list, "account"), "tasks"), "GET /v1/invoices: the caller's account");
+        json_decref(list);
+
+        /* one month: its lines, from the closed rows */
+        char path[128];
+        snprintf(path, sizeof(path), "/v1/invoices/%s", M1);
+        inv = get_json(path, 200);
+        json_t *l = find_line(inv, "credit", "credit", M1);
+        CHECK(l && jint(l, "amount_cents") == -171 && jint(l, "amount_nanodollars") == -1708333333,
+              "GET %s: the credit line -171 cents", path);
+        l = find_line(inv, "usage", "cpu", M1);
+        CHECK(l && jint(l, "amount_cents") == 208 && !strcmp(jstr(l, "unit"), "vCPU-hour") &&
+                      !strcmp(jstr(l, "quantity"), "83.333333333333"),
+              "GET %s: the CPU line 208 cents, 83.333333333333 vCPU-hours", path);
+        CHECK(jint(inv, "total_cents") == 1537 && jint(inv, "total_nanodollars") == 15375000000 &&
+                      !strcmp(jstr(inv, "status"), "closed"),
+              "GET %s: closed, 1537 cents", path);
+        CHECK(json_array_size(json_object_get(inv, "keys")) == 3, "GET %s: the key kt's three meters", path);
+        json_decref(inv);
+
+        /* CSV of the same lines */
+        st = http("GET", path, "text/csv", NULL, NULL, &b);
+        const char *hdr = "month,status,line_no,kind,meter,for_month,quantity,unit,quantity_base,base_unit,"
+                          "amount_nanodollars,amount_cents\r\n";
+        CHECK(st == 200 && !strncmp(b, hdr, strlen(hdr)),
+              "GET %s as CSV: %ld %.200s", path, st, b);
+        char want[256];
+        snprintf(want, sizeof(want), "%s,closed,4,credit,credit,%s,50.000000000000,sandbox-hour,180000000000000,"
+                                     "running-ns,-1708333333,-171\r\n", M1, M1);
+        CHECK(strstr(b, want) != NULL, "GET %s as CSV: no line %s in %s", path, want, b);
+        int rows = 0;
+        for (char *p = b; (p = strstr(p, "\r\n")); p += 2)
+                rows++;
+        CHECK(rows == 5, "GET %s as CSV: a header and 4 lines, not %d records", path, rows);
+        free(b);
+
+        /* the current month: a preview with its projection (tasks has no usage now) */
+        inv = get_json("/v1/invoices/current", 200);
+        CHECK(!strcmp(jstr(inv, "month"), CUR) && !strcmp(jstr(inv, "status"), "preview"),
+              "GET /v1/invoices/current: this month's preview");
+        CHECK(json_object_get(inv, "projection") != NULL, "GET /v1/invoices/current: a projection field");
+        json_decref(inv);
+
+        /* errors: a month without an invoice, a malformed month, an API key */
+        json_decref(get_json("/v1/invoices/2020-01", 404));
+        json_decref(get_json("/v1/invoices/2026-13", 400));
+        st = http("GET", "/v1/invoices", NULL, NULL, secret, &b);
+        CHECK(st == 403, "GET /v1/invoices with an API key: %ld, want 403", st);
+        free(b);
+
+        kill(api, SIGTERM);
+        waitpid(api, NULL, 0);
 }
 
 int main(void)
@@ -420,6 +636,7 @@ int main(void)
               "carry: an estimate at least the preview");
 
         check_finance_role();
+        check_api(M1, CUR);
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
         free(closed_m2);
         free(closed_m1);
