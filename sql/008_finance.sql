@@ -209,24 +209,47 @@ CREATE FUNCTION invoice_charges(p_from date, p_to date, p_account text DEFAULT N
 RETURNS TABLE (account_id text, key_id text, month date, kind text, meter text, for_month date,
                quantity_base numeric, rated numeric)
 LANGUAGE sql STABLE AS $$
-    WITH src AS (
-        SELECT u.account_id, u.key_id, month_of(u.hour) AS month, 'usage' AS kind, month_of(u.hour) AS for_month,
-               u.hour, u.cpu_ns, u.mem_byte_ns, u.storage_byte_ns
-          FROM usage_key_hourly u
-         WHERE u.hour >= month_start(p_from) AND u.hour < month_start(p_to)
-           AND (p_account IS NULL OR u.account_id = p_account)
-        UNION ALL
-        SELECT l.account_id, l.key_id, p_from, 'adjustment', month_of(l.hour), l.hour, l.cpu_ns, l.mem_byte_ns,
-               l.storage_byte_ns
-          FROM late_usage l
-         WHERE l.billed_in IS NULL AND p_from < p_to AND (p_account IS NULL OR l.account_id = p_account))
-    SELECT s.account_id, s.key_id, s.month, s.kind, m.meter, s.for_month, sum(m.q), sum(m.q * coalesce(rp.rate, 0))
-      FROM src s
-      LEFT JOIN accounts a ON a.id = s.account_id
-     CROSS JOIN LATERAL (VALUES ('cpu', s.cpu_ns), ('memory', s.mem_byte_ns), ('storage', s.storage_byte_ns)) AS m(meter, q)
+    -- Rates change only at plan_rates' instants: the hours between two of them
+    -- are rated alike, so usage is summed per segment first and each sum is
+    -- multiplied by its rate (sum(q) x r = sum(q x r), exactly). A UTC day no
+    -- rate starts inside of is read from the per-day rollup (usage_key_daily,
+    -- 24 times fewer rows), a day a rate starts inside of from the hours.
+    WITH bounds AS (SELECT array_agg(b ORDER BY b) AS b
+                      FROM (SELECT '-infinity'::timestamptz AS b
+                            UNION SELECT effective_from FROM plan_rates) x),
+         split_days AS (SELECT coalesce(array_agg(DISTINCT (effective_from AT TIME ZONE 'UTC')::date), '{}') AS d
+                          FROM plan_rates
+                         WHERE effective_from <> ((effective_from AT TIME ZONE 'UTC')::date)::timestamp AT TIME ZONE 'UTC'),
+         src AS (
+             SELECT d.account_id, d.key_id, month_of(month_start(d.day)) AS month, 'usage' AS kind,
+                    d.day::timestamp AT TIME ZONE 'UTC' AS at, d.cpu_ns, d.mem_byte_ns, d.storage_byte_ns
+               FROM usage_key_daily d, split_days sd
+              WHERE d.day >= p_from AND d.day < p_to AND NOT (d.day = ANY (sd.d))
+                AND (p_account IS NULL OR d.account_id = p_account)
+             UNION ALL
+             SELECT u.account_id, u.key_id, month_of(u.hour), 'usage', u.hour, u.cpu_ns, u.mem_byte_ns, u.storage_byte_ns
+               FROM usage_key_hourly u, split_days sd
+              WHERE cardinality(sd.d) > 0 AND (u.hour AT TIME ZONE 'UTC')::date = ANY (sd.d)
+                AND u.hour >= month_start(p_from) AND u.hour < month_start(p_to)
+                AND (p_account IS NULL OR u.account_id = p_account)
+             UNION ALL
+             SELECT l.account_id, l.key_id, p_from, 'adjustment', l.hour, l.cpu_ns, l.mem_byte_ns, l.storage_byte_ns
+               FROM late_usage l
+              WHERE l.billed_in IS NULL AND p_from < p_to AND (p_account IS NULL OR l.account_id = p_account)),
+         g AS (
+             SELECT s.account_id, s.key_id, s.month, s.kind,
+                    CASE s.kind WHEN 'usage' THEN s.month ELSE month_of(s.at) END AS for_month,
+                    bounds.b[width_bucket(s.at, bounds.b)] AS seg,
+                    sum(s.cpu_ns) AS cpu, sum(s.mem_byte_ns) AS mem, sum(s.storage_byte_ns) AS sto
+               FROM src s CROSS JOIN bounds
+              GROUP BY 1, 2, 3, 4, 5, 6)
+    SELECT g.account_id, g.key_id, g.month, g.kind, m.meter, g.for_month, sum(m.q), sum(m.q * coalesce(rp.rate, 0))
+      FROM g
+      LEFT JOIN accounts a ON a.id = g.account_id
+     CROSS JOIN LATERAL (VALUES ('cpu', g.cpu), ('memory', g.mem), ('storage', g.sto)) AS m(meter, q)
       LEFT JOIN rate_periods rp ON rp.plan_id = coalesce(a.plan_id, 'default') AND rp.meter = m.meter
-                               AND s.hour >= rp.since AND s.hour < rp.until
-     GROUP BY s.account_id, s.key_id, s.month, s.kind, m.meter, s.for_month
+                               AND g.seg >= rp.since AND g.seg < rp.until
+     GROUP BY g.account_id, g.key_id, g.month, g.kind, m.meter, g.for_month
 $$;
 
 -- The free credit (docs/billing.md, "The free credit"): one free sandbox hour
@@ -249,6 +272,9 @@ DECLARE
     run numeric;
     val numeric;
     m date;
+    after_hour timestamptz;
+    after_sb text;
+    got integer;
 BEGIN
     FOR acc IN
         SELECT a.id, a.plan_id,
@@ -262,39 +288,58 @@ BEGIN
         left_ns := acc.allowance;
         account_id := acc.id;
         month := NULL;
-        FOR r IN
-            SELECT u.hour, u.cpu_ns, u.mem_byte_ns, s.mem_size_bytes
-              FROM usage_hourly u JOIN sandboxes s ON s.id = u.sandbox_id
-             WHERE u.account_id = acc.id AND u.hour >= month_start(p_from) AND u.hour < month_start(p_to)
-               AND u.mem_byte_ns > 0 AND s.mem_size_bytes > 0
-             ORDER BY u.hour, u.sandbox_id
+        after_hour := month_start(p_from);
+        after_sb := '';
+        -- in pages of 256 rows by (hour, sandbox id): the credit usually ends
+        -- in the first page, and a page is an index range of the account's
+        -- hours, not a sort of its whole month
+        <<pages>>
         LOOP
-            m := month_of(r.hour);
-            IF month IS DISTINCT FROM m THEN
-                IF month IS NOT NULL THEN
-                    RETURN NEXT;
+            got := 0;
+            FOR r IN EXECUTE
+                'SELECT u.hour, u.sandbox_id, u.cpu_ns, u.mem_byte_ns, s.mem_size_bytes,'
+                '       coalesce(rc.rate, 0) AS rc, coalesce(rm.rate, 0) AS rm'
+                '  FROM usage_hourly u JOIN sandboxes s ON s.id = u.sandbox_id'
+                '  LEFT JOIN rate_periods rc ON rc.plan_id = $4 AND rc.meter = ''cpu'''
+                '                           AND u.hour >= rc.since AND u.hour < rc.until'
+                '  LEFT JOIN rate_periods rm ON rm.plan_id = $4 AND rm.meter = ''memory'''
+                '                           AND u.hour >= rm.since AND u.hour < rm.until'
+                ' WHERE u.account_id = $1 AND u.hour >= $2 AND u.hour < $3'
+                '   AND (u.hour > $2 OR u.sandbox_id > $5)'
+                '   AND u.mem_byte_ns > 0 AND s.mem_size_bytes > 0'
+                ' ORDER BY u.hour, u.sandbox_id LIMIT 256'
+                USING acc.id, after_hour, month_start(p_to), acc.plan_id, after_sb
+            LOOP
+                got := got + 1;
+                after_hour := r.hour;
+                after_sb := r.sandbox_id;
+                m := month_of(r.hour);
+                IF month IS DISTINCT FROM m THEN
+                    IF month IS NOT NULL THEN
+                        RETURN NEXT;
+                    END IF;
+                    month := m;
+                    running_ns := 0;
+                    num := 0;
+                    den := gib_hour;
                 END IF;
-                month := m;
-                running_ns := 0;
-                num := 0;
-                den := gib_hour;
-            END IF;
-            run := div(r.mem_byte_ns, r.mem_size_bytes);
-            -- (cpu rated) / vCPU-hour base + (memory rated) / GiB-hour base, over the GiB-hour base
-            val := r.cpu_ns::numeric * coalesce(rate_at(acc.plan_id, 'cpu', r.hour), 0) * 1073741824
-                   + r.mem_byte_ns * coalesce(rate_at(acc.plan_id, 'memory', r.hour), 0);
-            IF run <= left_ns THEN
-                num := num + val;
-                running_ns := running_ns + run;
-                left_ns := left_ns - run;
-            ELSE
-                -- the last piece: its share left_ns / run (exact, one fraction)
-                num := num * run + val * left_ns;
-                den := den * run;
-                running_ns := running_ns + left_ns;
-                left_ns := 0;
-            END IF;
-            EXIT WHEN left_ns <= 0;
+                run := div(r.mem_byte_ns, r.mem_size_bytes);
+                -- (cpu rated) / vCPU-hour base + (memory rated) / GiB-hour base, over the GiB-hour base
+                val := r.cpu_ns::numeric * r.rc * 1073741824 + r.mem_byte_ns * r.rm;
+                IF run <= left_ns THEN
+                    num := num + val;
+                    running_ns := running_ns + run;
+                    left_ns := left_ns - run;
+                ELSE
+                    -- the last piece: its share left_ns / run (exact, one fraction)
+                    num := num * run + val * left_ns;
+                    den := den * run;
+                    running_ns := running_ns + left_ns;
+                    left_ns := 0;
+                END IF;
+                EXIT pages WHEN left_ns <= 0;
+            END LOOP;
+            EXIT WHEN got < 256;
         END LOOP;
         IF month IS NOT NULL THEN
             RETURN NEXT;
@@ -306,13 +351,15 @@ END $fn$;
 -- month, or the month being closed): per account and month, one usage line
 -- per meter, the credit line when any free time was used, an adjustment line
 -- per (month it belongs to, meter) of late usage. Each line rounds its exact
--- amount once.
+-- amount once. The same call gives the per-key breakdown (key_id not NULL,
+-- line_no NULL: usage and adjustments per key and meter, each rounded once),
+-- so that a close computes the month's charges once.
 CREATE FUNCTION invoice_lines_compute(p_from date, p_to date, p_account text DEFAULT NULL)
 RETURNS TABLE (account_id text, month date, line_no integer, kind text, meter text, for_month date,
                quantity_base numeric, quantity numeric, unit text, exact_num numeric, exact_den numeric,
-               amount_nanodollars bigint, amount_cents bigint, credit_running_ns bigint)
+               amount_nanodollars bigint, amount_cents bigint, credit_running_ns bigint, key_id text)
 LANGUAGE sql STABLE AS $$
-    WITH c AS (SELECT * FROM invoice_charges(p_from, p_to, p_account)),
+    WITH c AS MATERIALIZED (SELECT * FROM invoice_charges(p_from, p_to, p_account)),
          usage_months AS (SELECT DISTINCT c.account_id, c.month FROM c WHERE c.kind = 'usage'),
          lines AS (
              SELECT um.account_id, um.month, 'usage' AS kind, mt.meter, um.month AS for_month,
@@ -341,22 +388,15 @@ LANGUAGE sql STABLE AS $$
            billing_units(l.q, CASE l.meter WHEN 'credit' THEN 3600000000000::numeric ELSE meter_unit_base(l.meter) END),
            meter_unit(l.meter), l.num, l.den,
            tally_round_div(l.num, l.den)::bigint, tally_round_div(l.num, l.den * 10000000)::bigint,
-           l.credit_ns::bigint
+           l.credit_ns::bigint, NULL::text
       FROM lines l
-$$;
-
--- The per-key breakdown of the same months.
-CREATE FUNCTION invoice_key_lines_compute(p_from date, p_to date, p_account text DEFAULT NULL)
-RETURNS TABLE (account_id text, month date, key_id text, kind text, meter text, for_month date,
-               quantity_base numeric, quantity numeric, unit text, exact_num numeric, exact_den numeric,
-               amount_nanodollars bigint, amount_cents bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT c.account_id, c.month, c.key_id, c.kind, c.meter, c.for_month, c.quantity_base,
+    UNION ALL
+    SELECT c.account_id, c.month, NULL, c.kind, c.meter, c.for_month, c.quantity_base,
            billing_units(c.quantity_base, meter_unit_base(c.meter)), meter_unit(c.meter),
            c.rated, meter_unit_base(c.meter),
            tally_round_div(c.rated, meter_unit_base(c.meter))::bigint,
-           tally_round_div(c.rated, meter_unit_base(c.meter) * 10000000)::bigint
-      FROM invoice_charges(p_from, p_to, p_account) c
+           tally_round_div(c.rated, meter_unit_base(c.meter) * 10000000)::bigint, 0, c.key_id
+      FROM c
      WHERE c.kind = 'usage' OR c.quantity_base <> 0 OR c.rated <> 0
 $$;
 
@@ -364,7 +404,7 @@ $$;
 -- month with usage, else the current month.
 CREATE FUNCTION first_open_month() RETURNS date LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT (max(month) + interval '1 month')::date FROM closed_months),
-                    (SELECT month_of(min(hour)) FROM usage_key_hourly),
+                    (SELECT date_trunc('month', min(day))::date FROM usage_key_daily),
                     month_of(now()))
 $$;
 
@@ -405,18 +445,17 @@ BEGIN
                                      line_count, closed_at)
         SELECT l.account_id, m, account_plan(l.account_id), sum(l.credit_running_ns), sum(l.amount_nanodollars),
                sum(l.amount_cents), count(*), now()
-          FROM close_lines l GROUP BY l.account_id;
+          FROM close_lines l WHERE l.key_id IS NULL GROUP BY l.account_id;
         INSERT INTO closed_invoice_lines (account_id, month, line_no, kind, meter, for_month, quantity_base, quantity,
                                           exact_num, exact_den, amount_nanodollars, amount_cents)
         SELECT l.account_id, l.month, l.line_no, l.kind, l.meter, l.for_month, l.quantity_base, l.quantity,
                l.exact_num, l.exact_den, l.amount_nanodollars, l.amount_cents
-          FROM close_lines l;
+          FROM close_lines l WHERE l.key_id IS NULL;
         INSERT INTO closed_invoice_key_lines (account_id, month, key_id, kind, meter, for_month, quantity_base,
                                               quantity, exact_num, exact_den, amount_nanodollars, amount_cents)
         SELECT k.account_id, k.month, k.key_id, k.kind, k.meter, k.for_month, k.quantity_base, k.quantity,
                k.exact_num, k.exact_den, k.amount_nanodollars, k.amount_cents
-          FROM invoice_key_lines_compute(m, (m + interval '1 month')::date, NULL) k
-         WHERE k.month = m AND EXISTS (SELECT 1 FROM closed_invoices ci WHERE ci.account_id = k.account_id AND ci.month = m);
+          FROM close_lines k WHERE k.key_id IS NOT NULL;
         -- the pending late usage was carried by this month's invoices
         UPDATE late_usage SET billed_in = m WHERE billed_in IS NULL;
         month := m;
@@ -457,7 +496,10 @@ RETURNS TABLE (account_id text, month date, line_no integer, kind text, meter te
                quantity_base numeric, quantity numeric, unit text, exact_num numeric, exact_den numeric,
                amount_nanodollars bigint, amount_cents bigint, credit_running_ns bigint)
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM invoice_lines_compute(first_open_month(), (month_of(now()) + interval '1 month')::date, p_account)
+    SELECT l.account_id, l.month, l.line_no, l.kind, l.meter, l.for_month, l.quantity_base, l.quantity, l.unit,
+           l.exact_num, l.exact_den, l.amount_nanodollars, l.amount_cents, l.credit_running_ns
+      FROM invoice_lines_compute(first_open_month(), (month_of(now()) + interval '1 month')::date, p_account) l
+     WHERE l.key_id IS NULL
 $$;
 
 CREATE FUNCTION invoice_preview_key_lines(p_account text DEFAULT NULL)
@@ -465,7 +507,10 @@ RETURNS TABLE (account_id text, month date, key_id text, kind text, meter text, 
                quantity_base numeric, quantity numeric, unit text, exact_num numeric, exact_den numeric,
                amount_nanodollars bigint, amount_cents bigint)
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM invoice_key_lines_compute(first_open_month(), (month_of(now()) + interval '1 month')::date, p_account)
+    SELECT l.account_id, l.month, l.key_id, l.kind, l.meter, l.for_month, l.quantity_base, l.quantity, l.unit,
+           l.exact_num, l.exact_den, l.amount_nanodollars, l.amount_cents
+      FROM invoice_lines_compute(first_open_month(), (month_of(now()) + interval '1 month')::date, p_account) l
+     WHERE l.key_id IS NOT NULL
 $$;
 
 -- The current month's projection: each usage line at its rate so far over the
@@ -525,7 +570,6 @@ CREATE SCHEMA finance;
 ALTER FUNCTION invoice_charges(date, date, text) SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION invoice_credit(date, date, text) SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION invoice_lines_compute(date, date, text) SECURITY DEFINER SET search_path = public, pg_temp;
-ALTER FUNCTION invoice_key_lines_compute(date, date, text) SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION first_open_month() SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION invoice_preview_lines(text) SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION invoice_preview_key_lines(text) SECURITY DEFINER SET search_path = public, pg_temp;
@@ -718,8 +762,8 @@ END $$;
 GRANT USAGE ON SCHEMA finance TO finance;
 GRANT SELECT ON ALL TABLES IN SCHEMA finance TO finance;
 REVOKE EXECUTE ON FUNCTION invoice_charges(date, date, text), invoice_credit(date, date, text),
-    invoice_lines_compute(date, date, text), invoice_key_lines_compute(date, date, text) FROM PUBLIC;
+    invoice_lines_compute(date, date, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION invoice_charges(date, date, text), invoice_credit(date, date, text),
-    invoice_lines_compute(date, date, text), invoice_key_lines_compute(date, date, text),
+    invoice_lines_compute(date, date, text),
     invoice_preview_lines(text), invoice_preview_key_lines(text), invoice_projection_lines(text)
     TO finance;

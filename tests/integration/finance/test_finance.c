@@ -466,6 +466,20 @@ int main(void)
         run_sandbox("carry", "kc2", "carry-c", cur, cur_min, cur_min, (uint64_t)cur_min * 60, 2 * GiB, 1);
         /* half (1 free hour): 1 vCPU busy, 2 GiB, from 10:30 to 12:00 on m1's 5th day. */
         run_sandbox("half", "kh", "half-a", m1 + 4 * 24 * H + 10 * H + 30 * 60 * NS_PER_SEC, 90, 5, 300, 2 * GiB, 1);
+        /* ratechg (plan p2, no free hours): its CPU rate doubles at 12:00 on m1's 10th day, in the
+         * middle of the day; 1 vCPU busy, 2 GiB, 10:00-14:00 that day. */
+        char sql[1024];
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO price_plans (id, name) VALUES ('p2', 'p2');"
+                 "INSERT INTO plan_rates (plan_id, meter, effective_from, nanodollars_per_unit, unit) VALUES"
+                 " ('p2', 'cpu', '2020-01-01 00:00:00+00', 25000000, 'vCPU-hour'),"
+                 " ('p2', 'cpu', '%s-10 12:00:00+00', 50000000, 'vCPU-hour'),"
+                 " ('p2', 'memory', '2020-01-01 00:00:00+00', 7500000, 'GiB-hour'),"
+                 " ('p2', 'storage', '2020-01-01 00:00:00+00', 80000000, 'GB-month');"
+                 "INSERT INTO accounts (id, name, plan_id, free_sandbox_hours) VALUES ('ratechg', 'r', 'p2', 0)",
+                 M1);
+        aggtest_exec(&t, sql);
+        run_sandbox("ratechg", "kr", "rate-a", m1 + 9 * 24 * H + 10 * H, 4 * 60, 5, 300, 2 * GiB, 1);
         /* late (no free hours): 2 vCPU busy, 4 GiB, one hour in m2. */
         run_sandbox("late", "kl", "late-a", m2 + 2 * 24 * H, 60, 5, 600, 4 * GiB, 2);
         aggtest_flush(&t);
@@ -535,6 +549,11 @@ int main(void)
         CHECK(total("total_cents", "half", M1d, "preview") == 2, "half: total 2 cents");
         CHECK(total("total_nanodollars", "half", M1d, "preview") == 20000000, "half: 20,000,000 nano-dollars");
 
+        /* ratechg: CPU 2 h x $0.025 + 2 h x $0.05 = $0.15; memory 4 h x 2 GiB x $0.0075 = $0.06. */
+        CHECK(line("amount_nanodollars", "ratechg", M1d, "preview", "usage", "cpu", M1d) == 150000000,
+              "ratechg: CPU rated by hour across a mid-day rate change, $0.15");
+        CHECK(line("amount_cents", "ratechg", M1d, "preview", "usage", "memory", M1d) == 6, "ratechg: memory $0.06");
+        CHECK(total("total_cents", "ratechg", M1d, "preview") == 21, "ratechg: total $0.21");
         /* late, m2: 1 h, 2 vCPU busy, 4 GiB: $0.05 + $0.03 = 8 cents, no free hours. */
         CHECK(total("total_cents", "late", M2d, "preview") == 8, "late m2: 8 cents");
         check_totals("before any close");
@@ -603,6 +622,7 @@ int main(void)
         CHECK(total("total_cents", "tasks", M1d, "closed") == 1537, "tasks m1 closed: $15.37");
         CHECK(total("total_cents", "carry", M1d, "closed") == 40, "carry m1 closed: $0.40");
         CHECK(total("total_cents", "half", M1d, "closed") == 2, "half m1 closed: 2 cents");
+        CHECK(total("total_cents", "ratechg", M1d, "closed") == 21, "ratechg m1 closed: $0.21");
         CHECK(q_int("SELECT count(*) FROM late_usage WHERE billed_in IS NULL") == 0, "no late usage pending");
         {
                 PGresult *res = PQexec(t.db, "UPDATE late_usage SET cpu_ns = 0 WHERE billed_in IS NOT NULL");
