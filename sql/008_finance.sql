@@ -603,27 +603,41 @@ SELECT g.account_id, g.key_id, g.day, g.meter, g.quantity_base, meter_base_unit(
                                    AND u.hour >= rp.since AND u.hour < rp.until
          GROUP BY 1, 2, 3, 4) g;
 
+-- The instants rates change at (with -infinity first): usage between two of
+-- them is rated alike, so the views below sum usage per segment before they
+-- rate it (sum(q) x r = sum(q x r), exactly), instead of joining every hour
+-- to its rate.
+CREATE VIEW rate_bounds AS
+SELECT array_agg(b ORDER BY b) AS b
+  FROM (SELECT '-infinity'::timestamptz AS b UNION SELECT effective_from FROM plan_rates) x;
+
 -- Per sandbox and UTC day, with its labels: the three meters and their cost,
 -- each rounded once, and the day's total over one common denominator.
 CREATE VIEW finance.sandbox_daily AS
-WITH d AS (
+WITH s AS (
     SELECT u.account_id, u.key_id, u.sandbox_id, (u.hour AT TIME ZONE 'UTC')::date AS day,
+           rb.b[width_bucket(u.hour, rb.b)] AS seg,
            sum(u.cpu_ns)::numeric AS cpu_ns, sum(u.mem_byte_ns) AS mem_byte_ns,
-           sum(u.storage_byte_ns) AS storage_byte_ns,
-           sum(u.cpu_ns::numeric * coalesce(rc.rate, 0)) AS cpu_rated,
-           sum(u.mem_byte_ns * coalesce(rm.rate, 0)) AS memory_rated,
-           sum(u.storage_byte_ns * coalesce(rs.rate, 0)) AS storage_rated
-      FROM usage_hourly u
-      LEFT JOIN accounts a ON a.id = u.account_id
+           sum(u.storage_byte_ns) AS storage_byte_ns
+      FROM usage_hourly u CROSS JOIN rate_bounds rb
+     GROUP BY 1, 2, 3, 4, 5),
+d AS (
+    SELECT s.account_id, s.key_id, s.sandbox_id, s.day,
+           sum(s.cpu_ns) AS cpu_ns, sum(s.mem_byte_ns) AS mem_byte_ns, sum(s.storage_byte_ns) AS storage_byte_ns,
+           sum(s.cpu_ns * coalesce(rc.rate, 0)) AS cpu_rated,
+           sum(s.mem_byte_ns * coalesce(rm.rate, 0)) AS memory_rated,
+           sum(s.storage_byte_ns * coalesce(rs.rate, 0)) AS storage_rated
+      FROM s
+      LEFT JOIN accounts a ON a.id = s.account_id
       LEFT JOIN rate_periods rc ON rc.plan_id = coalesce(a.plan_id, 'default') AND rc.meter = 'cpu'
-                               AND u.hour >= rc.since AND u.hour < rc.until
+                               AND s.seg >= rc.since AND s.seg < rc.until
       LEFT JOIN rate_periods rm ON rm.plan_id = coalesce(a.plan_id, 'default') AND rm.meter = 'memory'
-                               AND u.hour >= rm.since AND u.hour < rm.until
+                               AND s.seg >= rm.since AND s.seg < rm.until
       LEFT JOIN rate_periods rs ON rs.plan_id = coalesce(a.plan_id, 'default') AND rs.meter = 'storage'
-                               AND u.hour >= rs.since AND u.hour < rs.until
+                               AND s.seg >= rs.since AND s.seg < rs.until
      GROUP BY 1, 2, 3, 4)
-SELECT d.account_id, d.key_id, d.sandbox_id, d.day, coalesce(s.labels, '{}'::jsonb) AS labels,
-       s.vcpus, s.mem_size_bytes,
+SELECT d.account_id, d.key_id, d.sandbox_id, d.day, coalesce(sb.labels, '{}'::jsonb) AS labels,
+       sb.vcpus, sb.mem_size_bytes,
        billing_units(d.cpu_ns, meter_unit_base('cpu')) AS cpu_vcpu_hours,
        billing_units(d.mem_byte_ns, meter_unit_base('memory')) AS memory_gib_hours,
        billing_units(d.storage_byte_ns, meter_unit_base('storage')) AS storage_gb_months,
@@ -641,21 +655,24 @@ SELECT d.account_id, d.key_id, d.sandbox_id, d.day, coalesce(s.labels, '{}'::jso
                        + d.storage_rated * (1073741824::numeric * 3600000000000),
                        (1073741824::numeric * 3600000000000) * (1000000000::numeric * 2592000000000000)
                        * 10000000)::bigint AS total_cents
-  FROM d LEFT JOIN sandboxes s ON s.id = d.sandbox_id;
+  FROM d LEFT JOIN sandboxes sb ON sb.id = d.sandbox_id;
 
 -- Usage by label: per account, UTC month, label (key = value) and meter, each
 -- rounded once. A sandbox with several labels counts under each; one with none
 -- is under label_key '' (so a label's rows add up to the account's usage).
 CREATE VIEW finance.usage_by_label AS
-WITH d AS (
-    SELECT u.account_id, month_of(u.hour) AS month, u.sandbox_id, m.meter,
-           sum(m.q) AS q, sum(m.q * coalesce(rp.rate, 0)) AS rated
-      FROM usage_hourly u
-      LEFT JOIN accounts a ON a.id = u.account_id
-     CROSS JOIN LATERAL (VALUES ('cpu', u.cpu_ns::numeric), ('memory', u.mem_byte_ns),
-                                ('storage', u.storage_byte_ns)) AS m(meter, q)
+WITH s AS (
+    SELECT u.account_id, month_of(u.hour) AS month, u.sandbox_id, rb.b[width_bucket(u.hour, rb.b)] AS seg,
+           sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS sto
+      FROM usage_hourly u CROSS JOIN rate_bounds rb
+     GROUP BY 1, 2, 3, 4),
+d AS (
+    SELECT s.account_id, s.month, s.sandbox_id, m.meter, sum(m.q) AS q, sum(m.q * coalesce(rp.rate, 0)) AS rated
+      FROM s
+      LEFT JOIN accounts a ON a.id = s.account_id
+     CROSS JOIN LATERAL (VALUES ('cpu', s.cpu), ('memory', s.mem), ('storage', s.sto)) AS m(meter, q)
       LEFT JOIN rate_periods rp ON rp.plan_id = coalesce(a.plan_id, 'default') AND rp.meter = m.meter
-                               AND u.hour >= rp.since AND u.hour < rp.until
+                               AND s.seg >= rp.since AND s.seg < rp.until
      GROUP BY 1, 2, 3, 4)
 SELECT d.account_id, d.month, l.key AS label_key, l.value AS label_value, d.meter,
        count(DISTINCT d.sandbox_id) AS sandboxes,

@@ -557,6 +557,13 @@ int main(void)
         /* late, m2: 1 h, 2 vCPU busy, 4 GiB: $0.05 + $0.03 = 8 cents, no free hours. */
         CHECK(total("total_cents", "late", M2d, "preview") == 8, "late m2: 8 cents");
         check_totals("before any close");
+        /* The usage lines agree with sql/006's live invoice_lines (rated by hour with rate_at), every month. */
+        CHECK(q_int("SELECT count(*) FROM invoice_lines o FULL JOIN (SELECT account_id, month_start(month) AS month,"
+                    " meter, amount_nanodollars, amount_cents FROM finance.invoice_lines WHERE kind = 'usage') n"
+                    " USING (account_id, month, meter)"
+                    " WHERE (o.amount_nanodollars, o.amount_cents) IS DISTINCT FROM (n.amount_nanodollars, n.amount_cents)")
+                      == 0,
+              "usage lines differ from sql/006's invoice_lines");
 
         /* Closing: this month has not ended — refused; m2 closes; twice is a no-op. */
         char *out = NULL, *err = NULL;
