@@ -407,6 +407,15 @@ static void check_api(const char *M1, const char *CUR)
         CHECK(rows == 5, "GET %s as CSV: a header and 4 lines, not %d records", path, rows);
         free(b);
 
+        /* the whole list as CSV: every line of every invoice (m1's four; tasks has nothing else) */
+        st = http("GET", "/v1/invoices", "text/csv", NULL, NULL, &b);
+        rows = 0;
+        for (char *p = b; (p = strstr(p, "\r\n")); p += 2)
+                rows++;
+        CHECK(st == 200 && rows == 5 && strstr(b, want), "GET /v1/invoices as CSV: %ld, %d records: %.300s", st, rows,
+              b);
+        free(b);
+
         /* the current month: a preview with its projection (tasks has no usage now) */
         inv = get_json("/v1/invoices/current", 200);
         CHECK(!strcmp(jstr(inv, "month"), CUR) && !strcmp(jstr(inv, "status"), "preview"),
