@@ -23,6 +23,21 @@ SELECT plan_id, meter, effective_from AS since,
        nanodollars_per_unit AS rate, unit
   FROM plan_rates;
 
+-- The instants rates change at (with -infinity first): usage between two of
+-- them is rated alike, so the views below sum usage per segment before they
+-- rate it (sum(q) x r = sum(q x r), exactly), instead of joining every hour
+-- to its rate.
+CREATE VIEW rate_bounds AS
+SELECT array_agg(b ORDER BY b) AS b
+  FROM (SELECT '-infinity'::timestamptz AS b UNION SELECT effective_from FROM plan_rates) x;
+
+-- The UTC days a rate starts inside of (not at midnight): their usage is
+-- rated hour by hour; any other day's usage at the rate in force at midnight.
+CREATE VIEW rate_split_days AS
+SELECT coalesce(array_agg(DISTINCT (effective_from AT TIME ZONE 'UTC')::date), '{}') AS d
+  FROM plan_rates
+ WHERE effective_from <> ((effective_from AT TIME ZONE 'UTC')::date)::timestamp AT TIME ZONE 'UTC';
+
 -- A month (its first day, a date) as the UTC instant it starts.
 CREATE FUNCTION month_start(p_month date) RETURNS timestamptz
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -214,12 +229,8 @@ LANGUAGE sql STABLE AS $$
     -- multiplied by its rate (sum(q) x r = sum(q x r), exactly). A UTC day no
     -- rate starts inside of is read from the per-day rollup (usage_key_daily,
     -- 24 times fewer rows), a day a rate starts inside of from the hours.
-    WITH bounds AS (SELECT array_agg(b ORDER BY b) AS b
-                      FROM (SELECT '-infinity'::timestamptz AS b
-                            UNION SELECT effective_from FROM plan_rates) x),
-         split_days AS (SELECT coalesce(array_agg(DISTINCT (effective_from AT TIME ZONE 'UTC')::date), '{}') AS d
-                          FROM plan_rates
-                         WHERE effective_from <> ((effective_from AT TIME ZONE 'UTC')::date)::timestamp AT TIME ZONE 'UTC'),
+    WITH bounds AS (SELECT b FROM rate_bounds),
+         split_days AS (SELECT d FROM rate_split_days),
          src AS (
              SELECT d.account_id, d.key_id, month_of(month_start(d.day)) AS month, 'usage' AS kind,
                     d.day::timestamp AT TIME ZONE 'UTC' AS at, d.cpu_ns, d.mem_byte_ns, d.storage_byte_ns
@@ -587,29 +598,37 @@ CREATE VIEW finance.rates AS
 SELECT plan_id, meter, since AS effective_from, nullif(until, 'infinity') AS effective_until,
        rate AS nanodollars_per_unit, unit FROM rate_periods;
 
--- Charges per account, API key, meter and UTC day, rated by hour, rounded once per row.
+-- Charges per account, API key, meter and UTC day, rated by hour (per day
+-- from usage_key_daily, per hour from usage_key_hourly on a day a rate starts
+-- inside of), rounded once per row.
 CREATE VIEW finance.charges_daily AS
+WITH src AS (
+    SELECT d.account_id, d.key_id, d.day, d.day::timestamp AT TIME ZONE 'UTC' AS at,
+           d.cpu_ns, d.mem_byte_ns, d.storage_byte_ns
+      FROM usage_key_daily d, rate_split_days sd
+     WHERE NOT (d.day = ANY (sd.d))
+    UNION ALL
+    SELECT u.account_id, u.key_id, (u.hour AT TIME ZONE 'UTC')::date, u.hour, u.cpu_ns, u.mem_byte_ns, u.storage_byte_ns
+      FROM usage_key_hourly u, rate_split_days sd
+     WHERE cardinality(sd.d) > 0 AND (u.hour AT TIME ZONE 'UTC')::date = ANY (sd.d)),
+s AS (
+    SELECT src.account_id, src.key_id, src.day, rb.b[width_bucket(src.at, rb.b)] AS seg,
+           sum(src.cpu_ns) AS cpu, sum(src.mem_byte_ns) AS mem, sum(src.storage_byte_ns) AS sto
+      FROM src CROSS JOIN rate_bounds rb
+     GROUP BY 1, 2, 3, 4),
+g AS (
+    SELECT s.account_id, s.key_id, s.day, m.meter, sum(m.q) AS quantity_base, sum(m.q * coalesce(rp.rate, 0)) AS rated
+      FROM s
+      LEFT JOIN accounts a ON a.id = s.account_id
+     CROSS JOIN LATERAL (VALUES ('cpu', s.cpu), ('memory', s.mem), ('storage', s.sto)) AS m(meter, q)
+      LEFT JOIN rate_periods rp ON rp.plan_id = coalesce(a.plan_id, 'default') AND rp.meter = m.meter
+                               AND s.seg >= rp.since AND s.seg < rp.until
+     GROUP BY 1, 2, 3, 4)
 SELECT g.account_id, g.key_id, g.day, g.meter, g.quantity_base, meter_base_unit(g.meter) AS base_unit,
        billing_units(g.quantity_base, meter_unit_base(g.meter)) AS quantity, meter_unit(g.meter) AS unit,
        tally_round_div(g.rated, meter_unit_base(g.meter))::bigint AS amount_nanodollars,
        tally_round_div(g.rated, meter_unit_base(g.meter) * 10000000)::bigint AS amount_cents
-  FROM (SELECT u.account_id, u.key_id, (u.hour AT TIME ZONE 'UTC')::date AS day, m.meter,
-               sum(m.q) AS quantity_base, sum(m.q * coalesce(rp.rate, 0)) AS rated
-          FROM usage_key_hourly u
-          LEFT JOIN accounts a ON a.id = u.account_id
-         CROSS JOIN LATERAL (VALUES ('cpu', u.cpu_ns), ('memory', u.mem_byte_ns), ('storage', u.storage_byte_ns))
-               AS m(meter, q)
-          LEFT JOIN rate_periods rp ON rp.plan_id = coalesce(a.plan_id, 'default') AND rp.meter = m.meter
-                                   AND u.hour >= rp.since AND u.hour < rp.until
-         GROUP BY 1, 2, 3, 4) g;
-
--- The instants rates change at (with -infinity first): usage between two of
--- them is rated alike, so the views below sum usage per segment before they
--- rate it (sum(q) x r = sum(q x r), exactly), instead of joining every hour
--- to its rate.
-CREATE VIEW rate_bounds AS
-SELECT array_agg(b ORDER BY b) AS b
-  FROM (SELECT '-infinity'::timestamptz AS b UNION SELECT effective_from FROM plan_rates) x;
+  FROM g;
 
 -- Per sandbox and UTC day, with its labels: the three meters and their cost,
 -- each rounded once, and the day's total over one common denominator.
