@@ -475,6 +475,16 @@ int main(void)
         run_sandbox("carry", "kc2", "carry-c", cur, cur_min, cur_min, (uint64_t)cur_min * 60, 2 * GiB, 1);
         /* half (1 free hour): 1 vCPU busy, 2 GiB, from 10:30 to 12:00 on m1's 5th day. */
         run_sandbox("half", "kh", "half-a", m1 + 4 * 24 * H + 10 * H + 30 * 60 * NS_PER_SEC, 90, 5, 300, 2 * GiB, 1);
+        struct usage_event created = { .type = EVENT_CREATED, .wall_ns = m1 + 4 * 24 * H + 10 * H + 30 * 60 * NS_PER_SEC,
+                                       .mem_size_bytes = 2 * GiB, .vcpus = 1 };
+        strcpy(created.host, "host-1");
+        strcpy(created.sandbox, "half-a");
+        strcpy(created.account, "half");
+        strcpy(created.key, "kh");
+        strcpy(created.backend, "process");
+        event_add_label(&created, "team", "ml");
+        aggtest_produce(&t, &created);
+        event_clear(&created);
         /* ratechg (plan p2, no free hours): its CPU rate doubles at 12:00 on m1's 10th day, in the
          * middle of the day; 1 vCPU busy, 2 GiB, 10:00-14:00 that day. */
         char sql[1024];
@@ -563,6 +573,21 @@ int main(void)
               "ratechg: CPU rated by hour across a mid-day rate change, $0.15");
         CHECK(line("amount_cents", "ratechg", M1d, "preview", "usage", "memory", M1d) == 6, "ratechg: memory $0.06");
         CHECK(total("total_cents", "ratechg", M1d, "preview") == 21, "ratechg: total $0.21");
+        CHECK(q_int("SELECT amount_nanodollars FROM finance.charges_daily WHERE account_id = 'ratechg'"
+                    " AND meter = 'cpu'") == 150000000,
+              "charges_daily: ratechg's day, CPU $0.15");
+        CHECK(q_int("SELECT total_nanodollars FROM finance.sandbox_daily WHERE sandbox_id = 'rate-a'"
+                    " AND cpu_nanodollars = 150000000 AND memory_nanodollars = 60000000 AND cpu_vcpu_hours = 4"
+                    " AND memory_gib_hours = 8") == 210000000,
+              "sandbox_daily: rate-a's day, $0.15 + $0.06");
+        CHECK(q_int("SELECT amount_nanodollars FROM finance.usage_by_label WHERE account_id = 'half'"
+                    " AND label_key = 'team' AND label_value = 'ml' AND meter = 'cpu' AND sandboxes = 1") == 37500000,
+              "usage_by_label: half's team=ml sandbox, CPU $0.0375");
+        CHECK(q_int("SELECT count(*) FROM finance.sandbox_daily WHERE sandbox_id = 'half-a'"
+                    " AND labels->>'team' = 'ml'") == 1, "sandbox_daily: half-a's labels");
+        CHECK(q_int("SELECT sum(amount_nanodollars) FROM finance.usage_by_label WHERE account_id = 'ratechg'"
+                    " AND label_key = ''") == 210000000,
+              "usage_by_label: ratechg's unlabelled sandbox, $0.21");
         /* late, m2: 1 h, 2 vCPU busy, 4 GiB: $0.05 + $0.03 = 8 cents, no free hours. */
         CHECK(total("total_cents", "late", M2d, "preview") == 8, "late m2: 8 cents");
         check_totals("before any close");
