@@ -423,6 +423,28 @@ static void check_api(const char *M1, const char *CUR)
         CHECK(json_object_get(inv, "projection") != NULL, "GET /v1/invoices/current: a projection field");
         json_decref(inv);
 
+        /* a person of carry: this month's preview (no credit left) and its estimate */
+        char *argv3[] = { (char *)admin_bin(), "--database-url", t.db_url, "person", "create", "--account", "carry",
+                          "--email", "fin-carry@example.com", "--password-file", pw, NULL };
+        CHECK(test_run(argv3, &out, &err) == 0, "person create: %s", err ? err : "");
+        free(out);
+        free(err);
+        cookie[0] = '\0';
+        st = http("POST", "/v1/sessions", NULL, "{\"email\":\"fin-carry@example.com\",\"password\":\"correct horse battery\"}",
+                  NULL, &b);
+        CHECK(st == 201 && cookie[0], "sign-in as carry: %ld %.200s", st, b);
+        free(b);
+        inv = get_json("/v1/invoices/current", 200);
+        json_t *proj = json_object_get(inv, "projection");
+        CHECK(!strcmp(jstr(inv, "status"), "preview") && !strcmp(jstr(inv, "account"), "carry") &&
+                      find_line(inv, "usage", "cpu", CUR) && !find_line(inv, "credit", "credit", CUR),
+              "GET /v1/invoices/current as carry: the preview's lines, no credit");
+        CHECK(json_is_object(proj) && !strcmp(jstr(proj, "status"), "estimate") &&
+                      jint(proj, "total_nanodollars") >= jint(inv, "total_nanodollars") &&
+                      json_array_size(json_object_get(proj, "lines")) == 3,
+              "GET /v1/invoices/current as carry: an estimate of three lines, at least the preview");
+        json_decref(inv);
+
         /* errors: a month without an invoice, a malformed month, an API key */
         json_decref(get_json("/v1/invoices/2020-01", 404));
         json_decref(get_json("/v1/invoices/2026-13", 400));
