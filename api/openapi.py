@@ -259,7 +259,7 @@ schemas = {
 }
 
 
-# Invoices (api/invoices.c, docs/api.md "Invoices"): a person's view of the account's monthly invoices.
+# Invoices (api/invoices.c, docs/finance.md "The same rows over HTTP"): a person's view of the account's monthly invoices.
 MONTH = {"name": "id", "in": "path", "required": True, "description": "The month, YYYY-MM (UTC).",
          "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}}
 INVOICE_CSV = {"type": "string", "description": "RFC 4180, one row per line: month, status, line_no, kind, meter, "
