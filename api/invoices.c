@@ -1,9 +1,8 @@
 /* invoices.c — GET /v1/invoices, /v1/invoices/{YYYY-MM}, /v1/invoices/current:
  * a person's view of the account's monthly invoices (docs/finance.md, "The
  * same rows over HTTP"; docs/billing.md, "Invoices"). The rows are sql/008's:
- * closed invoices from
- * the closed_* tables (never recomputed), open months as previews
- * (invoice_preview_lines), and the current month's projection
+ * closed invoices from the closed_* tables (never recomputed), open months as
+ * previews (invoice_preview_lines), and the current month's projection
  * (invoice_projection_lines), each marked by its status. JSON, or CSV of the
  * lines with Accept: text/csv. Every query is scoped to the caller's account
  * in SQL; nothing here writes. */
