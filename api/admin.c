@@ -1,4 +1,5 @@
-/* tally-admin — what an operator does by hand: accounts, people, keys, plans.
+/* tally-admin — what an operator does by hand: accounts, people, keys, plans,
+ * and closing a month's invoices (by hand, or `close-due` from a timer).
  * The same code as tally-api (keys.c, auth.c). A password is read from a
  * file or the terminal, never from the command line (argv is visible to
  * every user of the host); a key's secret is printed once and never again. */
@@ -8,6 +9,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +20,14 @@
 struct admin_config {
         char *database_url;
         char *log_level;
+        int64_t close_grace_hours;
 };
 
 static const struct setting settings[] = {
         SETTING_DATABASE_URL(struct admin_config, database_url),
         SETTING_LOG_LEVEL(struct admin_config, log_level),
+        { "close_grace_hours", SETTING_INT, "72", false, offsetof(struct admin_config, close_grace_hours), 0, 8760,
+          "close-due closes a month this many hours after it ended (late samples still land in it until then)" },
         SETTINGS_END,
 };
 
@@ -40,7 +45,12 @@ static const struct program_info program = {
                    "  plan assign --account ID --plan PLAN\n"
                    "  status [URL...]     the pipeline's health (groups, hosts, dead letters); probes each URL\n"
                    "  spend [--account ID] [--day YYYY-MM-DD]     spend per key against its limit\n"
-                   "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day]   usage and cost (admin_status.c)",
+                   "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day]   usage and cost (admin_status.c)\n"
+                   "  close-month YYYY-MM\n"
+                   "         (freezes that month's invoices, and every earlier month's not closed yet; a month\n"
+                   "          that has not ended is refused; closing a closed month does nothing)\n"
+                   "  close-due\n"
+                   "         (closes every month that ended close_grace_hours ago or more; for a timer)",
 };
 
 struct args {
@@ -154,11 +164,75 @@ static int set_password(PGconn *db, const char *email, const char *file)
 
 int admin_view(PGconn *db, int argc, char **argv); /* admin_status.c: status, spend, usage */
 
-static int command(PGconn *db, int argc, char **argv)
+/* Prints what close_month()/close_due() returned: one line per month. */
+static int close_print(PGresult *res)
+{
+        for (int i = 0; i < PQntuples(res); i++)
+                printf("month=%s status=\"%s\" invoices=%s total_cents=%s\n", PQgetvalue(res, i, 0),
+                       PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+        return 0;
+}
+
+/* close-month YYYY-MM: the database refuses a month that has not ended
+ * (SQLSTATE 55000), and a closed month is a no-op ("already closed"). */
+static int close_month(PGconn *db, const char *month)
+{
+        int y, m;
+        char tail;
+        if (!month || strlen(month) != 7 || sscanf(month, "%4d-%2d%c", &y, &m, &tail) != 2 || m < 1 || m > 12 ||
+            y < 2000 || month[4] != '-') {
+                fprintf(stderr, "tally-admin: close-month needs a month as YYYY-MM\n");
+                return -EINVAL;
+        }
+        char day[32];
+        snprintf(day, sizeof(day), "%04d-%02d-01", y, m);
+        const char *p[] = { day };
+        PGresult *res = PQexecParams(db, "SELECT to_char(month, 'YYYY-MM'), status, invoices, total_cents"
+                                         "  FROM close_month($1::date, 'tally-admin')",
+                                     1, NULL, p, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+                bool not_ended = state && strcmp(state, "55000") == 0;
+                fprintf(stderr, "tally-admin: could not close %s: %s", month,
+                        PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) ?: PQerrorMessage(db));
+                fputc('\n', stderr);
+                PQclear(res);
+                return not_ended ? -EAGAIN : -EIO;
+        }
+        close_print(res);
+        PQclear(res);
+        return 0;
+}
+
+static int close_due(PGconn *db, int64_t grace_hours)
+{
+        char grace[32];
+        snprintf(grace, sizeof(grace), "%lld hours", (long long)grace_hours);
+        const char *p[] = { grace };
+        PGresult *res = PQexecParams(db, "SELECT to_char(month, 'YYYY-MM'), status, invoices, total_cents"
+                                         "  FROM close_due($1::interval, 'tally-admin close-due')",
+                                     1, NULL, p, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                fprintf(stderr, "tally-admin: could not close the months due: %s", PQerrorMessage(db));
+                PQclear(res);
+                return -EIO;
+        }
+        if (PQntuples(res) == 0)
+                printf("status=\"nothing due\" grace_hours=%lld\n", (long long)grace_hours);
+        close_print(res);
+        PQclear(res);
+        return 0;
+}
+
+static int command(PGconn *db, const struct admin_config *cfg, int argc, char **argv)
 {
         int viewed = admin_view(db, argc, argv);
         if (viewed != -ENOSYS)
                 return viewed;
+        if (argc >= 1 && strcmp(argv[0], "close-month") == 0)
+                return argc == 2 ? close_month(db, argv[1]) : -EINVAL;
+        if (argc >= 1 && strcmp(argv[0], "close-due") == 0)
+                return argc == 1 ? close_due(db, cfg->close_grace_hours) : -EINVAL;
         if (argc < 2)
                 return -EINVAL;
         const char *what = argv[0], *verb = argv[1];
@@ -278,7 +352,7 @@ int main(int argc, char **argv)
                 config_free(settings, &cfg);
                 return 1;
         }
-        r = command(db, argc - argi, argv + argi);
+        r = command(db, &cfg, argc - argi, argv + argi);
         if (r == -EINVAL)
                 fprintf(stderr, "tally-admin: unknown or incomplete command (see --help)\n");
         PQfinish(db);

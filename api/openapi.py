@@ -265,6 +265,63 @@ schemas = {
 }
 
 
+# Invoices (api/invoices.c, docs/finance.md "The same rows over HTTP"): a person's view of the account's monthly invoices.
+MONTH = {"name": "id", "in": "path", "required": True, "description": "The month, YYYY-MM (UTC).",
+         "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}}
+INVOICE_CSV = {"type": "string", "description": "RFC 4180, one row per line: month, status, line_no, kind, meter, "
+               "for_month, quantity, unit, quantity_base, base_unit, amount_nanodollars, amount_cents."}
+
+
+def invoice_resp(desc, schema):
+    return {"description": desc, "content": {"application/json": {"schema": schema},
+                                             "text/csv": {"schema": INVOICE_CSV}}}
+
+
+paths.update({
+    "/v1/invoices": {"get": op(
+        "The account's invoices, newest first: closed months, and previews of the open ones. "
+        "With Accept: text/csv, every line of them.", PERSON,
+        dict({"200": invoice_resp("Invoices", ref("InvoiceList"))}, **errors()), opid="listInvoices")},
+    "/v1/invoices/current": {"get": op(
+        "This UTC month's invoice as it would be if closed now (status preview), with its end-of-month "
+        "projection at the month's rate so far (status estimate).", PERSON,
+        dict({"200": invoice_resp("The current month", ref("Invoice"))}, **errors()), opid="getCurrentInvoice")},
+    "/v1/invoices/{id}": {"get": op(
+        "One month's invoice with its lines and per-key breakdown (closed, or a preview while open).", PERSON,
+        dict({"200": invoice_resp("The invoice", ref("Invoice"))}, **errors("404")), [MONTH],
+        opid="getInvoice")},
+})
+schemas.update({
+    "InvoiceLine": {"type": "object", "properties": {
+        "line_no": {"type": "integer"}, "kind": {"type": "string", "enum": ["usage", "credit", "adjustment"]},
+        "meter": {"type": "string", "enum": ["cpu", "memory", "storage", "credit"]},
+        "for_month": {"type": "string", "description": "The month the usage happened in (YYYY-MM)."},
+        "quantity": {"type": "string", "description": "In unit, exact decimal to 12 places."},
+        "unit": {"type": "string", "enum": ["vCPU-hour", "GiB-hour", "GB-month", "sandbox-hour"]},
+        "quantity_base": {"type": "string", "description": "Exact, in base_unit."},
+        "base_unit": {"type": "string", "enum": ["CPU-ns", "byte-ns", "running-ns"]},
+        "amount_nanodollars": {"type": "integer"}, "amount_cents": {"type": "integer"}}},
+    "InvoiceKeyLine": {"type": "object", "properties": {
+        "key": ref("Id"), "kind": {"type": "string", "enum": ["usage", "adjustment"]},
+        "meter": {"type": "string"}, "for_month": {"type": "string"}, "quantity": {"type": "string"},
+        "unit": {"type": "string"}, "amount_nanodollars": {"type": "integer"}, "amount_cents": {"type": "integer"}}},
+    "Invoice": {"type": "object", "properties": {
+        "account": ref("Id"), "month": {"type": "string"},
+        "status": {"type": "string", "enum": ["closed", "preview", "estimate"]},
+        "period_start": {"type": "string", "format": "date-time"},
+        "period_end": {"type": "string", "format": "date-time"}, "currency": {"type": "string"},
+        "total_nanodollars": {"type": "integer", "description": "The sum of the lines' amount_nanodollars."},
+        "total_cents": {"type": "integer", "description": "The sum of the lines' amount_cents."},
+        "line_count": {"type": "integer"}, "closed_at": {"type": ["string", "null"], "format": "date-time"},
+        "lines": {"type": "array", "items": ref("InvoiceLine")},
+        "keys": {"type": "array", "items": ref("InvoiceKeyLine")},
+        "projection": {"description": "GET /v1/invoices/current only: the end-of-month estimate, or null.",
+                       "oneOf": [{"type": "null"}, {"type": "object"}]}}},
+    "InvoiceList": {"type": "object", "properties": {"account": ref("Id"),
+                                                     "data": {"type": "array", "items": ref("Invoice")}}},
+})
+
+
 def err_resp(desc):
     return {"description": desc, "content": {"application/json": {"schema": ref("Error")}}}
 

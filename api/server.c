@@ -39,6 +39,7 @@ static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error 
 /* static.c: the dashboard page and its files */
 int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
+#include "invoices.h" /* h_invoices_list, h_invoice_current, h_invoice_get */
 
 struct route {
         const char *method;
@@ -74,6 +75,9 @@ static const struct route routes[] = {
         { "GET", "/v1/usage", h_usage, NEED_ANY },
         { "GET", "/v1/spend", h_spend, NEED_ANY },
         { "GET", "/v1/alerts", h_alerts, NEED_ANY },
+        { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON },
+        { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON },
+        { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 #define ROUTE_NONE NROUTES /* metrics slot for requests that matched no route */
