@@ -390,7 +390,28 @@ LANGUAGE sql STABLE AS $$
                     meter_unit_base(c.meter), 0
                FROM c WHERE c.kind = 'adjustment'
               GROUP BY c.account_id, c.month, c.meter, c.for_month
-             HAVING sum(c.quantity_base) <> 0 OR sum(c.rated) <> 0)
+             HAVING sum(c.quantity_base) <> 0 OR sum(c.rated) <> 0),
+         -- Each line rounded once; the credit line is then held to the CPU and
+         -- memory lines it covers as rounded, and is exactly minus them when it
+         -- covers all their exact cost, so an invoice the credit covers whole
+         -- is zero, never a cent either side (docs/billing.md).
+         r AS (SELECT l.*, tally_round_div(l.num, l.den)::bigint AS nd,
+                      (max(l.num) FILTER (WHERE l.kind = 'usage' AND l.meter = 'cpu') OVER w) AS cpu_num,
+                      (max(l.den) FILTER (WHERE l.kind = 'usage' AND l.meter = 'cpu') OVER w) AS cpu_den,
+                      (max(l.num) FILTER (WHERE l.kind = 'usage' AND l.meter = 'memory') OVER w) AS mem_num,
+                      (max(l.den) FILTER (WHERE l.kind = 'usage' AND l.meter = 'memory') OVER w) AS mem_den,
+                      tally_round_div(l.num, l.den * 10000000)::bigint AS ct,
+                      sum(tally_round_div(l.num, l.den)) FILTER (WHERE l.kind = 'usage' AND l.meter IN ('cpu', 'memory'))
+                          OVER w AS covered_nd,
+                      sum(tally_round_div(l.num, l.den * 10000000)) FILTER (WHERE l.kind = 'usage'
+                                                                           AND l.meter IN ('cpu', 'memory'))
+                          OVER w AS covered_ct
+                 FROM lines l
+               WINDOW w AS (PARTITION BY l.account_id, l.month)),
+         rc AS (SELECT r.*, r.kind = 'credit' AND r.cpu_den IS NOT NULL AND r.mem_den IS NOT NULL
+                            AND -r.num * r.cpu_den * r.mem_den = (r.cpu_num * r.mem_den + r.mem_num * r.cpu_den) * r.den
+                              AS covers_all
+                  FROM r)
     SELECT l.account_id, l.month,
            (row_number() OVER (PARTITION BY l.account_id, l.month
                                ORDER BY CASE l.kind WHEN 'usage' THEN 0 WHEN 'credit' THEN 1 ELSE 2 END, l.for_month,
@@ -398,9 +419,12 @@ LANGUAGE sql STABLE AS $$
            l.kind, l.meter, l.for_month, l.q,
            billing_units(l.q, CASE l.meter WHEN 'credit' THEN 3600000000000::numeric ELSE meter_unit_base(l.meter) END),
            meter_unit(l.meter), l.num, l.den,
-           tally_round_div(l.num, l.den)::bigint, tally_round_div(l.num, l.den * 10000000)::bigint,
+           CASE WHEN l.covers_all THEN -l.covered_nd
+                WHEN l.kind = 'credit' THEN greatest(l.nd, -coalesce(l.covered_nd, 0)) ELSE l.nd END::bigint,
+           CASE WHEN l.covers_all THEN -l.covered_ct
+                WHEN l.kind = 'credit' THEN greatest(l.ct, -coalesce(l.covered_ct, 0)) ELSE l.ct END::bigint,
            l.credit_ns::bigint, NULL::text
-      FROM lines l
+      FROM rc l
     UNION ALL
     SELECT c.account_id, c.month, NULL, c.kind, c.meter, c.for_month, c.quantity_base,
            billing_units(c.quantity_base, meter_unit_base(c.meter)), meter_unit(c.meter),

@@ -460,7 +460,7 @@ int main(void)
 {
         aggtest_start(&t, "finance", 3);
         aggtest_exec(&t, "INSERT INTO accounts (id, name) VALUES ('tasks', 't'), ('carry', 'c'), ('half', 'h'),"
-                         " ('late', 'l');"
+                         " ('late', 'l'), ('tiny', 'tn');"
                          "UPDATE accounts SET free_sandbox_hours = 1 WHERE id = 'half';"
                          "UPDATE accounts SET free_sandbox_hours = 0 WHERE id = 'late'");
 
@@ -507,6 +507,8 @@ int main(void)
         event_add_label(&created, "team", "ml");
         aggtest_produce(&t, &created);
         event_clear(&created);
+        /* tiny (50 free hours, all but unused): 1 vCPU, 1 GiB, 32 minutes on m1's 7th day, 576 CPU-s. */
+        run_sandbox("tiny", "ktn", "tiny-a", m1 + 6 * 24 * H + 10 * H, 32, 4, 72, 1 * GiB, 1);
         /* ratechg (plan p2, no free hours): its CPU rate doubles at 12:00 on m1's 10th day, in the
          * middle of the day; 1 vCPU busy, 2 GiB, 10:00-14:00 that day. */
         char sql[1024];
@@ -589,6 +591,23 @@ int main(void)
               "half: the credit covers exactly one running hour, $0.04");
         CHECK(total("total_cents", "half", M1d, "preview") == 2, "half: total 2 cents");
         CHECK(total("total_nanodollars", "half", M1d, "preview") == 20000000, "half: 20,000,000 nano-dollars");
+
+        /* tiny, covered whole by its credit:
+         *   CPU 576 s = 0.16 vCPU-h x $0.025 = $0.004 = 4,000,000 nano-dollars -> 0 cents;
+         *   memory 32 min x 1 GiB = 0.5333... GiB-h x $0.0075 = $0.004 -> 0 cents;
+         *   the credit's own cost -$0.008 would round to -1 cent: held to the lines it
+         *   covers, it is 0 cents and -8,000,000 nano-dollars, and the invoice is zero. */
+        CHECK(line("amount_cents", "tiny", M1d, "preview", "usage", "cpu", M1d) == 0 &&
+                      line("amount_nanodollars", "tiny", M1d, "preview", "usage", "cpu", M1d) == 4000000,
+              "tiny: CPU $0.004, 0 cents");
+        CHECK(line("amount_nanodollars", "tiny", M1d, "preview", "usage", "memory", M1d) == 4000000,
+              "tiny: memory $0.004");
+        CHECK(line("amount_cents", "tiny", M1d, "preview", "credit", "credit", M1d) == 0,
+              "tiny: the credit line is 0 cents (not -1: it never exceeds the lines it covers)");
+        CHECK(line("amount_nanodollars", "tiny", M1d, "preview", "credit", "credit", M1d) == -8000000,
+              "tiny: the credit line is -8,000,000 nano-dollars");
+        CHECK(total("total_cents", "tiny", M1d, "preview") == 0 && total("total_nanodollars", "tiny", M1d, "preview") == 0,
+              "tiny: an invoice the credit covers whole is zero");
 
         /* ratechg: CPU 2 h x $0.025 + 2 h x $0.05 = $0.15; memory 4 h x 2 GiB x $0.0075 = $0.06. */
         CHECK(line("amount_nanodollars", "ratechg", M1d, "preview", "usage", "cpu", M1d) == 150000000,
