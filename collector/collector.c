@@ -58,6 +58,7 @@ struct sandbox {
          * on the boot clock; state_since_boot_ns 0: the vmm did not say, no held time is sent. */
         uint64_t running_ns, paused_ns;
         int64_t state_since_boot_ns;
+        int64_t lease_wall_ns;        /* the lease's end on the wall clock (0: none): running stops there */
         bool starting;                /* the record says the backend has not started it: no samples yet */
         /* What its last encoded sample carried: held time and clocks never go back within a sandbox. */
         bool pub_known;
@@ -309,7 +310,16 @@ static int next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, c
                 h->running_ns = s->running_ns;
                 h->paused_ns = s->paused_ns;
                 h->state_since_boot_ns = s->state_since_boot_ns;
-                registry_held_at(h, c->stamp_boot, &ev->running_ns, &ev->paused_ns);
+                /* A running sandbox's own init ends it at its lease, also while no tally-vmm runs to
+                 * record the stop (the vmm then dates it at the lease's end): running time is never
+                 * extrapolated past the lease. */
+                int64_t at = c->stamp_boot;
+                if (s->state == STATE_RUNNING && s->lease_wall_ns > 0 && c->stamp_wall > s->lease_wall_ns) {
+                        at = c->stamp_boot - (c->stamp_wall - s->lease_wall_ns);
+                        if (at < s->state_since_boot_ns)
+                                at = s->state_since_boot_ns;
+                }
+                registry_held_at(h, at, &ev->running_ns, &ev->paused_ns);
                 /* A final carries the record's frozen totals exactly: they are the truth,
                  * and aggregators bill the highest totals seen anyway. */
                 bool final = s->state == STATE_STOPPED;
@@ -717,6 +727,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         s->state = rec->state;
         s->vcpus = rec->vcpus ? rec->vcpus : 1;
         s->mem_size_bytes = rec->mem_size_bytes;
+        s->lease_wall_ns = rec->timeout_ns;
         s->final_cpu_ns = rec->final_cpu_ns;
         s->record_epoch = rec->epoch;
         s->running_ns = rec->running_ns;

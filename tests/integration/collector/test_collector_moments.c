@@ -236,6 +236,41 @@ int main(void)
                 msleep(50);
         tsb_remove(&fresh, state);
 
+        /* A lease ending while no vmm runs: the sandbox's own init ends it at the lease, and a
+         * vmm that comes back dates the stop there. No sample may carry running time past it. */
+        struct test_sandbox leased;
+        snprintf(id, sizeof(id), "%sleased", prefix);
+        tsb_create(&leased, state, id, "acct_moments", 1, 20);
+        wait_samples(c, prefix, leased.rec.id, STATE_RUNNING, 1, 20000);
+        int64_t lease_boot = time_boot_ns() + 600 * NS_PER_MS;
+        leased.rec.timeout_ns = time_wall_ns() + 600 * NS_PER_MS;
+        CHECK(registry_write(state, &leased.rec) == 0, "could not write the leased record");
+        int64_t lease_run = lease_boot - leased.rec.state_since_boot_ns;
+        msleep(600);
+        if (leased.child > 0) {
+                kill(leased.child, SIGKILL); /* what its init does at the lease */
+                waitpid(leased.child, NULL, 0);
+                leased.child = 0;
+        }
+        consumer_poll(c, prefix, 100);
+        p = consumer_items(c, &n);
+        int leased_before = 0;
+        for (size_t i = 0; i < n; i++)
+                leased_before += strcmp(p[i].sandbox, leased.rec.id) == 0;
+        wait_samples(c, prefix, leased.rec.id, STATE_RUNNING, leased_before + 5, 20000);
+        p = consumer_items(c, &n);
+        int64_t lease_over = INT64_MIN;
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(p[i].sandbox, leased.rec.id) == 0 && (int64_t)p[i].running_ns - lease_run > lease_over)
+                        lease_over = (int64_t)p[i].running_ns - lease_run;
+        CHECK(lease_over <= RULE_NS, "a sample carried running time %" PRId64 " ns past the sandbox's lease",
+              lease_over);
+        fprintf(stderr, "lease: at most %" PRId64 " ns of running time past the lease's end\n", lease_over);
+        tsb_stop(&leased, state);
+        for (int waited = 0; waited < 10000 && !tsb_final_marked(&leased, state); waited += 50)
+                msleep(50);
+        tsb_remove(&leased, state);
+
         /* A vmm wedged inside a moment: the collector waits 2 s at most, then samples on. */
         struct test_sandbox other;
         snprintf(id, sizeof(id), "%sother", prefix);
