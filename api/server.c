@@ -36,6 +36,12 @@ static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *e
 static int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err);
+/* api/destinations.c: where a person's alerts go (docs/alerts.md). */
+int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 struct route {
         const char *method;
@@ -69,6 +75,11 @@ static const struct route routes[] = {
         { "GET", "/v1/usage", h_usage, NEED_ANY },
         { "GET", "/v1/spend", h_spend, NEED_ANY },
         { "GET", "/v1/alerts", h_alerts, NEED_ANY },
+        { "GET", "/v1/alert-destinations", h_destinations_list, NEED_PERSON },
+        { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON },
+        { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON },
+        { "POST", "/v1/alert-destinations/{id}/test", h_destination_test, NEED_PERSON },
+        { "POST", "/v1/alert-deliveries/{id}/resend", h_delivery_resend, NEED_PERSON },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 #define ROUTE_NONE NROUTES /* metrics slot for requests that matched no route */

@@ -1,0 +1,346 @@
+/* notifier.c — the sender's loop: wait for a wake-up (LISTEN
+ * tally_alert_deliveries, sent by sql/009's trigger at the alert's commit)
+ * or the poll interval, claim due deliveries, send, record, commit.
+ *
+ * The claim and the record are one transaction that is open while the batch
+ * is sent: the row lock is what keeps two notifiers from sending one row
+ * twice, and a notifier killed between a send and its commit leaves the row
+ * pending, to be sent again with the same event id (receivers deduplicate).
+ * It must never mark a row delivered that it did not see answered 2xx. */
+#include "notifier.h"
+#include "db.h"
+#include "log.h"
+#include "metrics_http.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#define DB_SCHEMA_NEED 9
+
+struct notifier_metrics {
+        _Atomic int64_t pending, delivered, failed, oldest_pending_s;
+        _Atomic uint64_t sent, send_errors, gave_up;
+        _Atomic int64_t db_up;
+};
+
+int64_t notifier_backoff_ms(const struct notifier_config *cfg, int attempts, uint64_t rnd)
+{
+        int64_t d = cfg->retry_base_ms;
+        for (int i = 1; i < attempts && d < cfg->retry_max_ms; i++)
+                d *= 2;
+        if (d > cfg->retry_max_ms)
+                d = cfg->retry_max_ms;
+        int64_t half = d / 2;
+        return d - (half > 0 ? (int64_t)(rnd % (uint64_t)(half + 1)) : 0);
+}
+
+static int metrics_page(const void *arg, char *buf, size_t size)
+{
+        const struct notifier_metrics *m = arg;
+        int n = snprintf(
+                buf, size,
+                "# HELP tally_notifier_deliveries Alert deliveries in the outbox by state.\n"
+                "# TYPE tally_notifier_deliveries gauge\n"
+                "tally_notifier_deliveries{state=\"pending\"} %" PRId64 "\n"
+                "tally_notifier_deliveries{state=\"delivered\"} %" PRId64 "\n"
+                "tally_notifier_deliveries{state=\"failed\"} %" PRId64 "\n"
+                "# HELP tally_notifier_oldest_pending_seconds Age of the oldest pending delivery (0: none).\n"
+                "# TYPE tally_notifier_oldest_pending_seconds gauge\n"
+                "tally_notifier_oldest_pending_seconds %" PRId64 "\n"
+                "# HELP tally_notifier_sent_total Attempts answered 2xx (or accepted by the SMTP relay).\n"
+                "# TYPE tally_notifier_sent_total counter\n"
+                "tally_notifier_sent_total %" PRIu64 "\n"
+                "# HELP tally_notifier_send_errors_total Attempts that failed (retried later).\n"
+                "# TYPE tally_notifier_send_errors_total counter\n"
+                "tally_notifier_send_errors_total %" PRIu64 "\n"
+                "# HELP tally_notifier_gave_up_total Deliveries marked failed after the retry period.\n"
+                "# TYPE tally_notifier_gave_up_total counter\n"
+                "tally_notifier_gave_up_total %" PRIu64 "\n"
+                "# HELP tally_notifier_database_up Whether the last database round trip worked.\n"
+                "# TYPE tally_notifier_database_up gauge\n"
+                "tally_notifier_database_up %" PRId64 "\n",
+                atomic_load(&m->pending), atomic_load(&m->delivered), atomic_load(&m->failed),
+                atomic_load(&m->oldest_pending_s), atomic_load(&m->sent), atomic_load(&m->send_errors),
+                atomic_load(&m->gave_up), atomic_load(&m->db_up));
+        if (n < 0 || (size_t)n >= size)
+                return -ENOBUFS;
+        return n;
+}
+
+struct notifier {
+        const struct notifier_config *cfg;
+        struct send_config send;
+        struct notifier_metrics *m;
+        PGconn *db;
+};
+
+static bool exec_ok(PGconn *db, const char *sql)
+{
+        PGresult *res = PQexec(db, sql);
+        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        if (!ok)
+                log_error("could not run a statement", "sql=\"%s\" error=\"%s\"", sql, PQerrorMessage(db));
+        PQclear(res);
+        return ok;
+}
+
+static int db_ensure(struct notifier *n)
+{
+        char err[1024];
+        if (n->db && PQstatus(n->db) == CONNECTION_OK)
+                return 0;
+        PQfinish(n->db);
+        n->db = db_connect(n->cfg->database_url, err, sizeof(err));
+        if (n->db && db_check_schema(n->db, DB_SCHEMA_NEED, 1000, err, sizeof(err)) < 0) {
+                PQfinish(n->db);
+                n->db = NULL;
+        }
+        if (n->db && !exec_ok(n->db, "LISTEN tally_alert_deliveries")) {
+                PQfinish(n->db);
+                n->db = NULL;
+                snprintf(err, sizeof(err), "could not LISTEN");
+        }
+        atomic_store(&n->m->db_up, n->db ? 1 : 0);
+        if (!n->db) {
+                log_error("could not connect to the database", "error=\"%s\"", err);
+                return -EIO;
+        }
+        log_info("database connected", NULL);
+        return 0;
+}
+
+static void refresh_metrics(struct notifier *n)
+{
+        PGresult *res = PQexec(n->db, "SELECT count(*) FILTER (WHERE state = 'pending'),"
+                                      " count(*) FILTER (WHERE state = 'delivered'),"
+                                      " count(*) FILTER (WHERE state = 'failed'),"
+                                      " coalesce(extract(epoch FROM now() - min(created_at) FILTER"
+                                      "  (WHERE state = 'pending'))::bigint, 0)"
+                                      " FROM alert_deliveries");
+        if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+                atomic_store(&n->m->pending, strtoll(PQgetvalue(res, 0, 0), NULL, 10));
+                atomic_store(&n->m->delivered, strtoll(PQgetvalue(res, 0, 1), NULL, 10));
+                atomic_store(&n->m->failed, strtoll(PQgetvalue(res, 0, 2), NULL, 10));
+                atomic_store(&n->m->oldest_pending_s, strtoll(PQgetvalue(res, 0, 3), NULL, 10));
+        }
+        PQclear(res);
+}
+
+/* Claims, sends and records one batch. Returns how many rows it claimed, or
+ * -EIO when the database failed (nothing recorded: the rows stay pending). */
+static int run_batch(struct notifier *n)
+{
+        if (!exec_ok(n->db, "BEGIN"))
+                return -EIO;
+        char lim[24];
+        snprintf(lim, sizeof(lim), "%" PRId64, n->cfg->batch);
+        const char *p1[] = { lim };
+        /* Oldest first (by id): a destination gets the warning before the
+         * thresholds that follow it. */
+        PGresult *res = PQexecParams(
+                n->db,
+                "SELECT d.id, d.event_id::text, d.type, d.payload::text, d.attempts,"
+                "       extract(epoch FROM now() - d.created_at)::bigint, t.kind, t.url, t.email, t.secret,"
+                "       t.enabled, d.destination_id"
+                "  FROM alert_deliveries d JOIN alert_destinations t ON t.id = d.destination_id"
+                " WHERE d.state = 'pending' AND d.next_attempt_at <= now()"
+                " ORDER BY d.id LIMIT $1::int FOR UPDATE OF d SKIP LOCKED",
+                1, NULL, p1, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                log_error("could not claim deliveries", "error=\"%s\"", PQerrorMessage(n->db));
+                PQclear(res);
+                exec_ok(n->db, "ROLLBACK");
+                return -EIO;
+        }
+        int rows = PQntuples(res);
+        bool db_ok = true;
+        for (int i = 0; i < rows && db_ok; i++) {
+                const char *id = PQgetvalue(res, i, 0), *event_id = PQgetvalue(res, i, 1), *type = PQgetvalue(res, i, 2);
+                const char *body = PQgetvalue(res, i, 3), *kind = PQgetvalue(res, i, 6);
+                const char *dest = PQgetvalue(res, i, 11);
+                int attempts = atoi(PQgetvalue(res, i, 4)) + 1;
+                int64_t age_s = strtoll(PQgetvalue(res, i, 5), NULL, 10);
+                bool enabled = PQgetvalue(res, i, 10)[0] == 't';
+                char err[512] = "";
+                int r;
+                int64_t t0 = (int64_t)time(NULL);
+                if (!enabled) {
+                        snprintf(err, sizeof(err), "destination disabled");
+                        r = -ECANCELED;
+                } else if (strcmp(kind, "webhook") == 0) {
+                        r = send_webhook(&n->send, PQgetvalue(res, i, 7), PQgetvalue(res, i, 9), event_id, type, body,
+                                         err, sizeof(err));
+                } else {
+                        r = send_email(&n->send, PQgetvalue(res, i, 8), event_id, body, err, sizeof(err));
+                }
+                const char *state = "delivered";
+                char delay[24] = "0";
+                if (r < 0) {
+                        uint64_t rnd = 0;
+                        if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+                                rnd = (uint64_t)t0;
+                        int64_t d = notifier_backoff_ms(n->cfg, attempts, rnd);
+                        bool give_up = r == -ECANCELED || age_s + d / 1000 > n->cfg->give_up_after_s;
+                        state = give_up ? "failed" : "pending";
+                        snprintf(delay, sizeof(delay), "%" PRId64, d);
+                        atomic_fetch_add(&n->m->send_errors, 1);
+                        if (give_up)
+                                atomic_fetch_add(&n->m->gave_up, 1);
+                        log_warn("could not deliver an alert",
+                                 "delivery=%s destination=%s event=%s attempt=%d next=%s retry_ms=%s error=\"%s\"", id,
+                                 dest, event_id, attempts, state, delay, err);
+                } else {
+                        atomic_fetch_add(&n->m->sent, 1);
+                        log_info("alert delivered", "delivery=%s destination=%s event=%s type=%s attempt=%d", id, dest,
+                                 event_id, type, attempts);
+                }
+                const char *p2[] = { id, state, r < 0 ? err : NULL, delay };
+                PGresult *u = PQexecParams(
+                        n->db,
+                        "UPDATE alert_deliveries SET state = $2, attempts = attempts + 1, last_error = $3,"
+                        " next_attempt_at = CASE WHEN $2 = 'pending' THEN now() + $4::bigint * interval '1 ms'"
+                        "  ELSE next_attempt_at END,"
+                        " delivered_at = CASE WHEN $2 = 'delivered' THEN clock_timestamp() END"
+                        " WHERE id = $1::bigint",
+                        4, NULL, p2, NULL, NULL, 0);
+                if (PQresultStatus(u) != PGRES_COMMAND_OK) {
+                        log_error("could not record a delivery", "delivery=%s error=\"%s\"", id, PQerrorMessage(n->db));
+                        db_ok = false;
+                }
+                PQclear(u);
+                /* The alert itself is delivered once any destination has it. */
+                if (db_ok && r == 0) {
+                        const char *p3[] = { id };
+                        u = PQexecParams(n->db,
+                                         "UPDATE alerts a SET delivered_at = clock_timestamp() FROM alert_deliveries d"
+                                         " WHERE d.id = $1::bigint AND a.id = d.alert_id AND a.delivered_at IS NULL",
+                                         1, NULL, p3, NULL, NULL, 0);
+                        if (PQresultStatus(u) != PGRES_COMMAND_OK) {
+                                log_error("could not record a delivery", "delivery=%s error=\"%s\"", id,
+                                          PQerrorMessage(n->db));
+                                db_ok = false;
+                        }
+                        PQclear(u);
+                }
+        }
+        PQclear(res);
+        if (!db_ok || !exec_ok(n->db, "COMMIT")) {
+                exec_ok(n->db, "ROLLBACK");
+                return -EIO;
+        }
+        return rows;
+}
+
+/* Milliseconds until the next pending delivery is due (capped at max_ms). */
+static int64_t next_due_ms(struct notifier *n, int64_t max_ms)
+{
+        PGresult *res = PQexec(n->db, "SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::bigint"
+                                      " FROM alert_deliveries WHERE state = 'pending'");
+        int64_t ms = max_ms;
+        if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0)) {
+                ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+                if (ms < 0)
+                        ms = 0;
+                if (ms > max_ms)
+                        ms = max_ms;
+        }
+        PQclear(res);
+        return ms;
+}
+
+/* Sleeps up to ms, waking early on a notification or a stop. */
+static void wait_wake(struct notifier *n, int64_t ms, volatile sig_atomic_t *stop)
+{
+        int64_t slice = 200; /* a stop is seen within this */
+        bool queued = false; /* notifications libpq read during the batch */
+        PGnotify *q;
+        while ((q = PQnotifies(n->db))) {
+                queued = true;
+                PQfreemem(q);
+        }
+        if (queued)
+                return;
+        while (ms > 0 && !*stop) {
+                struct pollfd pfd = { .fd = PQsocket(n->db), .events = POLLIN };
+                int r = poll(&pfd, 1, (int)(ms < slice ? ms : slice));
+                ms -= ms < slice ? ms : slice;
+                if (r > 0) {
+                        if (!PQconsumeInput(n->db))
+                                return;
+                        bool woke = false;
+                        PGnotify *nt;
+                        while ((nt = PQnotifies(n->db))) {
+                                woke = true;
+                                PQfreemem(nt);
+                        }
+                        if (woke)
+                                return;
+                }
+        }
+}
+
+int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
+{
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+                log_error("could not start libcurl", NULL);
+                return -EIO;
+        }
+        struct notifier_metrics *m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        struct notifier n = {
+                .cfg = cfg,
+                .m = m,
+                .send = { .allow_http = cfg->allow_http, .timeout_ms = cfg->timeout_ms, .ca_file = cfg->ca_file,
+                          .smtp_url = cfg->smtp_url, .smtp_from = cfg->smtp_from,
+                          .smtp_username = cfg->smtp_username, .smtp_password = cfg->smtp_password,
+                          .dashboard_url = cfg->dashboard_url },
+        };
+        struct metrics_http *ms = NULL;
+        int r = metrics_http_start(cfg->metrics_address, (int)cfg->metrics_port, metrics_page, m, 4096, &ms);
+        if (r < 0) {
+                log_error("could not serve /metrics", "port=%" PRId64 " error=\"%s\"", cfg->metrics_port, strerror(-r));
+                free(m);
+                curl_global_cleanup();
+                return -EIO;
+        }
+        log_info("notifier started", "batch=%" PRId64 " allow_http=\"%s\" metrics_port=%" PRId64, cfg->batch,
+                 cfg->allow_http, cfg->metrics_port);
+        struct timespec last = { 0 };
+        while (!*stop) {
+                if (db_ensure(&n) < 0) {
+                        for (int i = 0; i < 10 && !*stop; i++)
+                                nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+                        continue;
+                }
+                int got = run_batch(&n);
+                if (got < 0) {
+                        atomic_store(&m->db_up, PQstatus(n.db) == CONNECTION_OK);
+                        nanosleep(&(struct timespec){ 0, 200000000 }, NULL);
+                        continue;
+                }
+                struct timespec now;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                if (now.tv_sec - last.tv_sec >= 2 || got > 0) {
+                        refresh_metrics(&n);
+                        last = now;
+                }
+                if (got >= cfg->batch)
+                        continue;
+                wait_wake(&n, next_due_ms(&n, cfg->poll_ms), stop);
+        }
+        log_info("notifier stopping", NULL);
+        metrics_http_stop(ms);
+        PQfinish(n.db);
+        free(m);
+        curl_global_cleanup();
+        return 0;
+}
