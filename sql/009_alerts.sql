@@ -127,60 +127,59 @@ CREATE TABLE spend_rate_points (
     PRIMARY KEY (key_id, day)
 );
 
--- After each change of a key's spend today: if the rate since the reference
--- point would reach the key's limit before min(now + horizon, the end of the
--- UTC day), record the warning (once per key and day). Integer arithmetic
--- (numeric) on money: spend_left x elapsed <= spent_since x time_left.
+-- After each statement that changes spend (the aggregator's one upsert of
+-- spend_daily per batch), for the keys it touched that have a limit today
+-- and no warning yet: move their reference points, then record the warning
+-- for each whose rate since its reference point would reach the limit before
+-- min(now + horizon, the end of the UTC day). Set-based, on the commit path:
+-- one statement for every key of the batch. Exact arithmetic (numeric) on
+-- money: spend_left x elapsed <= spent_since x time_left.
 CREATE FUNCTION spend_projection() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    st alert_settings;
-    p spend_rate_points;
-    lim bigint;
-    base_at timestamptz;
-    base_nd bigint;
-    until timestamptz;
-    elapsed numeric;
-    left_s numeric;
 BEGIN
-    IF NEW.day <> (now() AT TIME ZONE 'UTC')::date OR NEW.nanodollars <= 0 THEN
-        RETURN NULL;
-    END IF;
-    SELECT daily_limit_nanodollars INTO lim FROM api_keys WHERE id = NEW.key_id AND revoked_at IS NULL;
-    IF lim IS NULL OR NEW.nanodollars >= lim THEN
-        RETURN NULL;
-    END IF;
-    IF EXISTS (SELECT 1 FROM alerts WHERE key_id = NEW.key_id AND day = NEW.day AND threshold_pct = 0) THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO st FROM alert_settings;
-    SELECT * INTO p FROM spend_rate_points WHERE key_id = NEW.key_id AND day = NEW.day FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO spend_rate_points (key_id, day, b_at, b_nanodollars) VALUES (NEW.key_id, NEW.day, now(), NEW.nanodollars)
-        ON CONFLICT DO NOTHING;
-        RETURN NULL;
-    END IF;
-    IF now() - p.b_at >= st.rate_window THEN
-        UPDATE spend_rate_points SET a_at = b_at, a_nanodollars = b_nanodollars, b_at = now(), b_nanodollars = NEW.nanodollars
-         WHERE key_id = NEW.key_id AND day = NEW.day;
-        p.a_at := p.b_at;
-        p.a_nanodollars := p.b_nanodollars;
-    END IF;
-    base_at := coalesce(p.a_at, p.b_at);
-    base_nd := coalesce(p.a_nanodollars, p.b_nanodollars);
-    IF now() - base_at < st.rate_min_window OR NEW.nanodollars <= base_nd THEN
-        RETURN NULL;
-    END IF;
-    until := least(now() + st.projection_horizon, (NEW.day + 1)::timestamp AT TIME ZONE 'UTC');
-    elapsed := extract(epoch FROM now() - base_at);
-    left_s := extract(epoch FROM until - now());
-    IF (lim - NEW.nanodollars)::numeric * elapsed <= (NEW.nanodollars - base_nd)::numeric * left_s THEN
-        INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars, type, projected_at)
-        VALUES (NEW.key_id, NEW.day, 0, NEW.account_id, NEW.nanodollars, lim, 'spend.limit_projected',
-                now() + make_interval(secs => ((lim - NEW.nanodollars)::numeric * elapsed
-                                               / (NEW.nanodollars - base_nd))::double precision))
-        ON CONFLICT DO NOTHING;
-    END IF;
+    WITH cand AS (
+        SELECT n.key_id, n.day, n.account_id, n.nanodollars, k.daily_limit_nanodollars AS lim
+          FROM new_spend n JOIN api_keys k ON k.id = n.key_id
+         WHERE n.day = (now() AT TIME ZONE 'UTC')::date AND n.nanodollars > 0
+           AND k.revoked_at IS NULL AND n.nanodollars < k.daily_limit_nanodollars
+           AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key_id = n.key_id AND a.day = n.day AND a.threshold_pct = 0)),
+    -- b moves to now every rate_window, a keeps the b before it; a new
+    -- point (a first sight today) is returned too.
+    moved AS (
+        INSERT INTO spend_rate_points AS p (key_id, day, b_at, b_nanodollars)
+        SELECT key_id, day, now(), nanodollars FROM cand
+        ON CONFLICT (key_id, day) DO UPDATE SET a_at = p.b_at, a_nanodollars = p.b_nanodollars,
+                                                b_at = now(), b_nanodollars = EXCLUDED.b_nanodollars
+         WHERE now() - p.b_at >= (SELECT rate_window FROM alert_settings)
+        RETURNING p.*),
+    -- A point not moved keeps the values this statement's snapshot sees.
+    pts AS (
+        SELECT c.key_id, c.day,
+               CASE WHEN m.key_id IS NULL THEN p.a_at ELSE m.a_at END AS a_at,
+               CASE WHEN m.key_id IS NULL THEN p.a_nanodollars ELSE m.a_nanodollars END AS a_nanodollars,
+               CASE WHEN m.key_id IS NULL THEN p.b_at ELSE m.b_at END AS b_at,
+               CASE WHEN m.key_id IS NULL THEN p.b_nanodollars ELSE m.b_nanodollars END AS b_nanodollars
+          FROM cand c
+          LEFT JOIN moved m ON m.key_id = c.key_id AND m.day = c.day
+          LEFT JOIN spend_rate_points p ON p.key_id = c.key_id AND p.day = c.day)
+    INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars, type, projected_at)
+    SELECT c.key_id, c.day, 0, c.account_id, c.nanodollars, c.lim, 'spend.limit_projected',
+           now() + make_interval(secs => ((c.lim - c.nanodollars)::numeric * r.elapsed
+                                          / (c.nanodollars - r.base_nd))::double precision)
+      FROM cand c
+      JOIN pts p ON p.key_id = c.key_id AND p.day = c.day
+     CROSS JOIN alert_settings st
+     CROSS JOIN LATERAL (SELECT extract(epoch FROM now() - coalesce(p.a_at, p.b_at)) AS elapsed,
+                                coalesce(p.a_nanodollars, p.b_nanodollars) AS base_nd,
+                                extract(epoch FROM least(now() + st.projection_horizon,
+                                                         (c.day + 1)::timestamp AT TIME ZONE 'UTC') - now()) AS left_s) r
+     WHERE now() - coalesce(p.a_at, p.b_at) >= st.rate_min_window AND c.nanodollars > r.base_nd
+       AND (c.lim - c.nanodollars)::numeric * r.elapsed <= (c.nanodollars - r.base_nd)::numeric * r.left_s
+     ORDER BY c.key_id
+    ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;
-CREATE TRIGGER spend_projection AFTER INSERT OR UPDATE ON spend_daily
-    FOR EACH ROW EXECUTE FUNCTION spend_projection();
+-- One trigger per event: a statement trigger with a transition table names one.
+CREATE TRIGGER spend_projection_insert AFTER INSERT ON spend_daily REFERENCING NEW TABLE AS new_spend
+    FOR EACH STATEMENT EXECUTE FUNCTION spend_projection();
+CREATE TRIGGER spend_projection_update AFTER UPDATE ON spend_daily REFERENCING NEW TABLE AS new_spend
+    FOR EACH STATEMENT EXECUTE FUNCTION spend_projection();
