@@ -12,6 +12,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,9 @@ int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_e
 int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
-int alert_metrics_text(PGconn *db, char *buf, size_t size);
+/* Outbox gauges for /metrics (see the end of this file). */
+int alert_metrics_refresh(PGconn *db);
+void alert_metrics_write(FILE *f);
 
 #define DEST_COLUMNS                                                                     \
         "id, kind, url, email, enabled, "                                                \
@@ -275,10 +278,12 @@ int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error
         return reply_json(out, 202, a);
 }
 
-/* The outbox as Prometheus gauges for tally-api's /metrics: deliveries by
- * state and the age of the oldest pending one. Returns the length written
- * or a negative errno. */
-int alert_metrics_text(PGconn *db, char *buf, size_t size)
+/* The outbox as Prometheus gauges for tally-api's /metrics, which never
+ * takes a database connection: the janitor (or any holder of a connection)
+ * refreshes the figures, /metrics writes the last ones. */
+static _Atomic int64_t m_pending = -1, m_delivered = -1, m_failed = -1, m_oldest_s = -1;
+
+int alert_metrics_refresh(PGconn *db)
 {
         PGresult *res = PQexec(db, "SELECT count(*) FILTER (WHERE state = 'pending'),"
                                    " count(*) FILTER (WHERE state = 'delivered'),"
@@ -287,19 +292,30 @@ int alert_metrics_text(PGconn *db, char *buf, size_t size)
                                    "  (WHERE state = 'pending'))::bigint, 0)"
                                    " FROM alert_deliveries");
         if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+                log_warn("could not read the alert outbox", "error=\"%s\"", PQerrorMessage(db));
                 PQclear(res);
                 return -EIO;
         }
-        int n = snprintf(buf, size,
-                         "# HELP tally_api_alert_deliveries Alert deliveries in the outbox by state.\n"
-                         "# TYPE tally_api_alert_deliveries gauge\n"
-                         "tally_api_alert_deliveries{state=\"pending\"} %s\n"
-                         "tally_api_alert_deliveries{state=\"delivered\"} %s\n"
-                         "tally_api_alert_deliveries{state=\"failed\"} %s\n"
-                         "# HELP tally_api_alert_oldest_pending_seconds Age of the oldest pending delivery (0: none).\n"
-                         "# TYPE tally_api_alert_oldest_pending_seconds gauge\n"
-                         "tally_api_alert_oldest_pending_seconds %s\n",
-                         PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1), PQgetvalue(res, 0, 2), PQgetvalue(res, 0, 3));
+        atomic_store(&m_pending, strtoll(PQgetvalue(res, 0, 0), NULL, 10));
+        atomic_store(&m_delivered, strtoll(PQgetvalue(res, 0, 1), NULL, 10));
+        atomic_store(&m_failed, strtoll(PQgetvalue(res, 0, 2), NULL, 10));
+        atomic_store(&m_oldest_s, strtoll(PQgetvalue(res, 0, 3), NULL, 10));
         PQclear(res);
-        return n < 0 || (size_t)n >= size ? -ENOBUFS : n;
+        return 0;
+}
+
+void alert_metrics_write(FILE *f)
+{
+        if (atomic_load(&m_pending) < 0)
+                return; /* not read yet */
+        fprintf(f,
+                "# HELP tally_api_alert_deliveries Alert deliveries in the outbox by state (refreshed by the janitor).\n"
+                "# TYPE tally_api_alert_deliveries gauge\n"
+                "tally_api_alert_deliveries{state=\"pending\"} %" PRId64 "\n"
+                "tally_api_alert_deliveries{state=\"delivered\"} %" PRId64 "\n"
+                "tally_api_alert_deliveries{state=\"failed\"} %" PRId64 "\n"
+                "# HELP tally_api_alert_oldest_pending_seconds Age of the oldest pending delivery (0: none).\n"
+                "# TYPE tally_api_alert_oldest_pending_seconds gauge\n"
+                "tally_api_alert_oldest_pending_seconds %" PRId64 "\n",
+                atomic_load(&m_pending), atomic_load(&m_delivered), atomic_load(&m_failed), atomic_load(&m_oldest_s));
 }
