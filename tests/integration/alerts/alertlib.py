@@ -363,7 +363,11 @@ def workdir(prefix):
 
 # What the aggregator runs when a batch crosses a threshold (aggregator.c,
 # limits_sql): the same insert, committed on its own.
+def threshold_sql(key, account, pct, spend, limit, day="(now() AT TIME ZONE 'UTC')::date"):
+    return (f"INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars)"
+            f" VALUES ('{key}', {day}, {pct}, '{account}', {spend}, {limit})"
+            f" ON CONFLICT (key_id, day, threshold_pct) DO NOTHING")
+
+
 def record_threshold(db, key, account, pct, spend, limit, day="(now() AT TIME ZONE 'UTC')::date"):
-    db.q(f"INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars)"
-         f" VALUES ('{key}', {day}, {pct}, '{account}', {spend}, {limit})"
-         f" ON CONFLICT (key_id, day, threshold_pct) DO NOTHING")
+    db.q(threshold_sql(key, account, pct, spend, limit, day))

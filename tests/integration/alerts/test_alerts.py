@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alertlib import (Api, CHECKS, Db, FAILURES, Receiver, SmtpSink, check, http_get, make_account, record_threshold,  # noqa: E402
-                      start_notifier, verify_signature, wait_for, workdir)
+                      start_notifier, threshold_sql, verify_signature, wait_for, workdir)
 
 GIVE_UP_S = 5
 
@@ -237,6 +237,19 @@ def main():
         check(db.q(f"SELECT count(*) FROM alerts WHERE key_id = '{kd}' AND type = 'spend.limit_projected'") == "1",
               "the warning fired twice in a day")
 
+        # A warning and a threshold in one batch transaction (the aggregator's
+        # spend upsert, then its alerts insert): the warning's rows come first.
+        kd3 = make_account_key(db, "al_d")
+        db.q(f"UPDATE api_keys SET daily_limit_nanodollars = 10000000000 WHERE id = '{kd3}'")
+        spend(db, kd3, "al_d", 1000)
+        time.sleep(1.1)
+        db.q(spend_sql(kd3, "al_d", 6000000000) + ";" + threshold_sql(kd3, "al_d", 50, 6000001000, 10000000000))
+        rows = db.q(f"SELECT string_agg(type || ':' || threshold_pct, ',' ORDER BY id) FROM alerts WHERE key_id = '{kd3}'")
+        check(rows == "spend.limit_projected:0,spend.threshold_reached:50", f"one batch's alerts in order: {rows}")
+        rows = db.q("SELECT string_agg(d.type, ',' ORDER BY d.id) FROM alert_deliveries d JOIN alerts a"
+                    f" ON a.id = d.alert_id WHERE a.key_id = '{kd3}'")
+        check(rows == "spend.limit_projected,spend.threshold_reached", f"one batch's deliveries in order: {rows}")
+
         # ---- thresholds re-arm the next day ----
         record_threshold(db, ka, "al_a", 50, 505000, 1010000)  # the same (key, day, 50): nothing
         record_threshold(db, ka, "al_a", 50, 505000, 1010000, day="(now() AT TIME ZONE 'UTC')::date + 1")
@@ -271,10 +284,14 @@ def make_account_key(db, account):
 
 # The shape of the aggregator's spend upsert (aggregator.c rate_sql): rated
 # CPU is quantity x rate; nanodollars = rated / 3600e9 (sql/002).
+def spend_sql(key, account, nanodollars):
+    return (f"INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated)"
+            f" VALUES ('{key}', (now() AT TIME ZONE 'UTC')::date, '{account}', {nanodollars} * 3600000000000::numeric)"
+            f" ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated")
+
+
 def spend(db, key, account, nanodollars):
-    db.q(f"INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated)"
-         f" VALUES ('{key}', (now() AT TIME ZONE 'UTC')::date, '{account}', {nanodollars} * 3600000000000::numeric)"
-         f" ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated")
+    db.q(spend_sql(key, account, nanodollars))
 
 
 if __name__ == "__main__":
