@@ -76,7 +76,7 @@ class Receiver:
     each event id until release() (then answers 200 to a socket that may be
     gone); anything else 404."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
         self.lock = threading.Lock()
         self.got = []
         self.seen_per_event = {}
@@ -118,11 +118,17 @@ class Receiver:
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.srv.daemon_threads = True
+        if tls:  # (certfile, keyfile): HTTPS
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
+        self.scheme = "https" if tls else "http"
         self.port = self.srv.server_address[1]
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
 
     def url(self, path):
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def requests(self, path_prefix=None, event_id=None):
         with self.lock:
@@ -263,6 +269,15 @@ class Proc:
     def text(self):
         with open(self.log, "rb") as f:
             return f.read().decode("utf-8", "replace")
+
+
+def self_signed_cert(workdir):
+    """A certificate for 127.0.0.1 that no system CA signed: (cert, key)."""
+    cert, key = os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
 
 
 def free_port():

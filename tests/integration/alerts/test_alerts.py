@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alertlib import (Api, CHECKS, Db, FAILURES, Receiver, SmtpSink, check, http_get, make_account, record_threshold,  # noqa: E402
-                      start_notifier, threshold_sql, verify_signature, wait_for, workdir)
+                      self_signed_cert, start_notifier, threshold_sql, verify_signature, wait_for, workdir)
 
 GIVE_UP_S = 5
 
@@ -257,6 +257,43 @@ def main():
         ok = wait_for(lambda: len({r["event_id"] for r in rcv.requests("/ok/a")
                                    if json.loads(r["body"])["type"] != "test"}) == 2, 10)
         check(ok, "the next day's alert was not delivered")
+        # ---- F: two notifiers at once: each event reaches the receiver once ----
+        kf, _ = make_account(db.url, work, "al_f", "f@alerts.test")
+        sf = api.sign_in("f@alerts.test", "correct horse battery")
+        webhook(sf, "/ok/f")
+        second = start_notifier(db.url, work, smtp.port, ["--batch", "3"], name="notifier3")
+        time.sleep(0.5)
+        for i in range(40):
+            record_threshold(db, f"{kf}-{i}", "al_f", 50, 505000, 1010000)
+        ok = wait_for(lambda: db.q("SELECT count(*) FROM alert_deliveries WHERE account_id = 'al_f'"
+                                   " AND state = 'delivered'") == "40", 20)
+        second.stop()
+        reqs = rcv.requests("/ok/f")
+        check(ok and len(reqs) == 40 and len({r["event_id"] for r in reqs}) == 40,
+              f"F: two notifiers delivered {len(reqs)} requests for {len({r['event_id'] for r in reqs})} events"
+              " (want 40 and 40)")
+
+        # ---- G: HTTPS with the certificate checked ----
+        cert, key = self_signed_cert(work)
+        tls = Receiver(tls=(cert, key))
+        try:
+            kg, _ = make_account(db.url, work, "al_g", "g@alerts.test")
+            sg = api.sign_in("g@alerts.test", "correct horse battery")
+            webhook_g = api.call("POST", "/v1/alert-destinations", {"kind": "webhook", "url": tls.url("/ok/g")},
+                                 session=sg)[1]
+            record_threshold(db, kg, "al_g", 50, 505000, 1010000)
+            err = wait_for(lambda: db.q(f"SELECT last_error FROM alert_deliveries WHERE account_id = 'al_g'"), 10)
+            check("certificate" in err.lower() or "ssl" in err.lower(), f"G: a self-signed certificate: {err!r}")
+            check(not tls.requests(), "G: a request went to a server whose certificate no CA vouches for")
+            notifier.stop()
+            notifier = start_notifier(db.url, work, smtp.port, ["--ca-file", cert], name="notifier4")
+            ok = wait_for(lambda: db.q("SELECT state FROM alert_deliveries WHERE account_id = 'al_g'") == "delivered",
+                          15)
+            check(ok and len(tls.requests("/ok/g")) == 1
+                  and verify_signature(webhook_g["secret"], tls.requests()[0]["sig"], tls.requests()[0]["body"]),
+                  "G: not delivered over HTTPS with the CA given")
+        finally:
+            tls.stop()
     finally:
         if notifier:
             notifier.stop()
@@ -265,7 +302,7 @@ def main():
         rcv.stop()
         smtp.stop()
         if FAILURES:
-            for n in ("notifier.log", "notifier2.log", "api.log"):
+            for n in ("notifier.log", "notifier2.log", "notifier3.log", "notifier4.log", "api.log"):
                 p = os.path.join(work, n)
                 if os.path.exists(p):
                     print(f"---- {n} (tail) ----", file=sys.stderr)
