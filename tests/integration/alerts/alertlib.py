@@ -146,29 +146,41 @@ class Receiver:
 # ---- the SMTP sink ----
 
 class SmtpSink:
-    """A minimal SMTP server (no STARTTLS offered): keeps each message's
-    envelope and data."""
+    """A minimal SMTP server: keeps each message's envelope, data and whether
+    it came over TLS. With tls=(certfile, keyfile) it offers STARTTLS."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
         self.lock = threading.Lock()
         self.messages = []
         sink = self
+        ctx = None
+        if tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
 
-        class H(socketserver.StreamRequestHandler):
+        class H(socketserver.BaseRequestHandler):
             def handle(self):
-                w = self.wfile
+                conn = self.request
+                rf, w = conn.makefile("rb"), conn.makefile("wb", buffering=0)
                 w.write(b"220 sink ESMTP\r\n")
-                frm, rcpt = None, []
+                frm, rcpt, secure = None, [], False
                 while True:
-                    line = self.rfile.readline()
+                    line = rf.readline()
                     if not line:
                         return
                     cmd = line.decode("utf-8", "replace").strip()
                     up = cmd.upper()
                     if up.startswith("EHLO"):
-                        w.write(b"250-sink\r\n250 SIZE 10000000\r\n")
+                        w.write(b"250-sink\r\n" + (b"250-STARTTLS\r\n" if ctx and not secure else b"")
+                                + b"250 SIZE 10000000\r\n")
                     elif up.startswith("HELO"):
                         w.write(b"250 sink\r\n")
+                    elif up == "STARTTLS" and ctx and not secure:
+                        w.write(b"220 go ahead\r\n")
+                        conn = ctx.wrap_socket(conn, server_side=True)
+                        rf, w = conn.makefile("rb"), conn.makefile("wb", buffering=0)
+                        secure = True
                     elif up.startswith("MAIL FROM"):
                         frm = cmd[10:].strip()
                         w.write(b"250 ok\r\n")
@@ -179,12 +191,13 @@ class SmtpSink:
                         w.write(b"354 go\r\n")
                         data = b""
                         while not data.endswith(b"\r\n.\r\n"):
-                            chunk = self.rfile.readline()
+                            chunk = rf.readline()
                             if not chunk:
                                 return
                             data += chunk
                         with sink.lock:
-                            sink.messages.append({"from": frm, "rcpt": rcpt, "data": data[:-5].decode()})
+                            sink.messages.append({"from": frm, "rcpt": rcpt, "data": data[:-5].decode(),
+                                                  "tls": secure})
                         rcpt = []
                         w.write(b"250 queued\r\n")
                     elif up == "QUIT":

@@ -294,6 +294,21 @@ def main():
                   "G: not delivered over HTTPS with the CA given")
         finally:
             tls.stop()
+
+        # ---- H: email over STARTTLS when the relay offers it (certificate checked) ----
+        smtp_tls = SmtpSink(tls=(cert, key))
+        try:
+            kh, _ = make_account(db.url, work, "al_h", "h@alerts.test")
+            sh = api.sign_in("h@alerts.test", "correct horse battery")
+            st, j, _ = api.call("POST", "/v1/alert-destinations", {"kind": "email", "email": "h-owner@alerts.test"},
+                                session=sh)
+            notifier.stop()
+            notifier = start_notifier(db.url, work, smtp_tls.port, ["--ca-file", cert], name="notifier5")
+            record_threshold(db, kh, "al_h", 80, 808000, 1010000)
+            mail = wait_for(lambda: [m for m in smtp_tls.messages if "h-owner@alerts.test" in m["rcpt"][0]], 10)
+            check(len(mail) == 1 and mail[0]["tls"], f"H: mail over STARTTLS: {mail}")
+        finally:
+            smtp_tls.stop()
     finally:
         if notifier:
             notifier.stop()
@@ -302,7 +317,7 @@ def main():
         rcv.stop()
         smtp.stop()
         if FAILURES:
-            for n in ("notifier.log", "notifier2.log", "notifier3.log", "notifier4.log", "api.log"):
+            for n in ("notifier.log", "notifier2.log", "notifier3.log", "notifier4.log", "notifier5.log", "api.log"):
                 p = os.path.join(work, n)
                 if os.path.exists(p):
                     print(f"---- {n} (tail) ----", file=sys.stderr)
