@@ -267,7 +267,14 @@ int send_email(const struct send_config *cfg, const char *to, const char *event_
                 curl_easy_setopt(c, CURLOPT_USERNAME, cfg->smtp_username);
                 curl_easy_setopt(c, CURLOPT_PASSWORD, cfg->smtp_password ? cfg->smtp_password : "");
         }
-        curl_easy_setopt(c, CURLOPT_MAIL_FROM, cfg->smtp_from);
+        /* The envelope sender is the bare address of smtp_from ("Name <a@b>" or "a@b"). */
+        char env_from[320];
+        const char *lt = strchr(cfg->smtp_from, '<'), *gt = lt ? strchr(lt, '>') : NULL;
+        if (lt && gt)
+                snprintf(env_from, sizeof(env_from), "<%.*s>", (int)(gt - lt - 1), lt + 1);
+        else
+                snprintf(env_from, sizeof(env_from), "<%s>", cfg->smtp_from);
+        curl_easy_setopt(c, CURLOPT_MAIL_FROM, env_from);
         curl_easy_setopt(c, CURLOPT_MAIL_RCPT, rcpts);
         curl_easy_setopt(c, CURLOPT_READFUNCTION, mail_read);
         curl_easy_setopt(c, CURLOPT_READDATA, &m);

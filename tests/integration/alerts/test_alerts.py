@@ -134,7 +134,8 @@ def main():
         check(len(mail) == 1, f"the SMTP sink got {len(mail)} messages for A")
         if mail:
             d = mail[0]["data"]
-            check("owner@alerts.test" in mail[0]["rcpt"][0] and "X-Tally-Event-Id: " + eid_a in d
+            check(mail[0]["from"] == "<alerts@tally.test>", f"envelope sender {mail[0]['from']}")
+            check("owner@alerts.test" in mail[0]["rcpt"][0] and "From: tally <alerts@tally.test>" in d and "X-Tally-Event-Id: " + eid_a in d
                   and "reached 50% of its daily spend limit" in d and "$0.000505000" in d
                   and "Dashboard: https://dashboard.tally.test/" in d, f"mail {d}")
         ok = wait_for(lambda: db.q(f"SELECT count(*) FROM alert_deliveries WHERE account_id = 'al_a'"
