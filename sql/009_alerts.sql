@@ -80,7 +80,9 @@ CREATE TABLE alert_deliveries (
     resend_of       bigint REFERENCES alert_deliveries (id),
     requested_by    text
 );
-CREATE INDEX alert_deliveries_due ON alert_deliveries (next_attempt_at, id) WHERE state = 'pending';
+-- The notifier claims pending rows in id order, and sleeps until the next due.
+CREATE INDEX alert_deliveries_pending ON alert_deliveries (id) WHERE state = 'pending';
+CREATE INDEX alert_deliveries_due ON alert_deliveries (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX alert_deliveries_alert ON alert_deliveries (alert_id);
 CREATE INDEX alert_deliveries_account ON alert_deliveries (account_id, id);
 
