@@ -314,7 +314,7 @@ int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
         }
         log_info("notifier started", "batch=%" PRId64 " allow_http=\"%s\" metrics_port=%" PRId64, cfg->batch,
                  cfg->allow_http, cfg->metrics_port);
-        struct timespec last = { 0 };
+        struct timespec last = { 0 }, pruned = { 0 };
         while (!*stop) {
                 if (db_ensure(&n) < 0) {
                         for (int i = 0; i < 10 && !*stop; i++)
@@ -332,6 +332,11 @@ int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
                 if (now.tv_sec - last.tv_sec >= 2 || got > 0) {
                         refresh_metrics(&n);
                         last = now;
+                }
+                /* The projection's reference points (sql/009) matter only today. */
+                if (pruned.tv_sec == 0 || now.tv_sec - pruned.tv_sec >= 600) {
+                        exec_ok(n.db, "DELETE FROM spend_rate_points WHERE day < (now() AT TIME ZONE 'UTC')::date - 1");
+                        pruned = now;
                 }
                 if (got >= cfg->batch)
                         continue;
