@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,15 +147,19 @@ static int run_batch(struct notifier *n)
         char lim[24];
         snprintf(lim, sizeof(lim), "%" PRId64, n->cfg->batch);
         const char *p1[] = { lim };
-        /* Oldest first (by id): a destination gets the warning before the
-         * thresholds that follow it. */
+        /* The oldest due row of each destination, oldest first: the batch is
+         * sent at once, and one destination's events still go in order (the
+         * warning before the thresholds that follow it). A row another
+         * notifier holds is skipped, and so is its destination's next. */
         PGresult *res = PQexecParams(
                 n->db,
                 "SELECT d.id, d.event_id::text, d.type, d.payload::text, d.attempts,"
                 "       extract(epoch FROM now() - d.created_at)::bigint, t.kind, t.url, t.email, t.secret,"
                 "       t.enabled, d.destination_id"
                 "  FROM alert_deliveries d JOIN alert_destinations t ON t.id = d.destination_id"
-                " WHERE d.state = 'pending' AND d.next_attempt_at <= now()"
+                " WHERE d.id IN (SELECT DISTINCT ON (destination_id) id FROM alert_deliveries"
+                "                 WHERE state = 'pending' ORDER BY destination_id, id)"
+                "   AND d.state = 'pending' AND d.next_attempt_at <= now()"
                 " ORDER BY d.id LIMIT $1::int FOR UPDATE OF d SKIP LOCKED",
                 1, NULL, p1, NULL, NULL, 0);
         if (PQresultStatus(res) != PGRES_TUPLES_OK) {
@@ -164,32 +169,41 @@ static int run_batch(struct notifier *n)
                 return -EIO;
         }
         int rows = PQntuples(res);
+        struct send_job *jobs = rows ? calloc((size_t)rows, sizeof(*jobs)) : NULL;
+        if (rows && !jobs) {
+                PQclear(res);
+                exec_ok(n->db, "ROLLBACK");
+                return -ENOMEM;
+        }
+        for (int i = 0; i < rows; i++) {
+                const char *event_id = PQgetvalue(res, i, 1), *type = PQgetvalue(res, i, 2);
+                const char *body = PQgetvalue(res, i, 3), *kind = PQgetvalue(res, i, 6);
+                if (PQgetvalue(res, i, 10)[0] != 't') {
+                        jobs[i].result = -ECANCELED;
+                        snprintf(jobs[i].err, sizeof(jobs[i].err), "destination disabled");
+                } else if (strcmp(kind, "webhook") == 0) {
+                        send_job_webhook(&jobs[i], &n->send, PQgetvalue(res, i, 7), PQgetvalue(res, i, 9), event_id,
+                                         type, body);
+                } else {
+                        send_job_email(&jobs[i], &n->send, PQgetvalue(res, i, 8), event_id, body);
+                }
+        }
+        if (rows)
+                send_jobs_run(jobs, (size_t)rows);
         bool db_ok = true;
         for (int i = 0; i < rows && db_ok; i++) {
                 const char *id = PQgetvalue(res, i, 0), *event_id = PQgetvalue(res, i, 1), *type = PQgetvalue(res, i, 2);
-                const char *body = PQgetvalue(res, i, 3), *kind = PQgetvalue(res, i, 6);
                 const char *dest = PQgetvalue(res, i, 11);
                 int attempts = atoi(PQgetvalue(res, i, 4)) + 1;
                 int64_t age_s = strtoll(PQgetvalue(res, i, 5), NULL, 10);
-                bool enabled = PQgetvalue(res, i, 10)[0] == 't';
-                char err[512] = "";
-                int r;
-                int64_t t0 = (int64_t)time(NULL);
-                if (!enabled) {
-                        snprintf(err, sizeof(err), "destination disabled");
-                        r = -ECANCELED;
-                } else if (strcmp(kind, "webhook") == 0) {
-                        r = send_webhook(&n->send, PQgetvalue(res, i, 7), PQgetvalue(res, i, 9), event_id, type, body,
-                                         err, sizeof(err));
-                } else {
-                        r = send_email(&n->send, PQgetvalue(res, i, 8), event_id, body, err, sizeof(err));
-                }
+                int r = jobs[i].result;
+                const char *err = jobs[i].err;
                 const char *state = "delivered";
                 char delay[24] = "0";
                 if (r < 0) {
                         uint64_t rnd = 0;
                         if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
-                                rnd = (uint64_t)t0;
+                                rnd = (uint64_t)time(NULL);
                         int64_t d = notifier_backoff_ms(n->cfg, attempts, rnd);
                         bool give_up = r == -ECANCELED || age_s + d / 1000 > n->cfg->give_up_after_s;
                         state = give_up ? "failed" : "pending";
@@ -206,34 +220,26 @@ static int run_batch(struct notifier *n)
                                  event_id, type, attempts);
                 }
                 const char *p2[] = { id, state, r < 0 ? err : NULL, delay };
+                /* The alert itself is delivered once any destination has it. */
                 PGresult *u = PQexecParams(
                         n->db,
-                        "UPDATE alert_deliveries SET state = $2, attempts = attempts + 1, last_error = $3,"
-                        " next_attempt_at = CASE WHEN $2 = 'pending' THEN now() + $4::bigint * interval '1 ms'"
-                        "  ELSE next_attempt_at END,"
-                        " delivered_at = CASE WHEN $2 = 'delivered' THEN clock_timestamp() END"
-                        " WHERE id = $1::bigint",
+                        "WITH d AS (UPDATE alert_deliveries SET state = $2, attempts = attempts + 1, last_error = $3,"
+                        "  next_attempt_at = CASE WHEN $2 = 'pending' THEN clock_timestamp() + $4::bigint * interval '1 ms'"
+                        "   ELSE next_attempt_at END,"
+                        "  delivered_at = CASE WHEN $2 = 'delivered' THEN clock_timestamp() END"
+                        "  WHERE id = $1::bigint RETURNING alert_id)"
+                        " UPDATE alerts a SET delivered_at = clock_timestamp() FROM d"
+                        "  WHERE $2 = 'delivered' AND a.id = d.alert_id AND a.delivered_at IS NULL",
                         4, NULL, p2, NULL, NULL, 0);
                 if (PQresultStatus(u) != PGRES_COMMAND_OK) {
                         log_error("could not record a delivery", "delivery=%s error=\"%s\"", id, PQerrorMessage(n->db));
                         db_ok = false;
                 }
                 PQclear(u);
-                /* The alert itself is delivered once any destination has it. */
-                if (db_ok && r == 0) {
-                        const char *p3[] = { id };
-                        u = PQexecParams(n->db,
-                                         "UPDATE alerts a SET delivered_at = clock_timestamp() FROM alert_deliveries d"
-                                         " WHERE d.id = $1::bigint AND a.id = d.alert_id AND a.delivered_at IS NULL",
-                                         1, NULL, p3, NULL, NULL, 0);
-                        if (PQresultStatus(u) != PGRES_COMMAND_OK) {
-                                log_error("could not record a delivery", "delivery=%s error=\"%s\"", id,
-                                          PQerrorMessage(n->db));
-                                db_ok = false;
-                        }
-                        PQclear(u);
-                }
         }
+        for (int i = 0; i < rows; i++)
+                send_job_free(&jobs[i]);
+        free(jobs);
         PQclear(res);
         if (!db_ok || !exec_ok(n->db, "COMMIT")) {
                 exec_ok(n->db, "ROLLBACK");
@@ -290,6 +296,58 @@ static void wait_wake(struct notifier *n, int64_t ms, volatile sig_atomic_t *sto
         }
 }
 
+struct worker {
+        struct notifier n;
+        volatile sig_atomic_t *stop;
+        int index;
+        pthread_t thread;
+        bool started;
+};
+
+/* One sender: its own connection (LISTEN, claim, record). Several in one
+ * process share the outbox the way several processes do (SKIP LOCKED), so a
+ * receiver that holds a request until the timeout holds up one worker. */
+static void *worker_loop(void *arg)
+{
+        struct worker *w = arg;
+        struct notifier *n = &w->n;
+        const struct notifier_config *cfg = n->cfg;
+        struct timespec last = { 0 }, pruned = { 0 };
+        while (!*w->stop) {
+                if (db_ensure(n) < 0) {
+                        for (int i = 0; i < 10 && !*w->stop; i++)
+                                nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+                        continue;
+                }
+                int got = run_batch(n);
+                if (got < 0) {
+                        atomic_store(&n->m->db_up, PQstatus(n->db) == CONNECTION_OK);
+                        nanosleep(&(struct timespec){ 0, 200000000 }, NULL);
+                        continue;
+                }
+                if (w->index == 0) {
+                        struct timespec now;
+                        clock_gettime(CLOCK_MONOTONIC, &now);
+                        if (now.tv_sec - last.tv_sec >= 2 || got > 0) {
+                                refresh_metrics(n);
+                                last = now;
+                        }
+                        /* The projection's reference points (sql/009) matter only today. */
+                        if (pruned.tv_sec == 0 || now.tv_sec - pruned.tv_sec >= 600) {
+                                exec_ok(n->db,
+                                        "DELETE FROM spend_rate_points WHERE day < (now() AT TIME ZONE 'UTC')::date - 1");
+                                pruned = now;
+                        }
+                }
+                if (got >= cfg->batch)
+                        continue;
+                wait_wake(n, next_due_ms(n, cfg->poll_ms), w->stop);
+        }
+        PQfinish(n->db);
+        n->db = NULL;
+        return NULL;
+}
+
 int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
 {
         if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
@@ -297,58 +355,55 @@ int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
                 return -EIO;
         }
         struct notifier_metrics *m = calloc(1, sizeof(*m));
-        if (!m)
+        struct worker *ws = calloc((size_t)cfg->workers, sizeof(*ws));
+        if (!m || !ws) {
+                free(m);
+                free(ws);
+                curl_global_cleanup();
                 return -ENOMEM;
-        struct notifier n = {
-                .cfg = cfg,
-                .m = m,
-                .send = { .allow_http = cfg->allow_http, .timeout_ms = cfg->timeout_ms, .ca_file = cfg->ca_file,
-                          .smtp_url = cfg->smtp_url, .smtp_from = cfg->smtp_from,
-                          .smtp_username = cfg->smtp_username, .smtp_password = cfg->smtp_password,
-                          .dashboard_url = cfg->dashboard_url },
-        };
+        }
         struct metrics_http *ms = NULL;
         int r = metrics_http_start(cfg->metrics_address, (int)cfg->metrics_port, metrics_page, m, 4096, &ms);
         if (r < 0) {
                 log_error("could not serve /metrics", "port=%" PRId64 " error=\"%s\"", cfg->metrics_port, strerror(-r));
                 free(m);
+                free(ws);
                 curl_global_cleanup();
                 return -EIO;
         }
-        log_info("notifier started", "batch=%" PRId64 " allow_http=\"%s\" metrics_port=%" PRId64, cfg->batch,
-                 cfg->allow_http, cfg->metrics_port);
-        struct timespec last = { 0 }, pruned = { 0 };
-        while (!*stop) {
-                if (db_ensure(&n) < 0) {
-                        for (int i = 0; i < 10 && !*stop; i++)
-                                nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
-                        continue;
+        log_info("notifier started", "workers=%" PRId64 " batch=%" PRId64 " allow_http=\"%s\" metrics_port=%" PRId64,
+                 cfg->workers, cfg->batch, cfg->allow_http, cfg->metrics_port);
+        r = 0;
+        for (int64_t i = 0; i < cfg->workers; i++) {
+                ws[i] = (struct worker){
+                        .n = { .cfg = cfg,
+                               .m = m,
+                               .send = { .allow_http = cfg->allow_http, .timeout_ms = cfg->timeout_ms,
+                                         .ca_file = cfg->ca_file, .smtp_url = cfg->smtp_url,
+                                         .smtp_from = cfg->smtp_from, .smtp_username = cfg->smtp_username,
+                                         .smtp_password = cfg->smtp_password, .dashboard_url = cfg->dashboard_url } },
+                        .stop = stop,
+                        .index = (int)i,
+                };
+                int e = pthread_create(&ws[i].thread, NULL, worker_loop, &ws[i]);
+                if (e != 0) {
+                        log_error("could not start a worker", "error=\"%s\"", strerror(e));
+                        r = -e;
+                        break;
                 }
-                int got = run_batch(&n);
-                if (got < 0) {
-                        atomic_store(&m->db_up, PQstatus(n.db) == CONNECTION_OK);
-                        nanosleep(&(struct timespec){ 0, 200000000 }, NULL);
-                        continue;
-                }
-                struct timespec now;
-                clock_gettime(CLOCK_MONOTONIC, &now);
-                if (now.tv_sec - last.tv_sec >= 2 || got > 0) {
-                        refresh_metrics(&n);
-                        last = now;
-                }
-                /* The projection's reference points (sql/009) matter only today. */
-                if (pruned.tv_sec == 0 || now.tv_sec - pruned.tv_sec >= 600) {
-                        exec_ok(n.db, "DELETE FROM spend_rate_points WHERE day < (now() AT TIME ZONE 'UTC')::date - 1");
-                        pruned = now;
-                }
-                if (got >= cfg->batch)
-                        continue;
-                wait_wake(&n, next_due_ms(&n, cfg->poll_ms), stop);
+                ws[i].started = true;
         }
+        /* The workers see the stop flag within a wait slice (200 ms) or an attempt's timeout. */
+        while (!*stop && r == 0)
+                nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+        *stop = 1;
+        for (int64_t i = 0; i < cfg->workers; i++)
+                if (ws[i].started)
+                        pthread_join(ws[i].thread, NULL);
         log_info("notifier stopping", NULL);
         metrics_http_stop(ms);
-        PQfinish(n.db);
+        free(ws);
         free(m);
         curl_global_cleanup();
-        return 0;
+        return r;
 }

@@ -22,6 +22,7 @@ struct notifier_config {
         char *smtp_password;
         char *dashboard_url;
         int64_t timeout_ms;
+        int64_t workers;
         int64_t batch;
         int64_t poll_ms;
         int64_t retry_base_ms;

@@ -78,6 +78,8 @@ bool webhook_url_allowed(const char *allow_http, const char *url, char *why, siz
         return ok;
 }
 
+_Static_assert(sizeof(((struct send_job *)0)->errbuf) >= CURL_ERROR_SIZE, "libcurl's error buffer");
+
 static size_t discard(char *p, size_t size, size_t n, void *ctx)
 {
         return size * n;
@@ -95,21 +97,23 @@ static void common_options(CURL *c, const struct send_config *cfg, char *errbuf)
                 curl_easy_setopt(c, CURLOPT_CAINFO, cfg->ca_file);
 }
 
-int send_webhook(const struct send_config *cfg, const char *url, const char *secret, const char *event_id,
-                 const char *type, const char *body, char *err, size_t errlen)
+int send_job_webhook(struct send_job *j, const struct send_config *cfg, const char *url, const char *secret,
+                     const char *event_id, const char *type, const char *body)
 {
-        if (!webhook_url_allowed(cfg->allow_http, url, err, errlen))
-                return -EPERM;
+        memset(j, 0, sizeof(*j));
+        j->kind = SEND_WEBHOOK;
+        if (!webhook_url_allowed(cfg->allow_http, url, j->err, sizeof(j->err)))
+                return j->result = -EPERM;
         char sig[SIGNATURE_MAX];
         size_t len = strlen(body);
         if (signature_make(secret, (int64_t)time(NULL), body, len, sig) < 0) {
-                snprintf(err, errlen, "could not sign");
-                return -EIO;
+                snprintf(j->err, sizeof(j->err), "could not sign");
+                return j->result = -EIO;
         }
         CURL *c = curl_easy_init();
         if (!c) {
-                snprintf(err, errlen, "could not start libcurl");
-                return -ENOMEM;
+                snprintf(j->err, sizeof(j->err), "could not start libcurl");
+                return j->result = -ENOMEM;
         }
         char h_sig[SIGNATURE_MAX + 32], h_id[128], h_type[96];
         snprintf(h_sig, sizeof(h_sig), "Tally-Signature: %s", sig);
@@ -121,44 +125,28 @@ int send_webhook(const struct send_config *cfg, const char *url, const char *sec
         hs = curl_slist_append(hs, h_sig);
         hs = curl_slist_append(hs, h_id);
         hs = curl_slist_append(hs, h_type);
-        char errbuf[CURL_ERROR_SIZE] = "";
-        common_options(c, cfg, errbuf);
+        common_options(c, cfg, j->errbuf);
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
         curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
         curl_easy_setopt(c, CURLOPT_USERAGENT, "tally-notifier/" TALLY_VERSION);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+        /* body is the caller's and outlives the job (send.h). */
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)len);
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
-        CURLcode cr = curl_easy_perform(c);
-        long status = 0;
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        curl_easy_cleanup(c);
-        curl_slist_free_all(hs);
-        if (cr != CURLE_OK) {
-                snprintf(err, errlen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(cr));
-                return cr == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED;
-        }
-        if (status < 200 || status > 299) {
-                snprintf(err, errlen, "HTTP %ld", status);
-                return -EPROTO;
-        }
+        j->curl = c;
+        j->list = hs;
         return 0;
 }
 
-struct mail {
-        char *text;
-        size_t len, off;
-};
-
 static size_t mail_read(char *buf, size_t size, size_t n, void *ctx)
 {
-        struct mail *m = ctx;
+        struct send_job *m = ctx;
         size_t k = size * n;
         if (k > m->len - m->off)
                 k = m->len - m->off;
-        memcpy(buf, m->text + m->off, k);
+        memcpy(buf, m->mail + m->off, k);
         m->off += k;
         return k;
 }
@@ -231,34 +219,33 @@ static int mail_compose(const struct send_config *cfg, const char *to, const cha
         return 0;
 }
 
-int send_email(const struct send_config *cfg, const char *to, const char *event_id, const char *body, char *err,
-               size_t errlen)
+int send_job_email(struct send_job *j, const struct send_config *cfg, const char *to, const char *event_id,
+                   const char *body)
 {
+        memset(j, 0, sizeof(*j));
+        j->kind = SEND_EMAIL;
         if (!cfg->smtp_url || !cfg->smtp_url[0]) {
-                snprintf(err, errlen, "no smtp_url configured");
-                return -ENOTCONN;
+                snprintf(j->err, sizeof(j->err), "no smtp_url configured");
+                return j->result = -ENOTCONN;
         }
         if (strpbrk(to, "\r\n<>")) {
-                snprintf(err, errlen, "not an email address");
-                return -EINVAL;
+                snprintf(j->err, sizeof(j->err), "not an email address");
+                return j->result = -EINVAL;
         }
-        struct mail m = { 0 };
-        if (mail_compose(cfg, to, event_id, body, &m.text) < 0) {
-                snprintf(err, errlen, "could not compose the message");
-                return -EINVAL;
+        if (mail_compose(cfg, to, event_id, body, &j->mail) < 0) {
+                snprintf(j->err, sizeof(j->err), "could not compose the message");
+                return j->result = -EINVAL;
         }
-        m.len = strlen(m.text);
+        j->len = strlen(j->mail);
         CURL *c = curl_easy_init();
         if (!c) {
-                free(m.text);
-                snprintf(err, errlen, "could not start libcurl");
-                return -ENOMEM;
+                snprintf(j->err, sizeof(j->err), "could not start libcurl");
+                return j->result = -ENOMEM;
         }
         char rcpt[320];
         snprintf(rcpt, sizeof(rcpt), "<%s>", to);
-        struct curl_slist *rcpts = curl_slist_append(NULL, rcpt);
-        char errbuf[CURL_ERROR_SIZE] = "";
-        common_options(c, cfg, errbuf);
+        j->list = curl_slist_append(NULL, rcpt);
+        common_options(c, cfg, j->errbuf);
         curl_easy_setopt(c, CURLOPT_URL, cfg->smtp_url);
         curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "smtp,smtps");
         /* STARTTLS when the server offers it; smtps:// is TLS from the start. */
@@ -275,17 +262,88 @@ int send_email(const struct send_config *cfg, const char *to, const char *event_
         else
                 snprintf(env_from, sizeof(env_from), "<%s>", cfg->smtp_from);
         curl_easy_setopt(c, CURLOPT_MAIL_FROM, env_from);
-        curl_easy_setopt(c, CURLOPT_MAIL_RCPT, rcpts);
+        curl_easy_setopt(c, CURLOPT_MAIL_RCPT, j->list);
         curl_easy_setopt(c, CURLOPT_READFUNCTION, mail_read);
-        curl_easy_setopt(c, CURLOPT_READDATA, &m);
+        curl_easy_setopt(c, CURLOPT_READDATA, j);
         curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-        CURLcode cr = curl_easy_perform(c);
-        curl_easy_cleanup(c);
-        curl_slist_free_all(rcpts);
-        free(m.text);
-        if (cr != CURLE_OK) {
-                snprintf(err, errlen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(cr));
-                return -EIO;
-        }
+        j->curl = c;
         return 0;
+}
+
+/* The outcome of a finished transfer into j->result and j->err. */
+static void job_finish(struct send_job *j, CURLcode cr)
+{
+        if (cr != CURLE_OK) {
+                snprintf(j->err, sizeof(j->err), "%s", j->errbuf[0] ? j->errbuf : curl_easy_strerror(cr));
+                j->result = cr == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -EIO;
+                return;
+        }
+        if (j->kind == SEND_WEBHOOK) {
+                long status = 0;
+                curl_easy_getinfo(j->curl, CURLINFO_RESPONSE_CODE, &status);
+                if (status < 200 || status > 299) {
+                        snprintf(j->err, sizeof(j->err), "HTTP %ld", status);
+                        j->result = -EPROTO;
+                        return;
+                }
+        }
+        j->result = 0;
+}
+
+int send_jobs_run(struct send_job *jobs, size_t n)
+{
+        CURLM *m = curl_multi_init();
+        if (!m)
+                return -ENOMEM;
+        int running = 0;
+        for (size_t i = 0; i < n; i++)
+                if (jobs[i].curl) {
+                        curl_easy_setopt(jobs[i].curl, CURLOPT_PRIVATE, &jobs[i]);
+                        if (curl_multi_add_handle(m, jobs[i].curl) != CURLM_OK) {
+                                snprintf(jobs[i].err, sizeof(jobs[i].err), "could not start the transfer");
+                                jobs[i].result = -ENOMEM;
+                                curl_easy_cleanup(jobs[i].curl);
+                                jobs[i].curl = NULL;
+                        } else {
+                                running++;
+                        }
+                }
+        while (running > 0) {
+                if (curl_multi_perform(m, &running) != CURLM_OK)
+                        break;
+                CURLMsg *msg;
+                int left;
+                while ((msg = curl_multi_info_read(m, &left)))
+                        if (msg->msg == CURLMSG_DONE) {
+                                struct send_job *j = NULL;
+                                curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&j);
+                                job_finish(j, msg->data.result);
+                                j->done = true;
+                        }
+                if (running > 0 && curl_multi_poll(m, NULL, 0, 1000, NULL) != CURLM_OK)
+                        break;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (jobs[i].curl) {
+                        curl_multi_remove_handle(m, jobs[i].curl);
+                        if (!jobs[i].done) {
+                                snprintf(jobs[i].err, sizeof(jobs[i].err), "the transfer did not finish");
+                                jobs[i].result = -EIO;
+                        }
+                }
+        curl_multi_cleanup(m);
+        return 0;
+}
+
+void send_job_free(struct send_job *j)
+{
+        if (!j)
+                return;
+        if (j->curl)
+                curl_easy_cleanup(j->curl);
+        curl_slist_free_all(j->list);
+        free(j->mail);
+        j->curl = NULL;
+        j->list = NULL;
+        j->mail = NULL;
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct curl_slist;
+
 #define SIGNATURE_MAX 128 /* "t=<unix>,v1=<64 hex>" */
 
 /* The Tally-Signature header value for body sent at unix time t:
@@ -25,15 +27,35 @@ struct send_config {
         const char *dashboard_url;
 };
 
-/* POSTs body to url with the event id and signature headers. Returns 0 on a
- * 2xx; otherwise a negative errno with why (HTTP status, curl's error) in err. */
-int send_webhook(const struct send_config *c, const char *url, const char *secret, const char *event_id,
-                 const char *type, const char *body, char *err, size_t errlen);
+/* One attempt to send one event: prepared (send_job_webhook/_email), run
+ * with others at once (send_jobs_run: libcurl's multi interface, so one slow
+ * receiver does not hold up the rest), then read (result: 0 on a 2xx or a
+ * message the relay accepted, else a negative errno with why in err) and
+ * freed. A job whose preparation failed has result and err set already and
+ * is skipped by the run. */
+enum send_kind { SEND_WEBHOOK, SEND_EMAIL };
+struct send_job {
+        enum send_kind kind;
+        void *curl;               /* CURL * */
+        struct curl_slist *list;  /* headers or recipients */
+        char *mail;               /* the message (email) */
+        size_t len, off;
+        bool done;
+        int result;
+        char errbuf[256];         /* CURL_ERROR_SIZE */
+        char err[512];
+};
 
-/* Mails the event (its JSON, body) as plain text to `to`. Returns 0 or a
- * negative errno with why in err. */
-int send_email(const struct send_config *c, const char *to, const char *event_id, const char *body, char *err,
-               size_t errlen);
+/* Signs and prepares a POST of body (not copied: it must outlive the job)
+ * with the event id and signature headers. Returns 0 or j->result. */
+int send_job_webhook(struct send_job *j, const struct send_config *c, const char *url, const char *secret,
+                     const char *event_id, const char *type, const char *body);
+/* Prepares mailing the event (its JSON, body) as plain text to `to`. */
+int send_job_email(struct send_job *j, const struct send_config *c, const char *to, const char *event_id,
+                   const char *body);
+/* Runs the prepared jobs at once, each within the configured timeout. */
+int send_jobs_run(struct send_job *jobs, size_t n);
+void send_job_free(struct send_job *j);
 
 /* Whether url may be used as a webhook: https, or http to a host in allow_http.
  * Fills why when not. */

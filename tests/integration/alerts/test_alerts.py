@@ -54,9 +54,10 @@ def main():
         kc, _ = make_account(db.url, work, "al_c", "c@alerts.test")
         kd, _ = make_account(db.url, work, "al_d", "d@alerts.test")
         ke, _ = make_account(db.url, work, "al_e", "e@alerts.test")
+        ki, _ = make_account(db.url, work, "al_i", "i@alerts.test")
         sa = api.sign_in("a@alerts.test", "correct horse battery")
-        sb, sc, sd, se = (api.sign_in(f"{x}@alerts.test", "correct horse battery") for x in "bcde")
-        check(all([sa, sb, sc, sd, se]), "sign-in")
+        sb, sc, sd, se, si = (api.sign_in(f"{x}@alerts.test", "correct horse battery") for x in "bcdei")
+        check(all([sa, sb, sc, sd, se, si]), "sign-in")
         person_a, key_a = {"session": sa}, {"key": ka_secret}
 
         # ---- an API key may not create, change or read destinations ----
@@ -98,6 +99,7 @@ def main():
         webhook(sb, "/flaky/b")
         webhook(sc, "/stall/c")
         wd = webhook(sd, "/ok/d")
+        webhook(si, "/ok/i")
         st, we, _ = api.call("POST", "/v1/alert-destinations",
                              {"kind": "webhook", "url": "http://127.0.0.1:1/dead"}, session=se)
         st, we2, _ = api.call("POST", "/v1/alert-destinations",
@@ -178,6 +180,11 @@ def main():
         record_threshold(db, kc, "al_c", 100, 1010000, 1010000)
         eid_c = db.q(f"SELECT event_id FROM alerts WHERE key_id = '{kc}'")
         check(rcv.stalled.wait(10), "the receiver never got C's first request")
+        # While C's receiver holds its request, another account's alert still goes out.
+        t_i = time.time()
+        record_threshold(db, ki, "al_i", 50, 505000, 1010000)
+        got_i = wait_for(lambda: rcv.requests("/ok/i"), 5)
+        check(got_i and got_i[0]["at"] - t_i < 2, "I's alert waited behind C's held request")
         notifier.kill9()
         rcv.release()
         check(db.q("SELECT state FROM alert_deliveries WHERE account_id = 'al_c'") == "pending",
