@@ -28,6 +28,8 @@
  * the aggregator it stays off a database newer than it knows. */
 #define SCHEMA_NEED 9
 #define SCHEMA_KNOWN 9
+/* The shortest sleep of a worker that found nothing to claim. */
+#define IDLE_MIN_MS 50
 
 struct notifier_metrics {
         _Atomic int64_t pending, delivered, failed, oldest_pending_s;
@@ -339,9 +341,13 @@ static void *worker_loop(void *arg)
                                 pruned = now;
                         }
                 }
-                if (got >= cfg->batch)
-                        continue;
-                wait_wake(n, next_due_ms(n, cfg->poll_ms), w->stop);
+                if (got > 0)
+                        continue; /* the destinations just sent may have their next event due */
+                /* Nothing claimable: what is due is held by another worker (or
+                 * waits behind its destination's earlier event). Sleep until a
+                 * new alert's NOTIFY, the next due time, or a short while. */
+                int64_t due = next_due_ms(n, cfg->poll_ms);
+                wait_wake(n, due < IDLE_MIN_MS ? IDLE_MIN_MS : due, w->stop);
         }
         PQfinish(n->db);
         n->db = NULL;
