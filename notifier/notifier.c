@@ -15,6 +15,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -193,7 +194,8 @@ static int run_batch(struct notifier *n)
         if (rows)
                 send_jobs_run(jobs, (size_t)rows);
         bool db_ok = true;
-        for (int i = 0; i < rows && db_ok; i++) {
+        json_t *outcomes = json_array();
+        for (int i = 0; i < rows; i++) {
                 const char *id = PQgetvalue(res, i, 0), *event_id = PQgetvalue(res, i, 1), *type = PQgetvalue(res, i, 2);
                 const char *dest = PQgetvalue(res, i, 11);
                 int attempts = atoi(PQgetvalue(res, i, 4)) + 1;
@@ -221,24 +223,43 @@ static int run_batch(struct notifier *n)
                         log_info("alert delivered", "delivery=%s destination=%s event=%s type=%s attempt=%d", id, dest,
                                  event_id, type, attempts);
                 }
-                const char *p2[] = { id, state, r < 0 ? err : NULL, delay };
-                /* The alert itself is delivered once any destination has it. */
+                /* libcurl's messages are ASCII; anything else becomes '?' (JSON needs UTF-8). */
+                for (char *c = jobs[i].err; *c; c++)
+                        if ((unsigned char)*c >= 0x80)
+                                *c = '?';
+                json_t *o = json_pack("{s:I, s:s, s:I, s:s}", "id", (json_int_t)strtoll(id, NULL, 10), "state", state,
+                                      "delay_ms", (json_int_t)strtoll(delay, NULL, 10), "err", r < 0 ? err : "");
+                if (!o || json_array_append_new(outcomes, o) < 0)
+                        db_ok = false;
+        }
+        /* Every outcome in one statement; the alert itself is delivered once
+         * any destination has it. */
+        char *js = db_ok ? json_dumps(outcomes, JSON_COMPACT) : NULL;
+        if (rows && js) {
+                const char *p2[] = { js };
                 PGresult *u = PQexecParams(
                         n->db,
-                        "WITH d AS (UPDATE alert_deliveries SET state = $2, attempts = attempts + 1, last_error = $3,"
-                        "  next_attempt_at = CASE WHEN $2 = 'pending' THEN clock_timestamp() + $4::bigint * interval '1 ms'"
-                        "   ELSE next_attempt_at END,"
-                        "  delivered_at = CASE WHEN $2 = 'delivered' THEN clock_timestamp() END"
-                        "  WHERE id = $1::bigint RETURNING alert_id)"
+                        "WITH o AS (SELECT * FROM jsonb_to_recordset($1::jsonb)"
+                        "            AS o(id bigint, state text, delay_ms bigint, err text)),"
+                        " d AS (UPDATE alert_deliveries x SET state = o.state, attempts = x.attempts + 1,"
+                        "  last_error = nullif(o.err, ''),"
+                        "  next_attempt_at = CASE WHEN o.state = 'pending'"
+                        "   THEN clock_timestamp() + o.delay_ms * interval '1 ms' ELSE x.next_attempt_at END,"
+                        "  delivered_at = CASE WHEN o.state = 'delivered' THEN clock_timestamp() END"
+                        "  FROM o WHERE x.id = o.id RETURNING x.alert_id, x.state)"
                         " UPDATE alerts a SET delivered_at = clock_timestamp() FROM d"
-                        "  WHERE $2 = 'delivered' AND a.id = d.alert_id AND a.delivered_at IS NULL",
-                        4, NULL, p2, NULL, NULL, 0);
+                        "  WHERE d.state = 'delivered' AND a.id = d.alert_id AND a.delivered_at IS NULL",
+                        1, NULL, p2, NULL, NULL, 0);
                 if (PQresultStatus(u) != PGRES_COMMAND_OK) {
-                        log_error("could not record a delivery", "delivery=%s error=\"%s\"", id, PQerrorMessage(n->db));
+                        log_error("could not record deliveries", "rows=%d error=\"%s\"", rows, PQerrorMessage(n->db));
                         db_ok = false;
                 }
                 PQclear(u);
+        } else if (rows) {
+                db_ok = false;
         }
+        free(js);
+        json_decref(outcomes);
         for (int i = 0; i < rows; i++)
                 send_job_free(&jobs[i]);
         free(jobs);
