@@ -59,7 +59,7 @@ def main():
                   f" SELECT 'dst-' || i, 'bench-' || i, 'webhook', 'http://127.0.0.1:{rcv.port}/ok/' || i,"
                   " 'whsec_bench', 'bench' FROM generate_series(1, 10) i")
     smtp_port = 9  # no email destinations here
-    n = start_notifier(url, work, smtp_port, ["--log-level", "warn"], name="bench-notifier")
+    n = start_notifier(url, work, smtp_port, ["--log-level", os.environ.get("BENCH_LOG", "warn")], name="bench-notifier")
     time.sleep(1.0)
     committed = {}
     for i in range(count):

@@ -116,8 +116,13 @@ class Receiver:
                 except OSError:
                     pass
 
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.srv.daemon_threads = True
+        class S(http.server.ThreadingHTTPServer):
+            # The default listen backlog (5) drops the SYNs of a batch sent at
+            # once; the client's retry comes a second later.
+            request_queue_size = 128
+            daemon_threads = True
+
+        self.srv = S(("127.0.0.1", 0), H)
         if tls:  # (certfile, keyfile): HTTPS
             import ssl
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -211,6 +216,7 @@ class SmtpSink:
         class S(socketserver.ThreadingTCPServer):
             allow_reuse_address = True
             daemon_threads = True
+            request_queue_size = 128
 
         self.srv = S(("127.0.0.1", 0), H)
         self.port = self.srv.server_address[1]
