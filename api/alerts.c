@@ -1,6 +1,9 @@
 /* alerts.c — GET /v1/alerts: the spend alerts the aggregator recorded (one per
  * key, UTC day and threshold: 50, 80, 100 %) with their delivery state, newest
- * first, cursor-paginated. Optional filters: key, state (pending|delivered).
+ * first, cursor-paginated, and the spend.limit_projected warnings (sql/009).
+ * Optional filters: key, state (pending|delivered|failed). A person's
+ * session also sees each alert's deliveries (an API key does not: they name
+ * the account's destinations).
  * Scoped to the caller's account and, for an API key, to that key's alerts.
  * Nothing here writes. */
 #include "api.h"
@@ -11,16 +14,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* state: delivered once any destination got the event (alerts.delivered_at,
+ * written by tally-notifier), failed when it has deliveries and all failed,
+ * else pending. Deliveries (a person's session only, $7) are listed per alert. */
 #define ALERTS_SQL                                                                                       \
-        "SELECT id, key_id, day::text, threshold_pct, spend_nanodollars, limit_nanodollars,"             \
-        "       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"            \
-        "       to_char(delivered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"           \
-        "  FROM alerts"                                                                                  \
-        " WHERE account_id = $1 AND ($2::text IS NULL OR key_id = $2::text)"                             \
-        "   AND ($3::text IS NULL OR key_id = $3::text)"                                                 \
-        "   AND ($4::text IS NULL OR (delivered_at IS NOT NULL) = ($4::text = 'delivered'))"             \
-        "   AND ($5::bigint IS NULL OR id < $5::bigint)"                                                 \
-        " ORDER BY id DESC LIMIT $6::int"
+        "SELECT a.id, a.key_id, a.day::text, a.threshold_pct, a.spend_nanodollars, a.limit_nanodollars," \
+        "       to_char(a.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"          \
+        "       to_char(a.delivered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"        \
+        "       a.type, a.event_id::text,"                                                              \
+        "       to_char(a.projected_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"           \
+        "       st.state, CASE WHEN $7::bool THEN coalesce(dl.list, '[]') END"                          \
+        "  FROM alerts a"                                                                               \
+        "  CROSS JOIN LATERAL (SELECT CASE WHEN a.delivered_at IS NOT NULL THEN 'delivered'"            \
+        "         WHEN EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.alert_id = a.id)"               \
+        "          AND NOT EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.alert_id = a.id"            \
+        "                          AND x.state <> 'failed') THEN 'failed'"                              \
+        "         ELSE 'pending' END AS state) st"                                                      \
+        "  LEFT JOIN LATERAL (SELECT json_agg(json_build_object('id', d.id, 'destination', d.destination_id," \
+        "         'state', d.state, 'attempts', d.attempts, 'last_error', d.last_error,"                \
+        "         'next_attempt_at', to_char(d.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')," \
+        "         'delivered_at', to_char(d.delivered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')," \
+        "         'resend_of', d.resend_of) ORDER BY d.id)::text AS list"                               \
+        "         FROM alert_deliveries d WHERE d.alert_id = a.id AND $7::bool) dl ON true"             \
+        " WHERE a.account_id = $1 AND ($2::text IS NULL OR a.key_id = $2::text)"                        \
+        "   AND ($3::text IS NULL OR a.key_id = $3::text)"                                              \
+        "   AND ($4::text IS NULL OR st.state = $4::text)"                                              \
+        "   AND ($5::bigint IS NULL OR a.id < $5::bigint)"                                              \
+        " ORDER BY a.id DESC LIMIT $6::int"
 
 static bool key_id_valid(const char *s)
 {
@@ -40,8 +60,8 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
         if (key && !key_id_valid(key))
                 return read_fail(err, 400, "invalid_field", "key", "key is an id: 1 to 64 of A-Z a-z 0-9 _ . : -");
         const char *state = get(ctx, "state");
-        if (state && strcmp(state, "pending") != 0 && strcmp(state, "delivered") != 0)
-                return read_fail(err, 400, "invalid_field", "state", "state is pending or delivered");
+        if (state && strcmp(state, "pending") != 0 && strcmp(state, "delivered") != 0 && strcmp(state, "failed") != 0)
+                return read_fail(err, 400, "invalid_field", "state", "state is pending, delivered or failed");
         char before[24] = "";
         const char *cs = get(ctx, "cursor");
         if (cs) {
@@ -57,8 +77,9 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
         }
         char lim[16];
         snprintf(lim, sizeof(lim), "%d", limit + 1);
-        const char *params[] = { c->account, c->key[0] ? c->key : NULL, key, state, before[0] ? before : NULL, lim };
-        PGresult *res = read_query(db, "alerts", ALERTS_SQL, 6, params, err);
+        const char *params[] = { c->account, c->key[0] ? c->key : NULL, key, state, before[0] ? before : NULL, lim,
+                                 c->person[0] ? "true" : "false" };
+        PGresult *res = read_query(db, "alerts", ALERTS_SQL, 7, params, err);
         if (!res)
                 return -EIO;
         int rows = PQntuples(res);
@@ -68,14 +89,23 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
         json_t *data = json_array();
         for (int i = 0; i < rows; i++) {
                 bool delivered = !PQgetisnull(res, i, 7);
-                json_array_append_new(
-                        data, json_pack("{s:I, s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o}", "id",
-                                        (json_int_t)read_int64(res, i, 0), "key", PQgetvalue(res, i, 1), "day",
-                                        PQgetvalue(res, i, 2), "threshold_pct", atoi(PQgetvalue(res, i, 3)),
-                                        "spend_nanodollars", (json_int_t)read_int64(res, i, 4), "limit_nanodollars",
-                                        (json_int_t)read_int64(res, i, 5), "created_at", PQgetvalue(res, i, 6),
-                                        "state", delivered ? "delivered" : "pending", "delivered_at",
-                                        delivered ? json_string(PQgetvalue(res, i, 7)) : json_null()));
+                bool threshold = strcmp(PQgetvalue(res, i, 8), "spend.threshold_reached") == 0;
+                json_t *a = json_pack("{s:I, s:s, s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:o}", "id",
+                                      (json_int_t)read_int64(res, i, 0), "event_id", PQgetvalue(res, i, 9), "type",
+                                      PQgetvalue(res, i, 8), "key", PQgetvalue(res, i, 1), "day",
+                                      PQgetvalue(res, i, 2), "spend_nanodollars", (json_int_t)read_int64(res, i, 4),
+                                      "limit_nanodollars", (json_int_t)read_int64(res, i, 5), "created_at",
+                                      PQgetvalue(res, i, 6), "state", PQgetvalue(res, i, 11), "delivered_at",
+                                      delivered ? json_string(PQgetvalue(res, i, 7)) : json_null());
+                json_object_set_new(a, "threshold_pct",
+                                    threshold ? json_integer(atoi(PQgetvalue(res, i, 3))) : json_null());
+                json_object_set_new(a, "projected_at",
+                                    PQgetisnull(res, i, 10) ? json_null() : json_string(PQgetvalue(res, i, 10)));
+                if (!PQgetisnull(res, i, 12)) {
+                        json_t *dl = json_loads(PQgetvalue(res, i, 12), 0, NULL);
+                        json_object_set_new(a, "deliveries", dl ? dl : json_array());
+                }
+                json_array_append_new(data, a);
         }
         json_t *next = json_null();
         if (more && rows > 0) {

@@ -181,8 +181,30 @@ paths = {
         "Spend alerts (50, 80, 100 % of a key's daily limit) with their delivery state, newest first.", ANY,
         dict({"200": resp("A page of alerts", ref("AlertPage"))}, **errors()),
         [qparam("key", "Only this key's alerts.", ref("Id")),
-         qparam("state", "Only pending or delivered alerts.", {"type": "string", "enum": ["pending", "delivered"]}),
-         CURSOR, LIMIT], opid="listAlerts")},
+         qparam("state", "Only pending, delivered or failed alerts.",
+                {"type": "string", "enum": ["pending", "delivered", "failed"]}),
+         CURSOR, LIMIT], opid="listAlerts",
+        desc="type spend.limit_projected is the warning before the limit (threshold_pct null). state: delivered "
+             "once any destination got the event, failed when every delivery failed, else pending. A person's "
+             "session also sees each alert's deliveries (docs/alerts.md).")},
+    "/v1/alert-destinations": {
+        "get": op("Where the account's alerts go (secrets are never shown again).", PERSON,
+                  dict({"200": resp("The destinations", ref("DestinationList"))}, **errors("403")),
+                  opid="listAlertDestinations"),
+        "post": write("Adds a webhook (its signing secret is in this answer only) or an email destination.", PERSON,
+                      {"201": resp("Created", ref("DestinationCreated"))}, body=ref("DestinationCreate"),
+                      opid="createAlertDestination", extra=("403",))},
+    "/v1/alert-destinations/{id}": {"delete": write(
+        "Disables a destination; its pending deliveries fail.", PERSON,
+        {"200": resp("Disabled", ref("Destination"))}, [ID], opid="disableAlertDestination", extra=("403",))},
+    "/v1/alert-destinations/{id}/test": {"post": write(
+        "Queues a test event (type \"test\") to an enabled destination.", PERSON,
+        {"202": resp("Queued", ref("DeliveryQueued"))}, [ID], opid="testAlertDestination", extra=("403",))},
+    "/v1/alert-deliveries/{id}/resend": {"post": write(
+        "Sends a delivered or failed delivery's event again: a new delivery with the same event id.", PERSON,
+        {"202": resp("Queued", ref("DeliveryQueued"))},
+        [{"name": "id", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"}}],
+        opid="resendAlertDelivery", extra=("403",))},
 }
 
 nullable_int = {"type": ["integer", "null"]}
@@ -255,11 +277,37 @@ schemas = {
         "day": nullable_str, "as_of": nullable_str, "burn_window_start": nullable_str,
         "data": {"type": "array", "items": ref("SpendKey")}, "next_cursor": nullable_str}},
     "Alert": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "key": ref("Id"), "day": {"type": "string", "format": "date"},
-        "threshold_pct": {"type": "integer", "enum": [50, 80, 100]}, "spend_nanodollars": {"type": "integer"},
+        "id": {"type": "integer"}, "event_id": {"type": "string", "format": "uuid"},
+        "type": {"type": "string", "enum": ["spend.threshold_reached", "spend.limit_projected"]},
+        "key": ref("Id"), "day": {"type": "string", "format": "date"},
+        "threshold_pct": {"type": ["integer", "null"], "enum": [50, 80, 100, None]},
+        "spend_nanodollars": {"type": "integer"},
         "limit_nanodollars": {"type": "integer"}, "created_at": {"type": "string", "format": "date-time"},
-        "state": {"type": "string", "enum": ["pending", "delivered"]},
-        "delivered_at": {"type": ["string", "null"], "format": "date-time"}}},
+        "projected_at": {"type": ["string", "null"], "format": "date-time"},
+        "state": {"type": "string", "enum": ["pending", "delivered", "failed"]},
+        "delivered_at": {"type": ["string", "null"], "format": "date-time"},
+        "deliveries": {"type": "array", "items": ref("Delivery"), "description": "A person's session only."}}},
+    "Delivery": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "destination": ref("Id"),
+        "state": {"type": "string", "enum": ["pending", "delivered", "failed"]},
+        "attempts": {"type": "integer"}, "last_error": nullable_str,
+        "next_attempt_at": {"type": "string", "format": "date-time"},
+        "delivered_at": {"type": ["string", "null"], "format": "date-time"}, "resend_of": nullable_int}},
+    "DestinationCreate": {"type": "object", "additionalProperties": False, "required": ["kind"], "properties": {
+        "kind": {"type": "string", "enum": ["webhook", "email"]},
+        "url": {"type": "string", "maxLength": 2048, "description": "webhook: https:// (or operator-allowed http://)"},
+        "email": {"type": "string", "maxLength": 254}}},
+    "Destination": {"type": "object", "properties": {
+        "id": ref("Id"), "kind": {"type": "string", "enum": ["webhook", "email"]}, "url": nullable_str,
+        "email": nullable_str, "enabled": {"type": "boolean"}, "created_at": {"type": "string", "format": "date-time"},
+        "disabled_at": nullable_str}},
+    "DestinationCreated": {"allOf": [ref("Destination"), {"type": "object", "properties": {
+        "secret": {"type": ["string", "null"], "description": "The webhook's signing secret, shown only here."}}}]},
+    "DestinationList": {"type": "object", "properties": {"destinations": {"type": "array",
+                                                                          "items": ref("Destination")}}},
+    "DeliveryQueued": {"type": "object", "properties": {
+        "delivery_id": {"type": "integer"}, "event_id": {"type": "string"}, "destination": ref("Id"),
+        "state": {"type": "string", "enum": ["pending"]}}},
     "AlertPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Alert")},
                                                    "next_cursor": nullable_str}},
 }

@@ -40,6 +40,14 @@ static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error 
 int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
 #include "invoices.h" /* h_invoices_list, h_invoice_current, h_invoice_get */
+/* api/destinations.c: where a person's alerts go (docs/alerts.md). */
+int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
+int alert_metrics_refresh(PGconn *db); /* destinations.c: the outbox gauges, refreshed by the janitor */
+void alert_metrics_write(FILE *f);
 
 struct route {
         const char *method;
@@ -78,6 +86,11 @@ static const struct route routes[] = {
         { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON },
         { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON },
         { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON },
+        { "GET", "/v1/alert-destinations", h_destinations_list, NEED_PERSON },
+        { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON },
+        { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON },
+        { "POST", "/v1/alert-destinations/{id}/test", h_destination_test, NEED_PERSON },
+        { "POST", "/v1/alert-deliveries/{id}/resend", h_delivery_resend, NEED_PERSON },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 #define ROUTE_NONE NROUTES /* metrics slot for requests that matched no route */
@@ -317,6 +330,7 @@ static int h_metrics(struct api_req *r, struct api_reply *out, struct api_error 
                    "# HELP tally_api_db_pool_waits_total Times a request waited for a free connection.\n"
                    "# TYPE tally_api_db_pool_waits_total counter\ntally_api_db_pool_waits_total %llu\n",
                 size, in_use, (unsigned long long)waits);
+        alert_metrics_write(f);
         fclose(f);
         out->status = 200;
         out->body = buf;
@@ -716,6 +730,7 @@ static void *janitor(void *arg)
                                  "DELETE FROM sessions WHERE expires_at < now()", 0, NULL));
                 PQclear(db_query(db, "remove old idempotency keys", PGRES_COMMAND_OK,
                                  "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'", 0, NULL));
+                alert_metrics_refresh(db);
                 db_pool_put(s->pool, db);
                 pthread_mutex_lock(&s->lock);
         }
@@ -767,6 +782,11 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         }
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
         s->port = di ? di->port : (int)cfg->port;
+        {
+                PGconn *db = db_pool_get(s->pool);
+                alert_metrics_refresh(db);
+                db_pool_put(s->pool, db);
+        }
         if (pthread_create(&s->janitor, NULL, janitor, s) == 0)
                 s->janitor_started = true;
         *ret = s;
