@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-int read_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
+int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
 {
         err->status = status;
         snprintf(err->code, sizeof(err->code), "%s", code);
@@ -106,7 +106,7 @@ int read_param_limit(api_param_fn get, void *ctx, int def, int max, int *ret, st
         int v = 0;
         size_t n = strlen(s);
         if (n == 0 || n > 7 || digits(s, (int)n, &v) || v < 1 || v > max)
-                return read_fail(err, 400, "invalid_field", "limit", "limit must be an integer from 1 to %d", max);
+                return api_fail(err, 400, "invalid_field", "limit", "limit must be an integer from 1 to %d", max);
         *ret = v;
         return 0;
 }
@@ -166,7 +166,7 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err)
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         if (!s) {
-                read_fail(err, 500, "internal", "", "could not make the answer");
+                api_fail(err, 500, "internal", "", "could not make the answer");
                 return -ENOMEM;
         }
         ret->data = s;
@@ -214,7 +214,7 @@ PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const
                 log_error("could not query", "what=%s error=%s", what,
                           res ? PQresultErrorMessage(res) : PQerrorMessage(db));
                 PQclear(res);
-                read_fail(err, 500, "internal", "", "could not read %s", what);
+                api_fail(err, 500, "internal", "", "could not read %s", what);
                 return NULL;
         }
         return res;

@@ -1,5 +1,5 @@
 /* read.h — what the read-side handlers (usage.c, spend.c, alerts.c) share:
- * filling an api_error, RFC 3339 times, opaque cursors, page limits, JSON
+ * RFC 3339 times, opaque cursors, page limits, JSON
  * bodies and running a parameterized query with its result checked. Private
  * to api/: the server only sees api.h. Nothing here writes to the database. */
 #pragma once
@@ -14,10 +14,8 @@
 #define READ_PAGE_DEFAULT 100
 #define READ_PAGE_MAX     1000
 
-/* Fills *err (status, code, field, printf message) and returns -EINVAL for a
- * 4xx status, -EIO for 5xx, so a handler can `return read_fail(...)`. */
-int read_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
-        __attribute__((format(printf, 5, 6)));
+/* The read side's old name for api_fail (api.h), for handlers not yet renamed. */
+#define read_fail api_fail
 
 /* Parses an RFC 3339 date-time ("2026-11-01T00:00:00Z", "...T02:00:00.5+02:00")
  * into Unix microseconds. Lowercase t/z are allowed as RFC 3339 says; a

@@ -92,9 +92,6 @@ const struct api_config *req_config(struct api_req *r);
 
 /* Fills out with json (stolen) as the body. Returns 0. */
 int reply_json(struct api_reply *out, int status, json_t *json);
-/* Fills err and returns -EINVAL (4xx) or -EIO (5xx). field may be NULL. */
-int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
-        __attribute__((format(printf, 5, 6)));
 /* Refuses a body field that is not in allowed (NULL-terminated). Returns 0 or api_fail. */
 int body_check_fields(json_t *body, const char *const *allowed, struct api_error *err);
 /* Runs a parameterized statement (text parameters); returns the result when

@@ -84,7 +84,7 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                     strcmp(json_string_value(json_array_get(cur, 0)), "s1") != 0 ||
                     !json_is_string(json_array_get(cur, 1))) {
                         json_decref(cur);
-                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
                 }
                 after = json_string_value(json_array_get(cur, 1));
         }

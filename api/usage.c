@@ -42,12 +42,12 @@ static int parse_time(api_param_fn get, void *ctx, const char *name, int64_t *us
 {
         const char *s = get(ctx, name);
         if (!s || !*s)
-                return read_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
+                return api_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
         if (read_time_parse(s, us) < 0)
-                return read_fail(err, 400, "invalid_field", name,
+                return api_fail(err, 400, "invalid_field", name,
                                 "%s must be an RFC 3339 time such as 2026-11-01T00:00:00Z (encode + as %%2B)", name);
         if (*us % (INT64_C(3600) * 1000000) != 0)
-                return read_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
+                return api_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
         read_time_format(text, size, *us);
         return 0;
 }
@@ -61,7 +61,7 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                 const char *e = strchr(p, ',');
                 size_t n = e ? (size_t)(e - p) : strlen(p);
                 if (q->ndims == GROUP_MAX)
-                        return read_fail(err, 400, "invalid_field", "group_by", "group_by takes at most %d dimensions",
+                        return api_fail(err, 400, "invalid_field", "group_by", "group_by takes at most %d dimensions",
                                         GROUP_MAX);
                 enum dim d;
                 if (n == 3 && !memcmp(p, "key", 3)) {
@@ -72,11 +72,11 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                         d = DIM_LABEL;
                         for (size_t i = 6; i < n; i++) {
                                 if ((unsigned char)p[i] < 0x21 || (unsigned char)p[i] > 0x7e)
-                                        return read_fail(err, 400, "invalid_field", "group_by",
+                                        return api_fail(err, 400, "invalid_field", "group_by",
                                                         "a label name in group_by is printable ASCII without spaces");
                         }
                 } else {
-                        return read_fail(err, 400, "invalid_field", "group_by",
+                        return api_fail(err, 400, "invalid_field", "group_by",
                                         "group_by is a comma-separated list of key, sandbox and label:NAME "
                                         "(NAME 1 to %d characters)",
                                         LABEL_NAME_MAX);
@@ -84,7 +84,7 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                 snprintf(q->names[q->ndims], sizeof(q->names[0]), "%.*s", (int)n, p);
                 for (int i = 0; i < q->ndims; i++) {
                         if (!strcmp(q->names[i], q->names[q->ndims]))
-                                return read_fail(err, 400, "invalid_field", "group_by", "group_by names %s twice",
+                                return api_fail(err, 400, "invalid_field", "group_by", "group_by names %s twice",
                                                 q->names[i]);
                 }
                 q->dims[q->ndims++] = d;
@@ -111,7 +111,7 @@ static int parse_meters(struct usage_query *q, const char *s, struct api_error *
                                         found = i;
                         }
                         if (found < 0)
-                                return read_fail(err, 400, "invalid_field", "meter",
+                                return api_fail(err, 400, "invalid_field", "meter",
                                                 "meter is one or more of cpu, memory, storage");
                         want[found] = true;
                         if (!e)
@@ -137,9 +137,9 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
             (r = parse_time(get, ctx, "to", &q->to_us, q->to, sizeof(q->to), err)) < 0)
                 return r;
         if (q->to_us <= q->from_us)
-                return read_fail(err, 400, "invalid_field", "to", "to must be after from");
+                return api_fail(err, 400, "invalid_field", "to", "to must be after from");
         if (q->to_us - q->from_us > RANGE_MAX_US)
-                return read_fail(err, 400, "invalid_field", "to", "from and to may be at most 366 days apart");
+                return api_fail(err, 400, "invalid_field", "to", "from and to may be at most 366 days apart");
         const char *g = get(ctx, "granularity");
         if (!g || !strcmp(g, "day"))
                 q->granularity = "day";
@@ -148,7 +148,7 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
         else if (!strcmp(g, "month"))
                 q->granularity = "month";
         else
-                return read_fail(err, 400, "invalid_field", "granularity", "granularity is hour, day or month");
+                return api_fail(err, 400, "invalid_field", "granularity", "granularity is hour, day or month");
         if ((r = parse_group_by(q, get(ctx, "group_by"), err)) < 0 || (r = parse_meters(q, get(ctx, "meter"), err)) < 0)
                 return r;
         int n = snprintf(q->fingerprint, sizeof(q->fingerprint), "%s|%s|%s|%s|", q->from, q->to, q->granularity,
@@ -159,10 +159,10 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
         const char *cur = get(ctx, "cursor");
         if (csv) {
                 if (cur)
-                        return read_fail(err, 400, "invalid_field", "cursor",
+                        return api_fail(err, 400, "invalid_field", "cursor",
                                         "a CSV answer holds every row: narrow from and to instead of paging");
                 if (get(ctx, "limit"))
-                        return read_fail(err, 400, "invalid_field", "limit",
+                        return api_fail(err, 400, "invalid_field", "limit",
                                         "a CSV answer holds every row: narrow from and to instead of paging");
                 q->limit = CSV_ROWS_MAX;
                 return 0;
@@ -178,11 +178,11 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
                         ok = json_is_string(json_array_get(a, i));
                 if (!ok) {
                         json_decref(a);
-                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
                 }
                 if (strcmp(json_string_value(json_array_get(a, 1)), q->fingerprint) != 0) {
                         json_decref(a);
-                        return read_fail(err, 400, "invalid_field", "cursor",
+                        return api_fail(err, 400, "invalid_field", "cursor",
                                         "cursor belongs to a query with other from, to, granularity, group_by "
                                         "or meter");
                 }
@@ -381,7 +381,7 @@ static int render_csv(const struct usage_query *q, PGresult *res, int rows, stru
         size_t len;
         char *text = csv_take(&c, &len);
         if (!text) {
-                read_fail(err, 500, "internal", "", "could not make the answer");
+                api_fail(err, 500, "internal", "", "could not make the answer");
                 return -ENOMEM;
         }
         ret->data = text;
@@ -438,7 +438,7 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         /* CSV is asked for by the server (Accept: text/csv) or by csv=true. */
         const char *cp = get(ctx, "csv");
         if (cp && strcmp(cp, "true") != 0 && strcmp(cp, "false") != 0)
-                return read_fail(err, 400, "invalid_field", "csv", "csv is true or false");
+                return api_fail(err, 400, "invalid_field", "csv", "csv is true or false");
         csv = csv || (cp && !strcmp(cp, "true"));
         struct usage_query q = { 0 };
         int r = parse_query(&q, get, ctx, csv, err);
@@ -473,7 +473,7 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         if (more)
                 rows = q.limit;
         if (csv && more)
-                r = read_fail(err, 422, "too_many_rows", "to",
+                r = api_fail(err, 422, "too_many_rows", "to",
                              "more than %d rows: narrow from and to, or use JSON pages", CSV_ROWS_MAX);
         else if (csv)
                 r = render_csv(&q, res, rows, ret, err);
