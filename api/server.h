@@ -128,6 +128,8 @@ bool password_verify(const char *password, const char *stored);
  * 0 (caller filled), or api_fail with 401. For a session, *ret_csrf_hash gets
  * the CSRF token's hash (65 bytes). */
 int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err);
+/* Forgets a key's cached verification (call after revoking it). */
+void auth_cache_forget_key(const char *key);
 /* Whether the sign-in attempts of this email or address are over the limit;
  * *ret_retry_s how long until they are not. */
 bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s);
