@@ -986,15 +986,20 @@ static void test_read_routes(void)
  *   cpu      25,000,000 n$ a vCPU-hour (3,600e9 CPU-ns), 40,000,000 from 2026-01-01T01:00Z
  *   memory    7,500,000 n$ a GiB-hour (2^30 x 3,600e9 byte-ns)
  *   storage  80,000,000 n$ a GB-month (1e9 x 2,592,000e9 byte-ns)
- * hour 00:00  cpu 1,800e9 ns = 1/2 vCPU-hour x 25e6          = 12,500,000
- *             mem 3 GiB-hours (3 x 2^30 x 3,600e9) x 7.5e6    = 22,500,000
- * hour 01:00  cpu 1e9 ns = 1/3,600 vCPU-hour x 40e6           =     11,111 1/9
- *             mem 2^30 x 1e9 byte-ns = 1/3,600 GiB-hour x 7.5e6 =    2,083 1/3
+ * hour 00:00  cpu 1,800e9 ns = 1/2 vCPU-hour x 25e6            = 12,500,000
+ *             mem 3 GiB-hours (3 x 2^30 x 3,600e9) x 7.5e6      = 22,500,000
+ * hour 01:00  cpu 1e9 ns = 1/3,600 vCPU-hour x 40e6             =     11,111 1/9
+ *             mem 2^30 x 1e9 byte-ns = 1/3,600 GiB-hour x 7.5e6  =      2,083 1/3
  *             storage 1e9 B for an hour = 3,600e18 byte-ns
- *                     = 1/720 GB-month x 80e6                  =    111,111 1/9
- * total 35,124,305 5/9, rounded once, half away from zero: 35,124,306.
- * (Rounded per meter it would be 35,124,305; at the first cpu rate for the
- * second hour, 35,120,139.) */
+ *                     = 1/720 GB-month x 80e6                    =    111,111 1/9
+ * hour 02:00  cpu 84,999 ns x 40e6 / 3,600e9                     = 84,999/90,000
+ *             mem 5,726,623,062 byte-ns x 7.5e6 / (2^30 x 3,600e9)
+ *                 = 5,726,623,062 / D, D = 2^30 x 480,000 = 515,396,075,520,000;
+ *                 1/90,000 = 5,726,623,061 1/3 / D, so the hour  = 17/18 + (2/3)/D
+ * total 35,124,305 + 5/9 + 17/18 + (2/3)/D = 35,124,306.5 + about 1.3e-15:
+ * just over the half, rounded once, half away from zero: 35,124,307.
+ * (PostgreSQL's numeric quotients summed, as this route did before, lose the
+ * 1.3e-15 and give 35,124,306.) */
 static void test_sandbox_cost(void)
 {
         char id[64], path[256];
@@ -1013,15 +1018,16 @@ static void test_sandbox_cost(void)
                 "INSERT INTO usage_hourly (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns) "
                 "VALUES ($1, '2026-01-01T00:00:00Z', $2, $3, 1800000000000, 3 * 1073741824::numeric * 3600000000000, 0),"
                 "       ($1, '2026-01-01T01:00:00Z', $2, $3, 1000000000, 1073741824::numeric * 1000000000,"
-                "        1000000000::numeric * 3600000000000)",
+                "        1000000000::numeric * 3600000000000),"
+                "       ($1, '2026-01-01T02:00:00Z', $2, $3, 84999, 5726623062, 0)",
                 3, NULL, rows, NULL, NULL, 0);
         CHECK(PQresultStatus(res) == PGRES_COMMAND_OK, "ledger rows: %s", PQerrorMessage(db));
         PQclear(res);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
         struct resp r = http("GET", path, key_a2.secret, NULL, NULL);
         json_t *cost = json_object_get(r.json, "cost_nanodollars");
-        CHECK(r.status == 200 && json_is_integer(cost) && json_integer_value(cost) == 35124306,
-              "cost_nanodollars of %s: %ld %s (want 35124306)", id, r.status, r.body);
+        CHECK(r.status == 200 && json_is_integer(cost) && json_integer_value(cost) == 35124307,
+              "cost_nanodollars of %s: %ld %s (want 35124307)", id, r.status, r.body);
         resp_free(&r);
 }
 
