@@ -47,5 +47,17 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err);
 PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
                     struct api_error *err);
 
+/* Parameter types for read_query_typed (PostgreSQL's pg_type OIDs). */
+#define READ_INT4        23
+#define READ_TEXT        25
+#define READ_TEXT_ARRAY  1009
+#define READ_TIMESTAMPTZ 1184
+
+/* read_query with the parameters' types given (n of them): a parameter typed
+ * timestamptz is parsed once when bound, where one sent as text and cast in
+ * the SQL is parsed again for every row a generic plan compares it with. */
+PGresult *read_query_typed(PGconn *db, const char *what, const char *sql, int n, const Oid *types,
+                           const char *const *params, struct api_error *err);
+
 /* A bigint or numeric column value as an int64 (the column must hold an integer). */
 int64_t read_int64(const PGresult *res, int row, int col);

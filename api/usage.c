@@ -556,7 +556,13 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 params[9 + 2 * i] = q.cursor ? json_string_value(json_array_get(q.cursor, 4 + (size_t)i)) : NULL;
                 params[10 + 2 * i] = q.dims[i] == DIM_LABEL ? q.names[i] + 6 : NULL;
         }
-        PGresult *res = read_query(db, "usage", b.s, 9 + 2 * q.ndims, params, err);
+        /* Typed, so that from, to and the cursor's period are parsed once, not
+         * once per row compared (a generic plan keeps their casts per row). */
+        Oid types[10 + 2 * GROUP_MAX] = { READ_TEXT, READ_TEXT, READ_TIMESTAMPTZ, READ_TIMESTAMPTZ, READ_TEXT,
+                                          READ_TEXT_ARRAY, READ_TIMESTAMPTZ, READ_TEXT, READ_INT4 };
+        for (int i = 9; i < 9 + 2 * q.ndims; i++)
+                types[i] = READ_TEXT;
+        PGresult *res = read_query_typed(db, "usage", b.s, 9 + 2 * q.ndims, types, params, err);
         if (!res) {
                 json_decref(q.cursor);
                 return -EIO;
