@@ -58,10 +58,10 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
                 return r;
         const char *key = get(ctx, "key");
         if (key && !key_id_valid(key))
-                return read_fail(err, 400, "invalid_field", "key", "key is an id: 1 to 64 of A-Z a-z 0-9 _ . : -");
+                return api_fail(err, 400, "invalid_field", "key", "key is an id: 1 to 64 of A-Z a-z 0-9 _ . : -");
         const char *state = get(ctx, "state");
         if (state && strcmp(state, "pending") != 0 && strcmp(state, "delivered") != 0 && strcmp(state, "failed") != 0)
-                return read_fail(err, 400, "invalid_field", "state", "state is pending, delivered or failed");
+                return api_fail(err, 400, "invalid_field", "state", "state is pending, delivered or failed");
         char before[24] = "";
         const char *cs = get(ctx, "cursor");
         if (cs) {
@@ -73,7 +73,7 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
                         snprintf(before, sizeof(before), "%lld", (long long)json_integer_value(json_array_get(a, 1)));
                 json_decref(a);
                 if (!ok)
-                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
         }
         char lim[16];
         snprintf(lim, sizeof(lim), "%d", limit + 1);

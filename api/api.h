@@ -34,6 +34,12 @@ struct api_error {
         char field[64];
 };
 
+/* Fills *err (status, code, field — NULL for none — and a printf message) and
+ * returns -EINVAL for a 4xx status, -EIO for 5xx, so that a handler can
+ * `return api_fail(...)`. The one error helper of every handler (api/read.c). */
+int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+
 /* Looks up one query-string parameter; NULL when absent. Repeated parameters
  * (?meter=cpu&meter=memory) are joined with commas by the server. */
 typedef const char *(*api_param_fn)(void *ctx, const char *name);

@@ -34,9 +34,13 @@ void sha256_hex(const char *s, size_t len, char out[65])
 {
         unsigned char md[32];
         unsigned int mdlen = 0;
+        static const char hex[] = "0123456789abcdef";
         EVP_Digest(s, len, md, &mdlen, EVP_sha256(), NULL);
-        for (int i = 0; i < 32; i++)
-                snprintf(out + 2 * i, 3, "%02x", md[i]);
+        for (int i = 0; i < 32; i++) {
+                out[2 * i] = hex[md[i] >> 4];
+                out[2 * i + 1] = hex[md[i] & 15];
+        }
+        out[64] = '\0';
 }
 
 int api_key_generate(char *out, size_t size)
@@ -94,6 +98,92 @@ bool password_verify(const char *password, const char *stored)
 
 /* ---- finding the caller ---- */
 
+/* Verified API keys, remembered for AUTH_CACHE_TTL_US so that a burst of
+ * requests with one key costs one lookup, not one each: a fixed table of
+ * AUTH_CACHE_SLOTS entries (4-way, the oldest replaced), keyed by the key's
+ * SHA-256 — the secret itself is never kept. A key unknown to the database is
+ * never remembered (a flood of made-up keys cannot fill the table). A revoked
+ * key is remembered as revoked; revoking a key through this process forgets it
+ * at once (auth_cache_forget_key), and any other tally-api stops accepting it
+ * within AUTH_CACHE_TTL_US. */
+#define AUTH_CACHE_SLOTS 1024
+#define AUTH_CACHE_WAYS 4
+#define AUTH_CACHE_TTL_US INT64_C(1000000)
+
+struct auth_entry {
+        char hash[65];
+        char key[EVENT_ID_MAX + 1];
+        char account[EVENT_ID_MAX + 1];
+        bool revoked;
+        int64_t until_us; /* 0: empty */
+};
+
+static struct auth_entry auth_cache[AUTH_CACHE_SLOTS];
+static pthread_mutex_t auth_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t mono_us(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static size_t auth_set_of(const char *hash)
+{
+        /* the hash is uniform: its first 8 hex digits pick the set */
+        uint32_t v = 0;
+        for (int i = 0; i < 8; i++)
+                v = v << 4 | (uint32_t)(hash[i] <= '9' ? hash[i] - '0' : hash[i] - 'a' + 10);
+        return (size_t)(v % (AUTH_CACHE_SLOTS / AUTH_CACHE_WAYS)) * AUTH_CACHE_WAYS;
+}
+
+/* Copies the live entry of hash into *ret; false when there is none. */
+static bool auth_cache_get(const char *hash, int64_t now, struct auth_entry *ret)
+{
+        size_t set = auth_set_of(hash);
+        bool hit = false;
+        pthread_mutex_lock(&auth_cache_lock);
+        for (size_t i = set; i < set + AUTH_CACHE_WAYS && !hit; i++) {
+                if (auth_cache[i].until_us > now && strcmp(auth_cache[i].hash, hash) == 0) {
+                        *ret = auth_cache[i];
+                        hit = true;
+                }
+        }
+        pthread_mutex_unlock(&auth_cache_lock);
+        return hit;
+}
+
+static void auth_cache_put(const char *hash, const char *key, const char *account, bool revoked, int64_t now)
+{
+        size_t set = auth_set_of(hash), victim = set;
+        pthread_mutex_lock(&auth_cache_lock);
+        for (size_t i = set; i < set + AUTH_CACHE_WAYS; i++) {
+                if (strcmp(auth_cache[i].hash, hash) == 0 || auth_cache[i].until_us <= now) {
+                        victim = i;
+                        break;
+                }
+                if (auth_cache[i].until_us < auth_cache[victim].until_us)
+                        victim = i;
+        }
+        struct auth_entry *e = &auth_cache[victim];
+        snprintf(e->hash, sizeof(e->hash), "%s", hash);
+        snprintf(e->key, sizeof(e->key), "%s", key);
+        snprintf(e->account, sizeof(e->account), "%s", account);
+        e->revoked = revoked;
+        e->until_us = now + AUTH_CACHE_TTL_US;
+        pthread_mutex_unlock(&auth_cache_lock);
+}
+
+void auth_cache_forget_key(const char *key)
+{
+        pthread_mutex_lock(&auth_cache_lock);
+        for (size_t i = 0; i < AUTH_CACHE_SLOTS; i++) {
+                if (auth_cache[i].until_us && strcmp(auth_cache[i].key, key) == 0)
+                        auth_cache[i].until_us = 0;
+        }
+        pthread_mutex_unlock(&auth_cache_lock);
+}
+
 int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err)
 {
         const char *authz = req_header(r, "Authorization");
@@ -104,27 +194,35 @@ int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *er
                                         "Authorization must be \"Bearer <API key>\"");
                 const char *key = authz + 7;
                 sha256_hex(key, strlen(key), h);
-                const char *params[] = { h };
-                PGresult *res = PQexecParams(req_db(r),
-                                             "SELECT id, account_id, revoked_at IS NOT NULL FROM api_keys "
-                                             "WHERE key_hash = decode($1, 'hex')",
-                                             1, NULL, params, NULL, NULL, 0);
-                if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-                        log_error("could not look up an API key", "error=\"%s\"", PQerrorMessage(req_db(r)));
+                int64_t now = mono_us();
+                struct auth_entry e;
+                if (!auth_cache_get(h, now, &e)) {
+                        const char *params[] = { h };
+                        PGresult *res = PQexecParams(req_db(r),
+                                                     "SELECT id, account_id, revoked_at IS NOT NULL FROM api_keys "
+                                                     "WHERE key_hash = decode($1, 'hex')",
+                                                     1, NULL, params, NULL, NULL, 0);
+                        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                                log_error("could not look up an API key", "error=\"%s\"",
+                                          PQerrorMessage(req_db(r)));
+                                PQclear(res);
+                                return api_fail(err, 503, "database_unavailable", NULL, "could not check the API key");
+                        }
+                        if (PQntuples(res) != 1) {
+                                PQclear(res);
+                                return api_fail(err, 401, "unauthenticated", "Authorization", "unknown API key");
+                        }
+                        snprintf(e.key, sizeof(e.key), "%s", PQgetvalue(res, 0, 0));
+                        snprintf(e.account, sizeof(e.account), "%s", PQgetvalue(res, 0, 1));
+                        e.revoked = strcmp(PQgetvalue(res, 0, 2), "t") == 0;
                         PQclear(res);
-                        return api_fail(err, 503, "database_unavailable", NULL, "could not check the API key");
+                        auth_cache_put(h, e.key, e.account, e.revoked, now);
                 }
-                int rc = 0;
-                if (PQntuples(res) != 1)
-                        rc = api_fail(err, 401, "unauthenticated", "Authorization", "unknown API key");
-                else if (strcmp(PQgetvalue(res, 0, 2), "t") == 0)
-                        rc = api_fail(err, 401, "key_revoked", "Authorization", "this API key was revoked");
-                else {
-                        snprintf(r->caller.key, sizeof(r->caller.key), "%s", PQgetvalue(res, 0, 0));
-                        snprintf(r->caller.account, sizeof(r->caller.account), "%s", PQgetvalue(res, 0, 1));
-                }
-                PQclear(res);
-                return rc;
+                if (e.revoked)
+                        return api_fail(err, 401, "key_revoked", "Authorization", "this API key was revoked");
+                snprintf(r->caller.key, sizeof(r->caller.key), "%s", e.key);
+                snprintf(r->caller.account, sizeof(r->caller.account), "%s", e.account);
+                return 0;
         }
         const char *token = req_cookie(r, SESSION_COOKIE);
         if (!token)
@@ -166,12 +264,6 @@ struct slot {
 static struct slot signin_slots[SLOTS], rate_slots[SLOTS];
 static pthread_mutex_t signin_lock = PTHREAD_MUTEX_INITIALIZER, rate_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t mono_us(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /* The slot of key: its own, a free one, or (table full) the one it hashes to, reset. */
 static struct slot *slot_of(struct slot *table, const char *key, bool *ret_new)

@@ -124,7 +124,7 @@ static int lines_csv(PGresult *res, struct api_body *ret, struct api_error *err)
         size_t len;
         char *text = csv_take(&c, &len);
         if (!text)
-                return read_fail(err, 500, "internal", "", "could not make the answer");
+                return api_fail(err, 500, "internal", "", "could not make the answer");
         ret->data = text;
         ret->len = len;
         ret->content_type = "text/csv; charset=utf-8";

@@ -230,6 +230,7 @@ int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err
                 return api_fail(err, 503, "database_unavailable", NULL, "could not revoke the key");
         }
         PQclear(res);
+        auth_cache_forget_key(r->id);
         log_info("key revoked", "key=%s account=%s person=%s", r->id, r->caller.account, r->caller.person);
         return reply_json(out, 200, k);
 }

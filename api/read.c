@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-int read_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
+int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
 {
         err->status = status;
         snprintf(err->code, sizeof(err->code), "%s", code);
@@ -106,7 +106,7 @@ int read_param_limit(api_param_fn get, void *ctx, int def, int max, int *ret, st
         int v = 0;
         size_t n = strlen(s);
         if (n == 0 || n > 7 || digits(s, (int)n, &v) || v < 1 || v > max)
-                return read_fail(err, 400, "invalid_field", "limit", "limit must be an integer from 1 to %d", max);
+                return api_fail(err, 400, "invalid_field", "limit", "limit must be an integer from 1 to %d", max);
         *ret = v;
         return 0;
 }
@@ -166,7 +166,7 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err)
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         if (!s) {
-                read_fail(err, 500, "internal", "", "could not make the answer");
+                api_fail(err, 500, "internal", "", "could not make the answer");
                 return -ENOMEM;
         }
         ret->data = s;
@@ -175,13 +175,15 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err)
         return 0;
 }
 
-/* The statement's name on a connection: "tally_read_" and a hash of its text,
- * so every shape of query is prepared once per connection. */
-static void statement_name(const char *sql, char out[40])
+/* The statement's name on a connection: "tally_read_" and a hash of its text
+ * and parameter types, so every shape of query is prepared once per connection. */
+static void statement_name(const char *sql, int n, const Oid *types, char out[40])
 {
         uint64_t h = UINT64_C(14695981039346656037);
         for (const char *p = sql; *p; p++)
                 h = (h ^ (unsigned char)*p) * UINT64_C(1099511628211);
+        for (int i = 0; types && i < n; i++)
+                h = (h ^ (uint64_t)types[i]) * UINT64_C(1099511628211);
         snprintf(out, 40, "tally_read_%016llx", (unsigned long long)h);
 }
 
@@ -190,21 +192,22 @@ static bool failed(const PGresult *res)
         return PQresultStatus(res) != PGRES_TUPLES_OK;
 }
 
-PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
-                     struct api_error *err)
+PGresult *read_query_typed(PGconn *db, const char *what, const char *sql, int n, const Oid *types,
+                           const char *const *params, struct api_error *err)
 {
         char name[40];
-        statement_name(sql, name);
+        statement_name(sql, n, types, name);
         PGresult *res = PQexecPrepared(db, name, n, params, NULL, NULL, 0);
         const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
         if (failed(res) && state && !strcmp(state, "26000")) { /* invalid_sql_statement_name: not prepared yet */
                 PQclear(res);
-                /* Every parameter is sent as text (casts in the SQL say what it
-                 * is), so a parameter a statement does not use is not an error. */
-                Oid types[32];
+                /* Without types every parameter is sent as text (casts in the
+                 * SQL say what it is), so a parameter a statement does not use
+                 * is not an error. */
+                Oid text[32];
                 for (int i = 0; i < n && i < 32; i++)
-                        types[i] = 25; /* TEXTOID */
-                res = PQprepare(db, name, sql, n, n ? types : NULL);
+                        text[i] = READ_TEXT;
+                res = PQprepare(db, name, sql, n, types ? types : n ? text : NULL);
                 if (PQresultStatus(res) == PGRES_COMMAND_OK) {
                         PQclear(res);
                         res = PQexecPrepared(db, name, n, params, NULL, NULL, 0);
@@ -214,10 +217,16 @@ PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const
                 log_error("could not query", "what=%s error=%s", what,
                           res ? PQresultErrorMessage(res) : PQerrorMessage(db));
                 PQclear(res);
-                read_fail(err, 500, "internal", "", "could not read %s", what);
+                api_fail(err, 500, "internal", "", "could not read %s", what);
                 return NULL;
         }
         return res;
+}
+
+PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
+                     struct api_error *err)
+{
+        return read_query_typed(db, what, sql, n, NULL, params, err);
 }
 
 int64_t read_int64(const PGresult *res, int row, int col)

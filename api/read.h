@@ -1,5 +1,5 @@
 /* read.h — what the read-side handlers (usage.c, spend.c, alerts.c) share:
- * filling an api_error, RFC 3339 times, opaque cursors, page limits, JSON
+ * RFC 3339 times, opaque cursors, page limits, JSON
  * bodies and running a parameterized query with its result checked. Private
  * to api/: the server only sees api.h. Nothing here writes to the database. */
 #pragma once
@@ -13,11 +13,6 @@
 
 #define READ_PAGE_DEFAULT 100
 #define READ_PAGE_MAX     1000
-
-/* Fills *err (status, code, field, printf message) and returns -EINVAL for a
- * 4xx status, -EIO for 5xx, so a handler can `return read_fail(...)`. */
-int read_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
-        __attribute__((format(printf, 5, 6)));
 
 /* Parses an RFC 3339 date-time ("2026-11-01T00:00:00Z", "...T02:00:00.5+02:00")
  * into Unix microseconds. Lowercase t/z are allowed as RFC 3339 says; a
@@ -48,6 +43,18 @@ int read_json_body(json_t *o, struct api_body *ret, struct api_error *err);
  * result, or NULL after logging "could not <what>" and filling a 500 error. */
 PGresult *read_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params,
                     struct api_error *err);
+
+/* Parameter types for read_query_typed (PostgreSQL's pg_type OIDs). */
+#define READ_INT4        23
+#define READ_TEXT        25
+#define READ_TEXT_ARRAY  1009
+#define READ_TIMESTAMPTZ 1184
+
+/* read_query with the parameters' types given (n of them): a parameter typed
+ * timestamptz is parsed once when bound, where one sent as text and cast in
+ * the SQL is parsed again for every row a generic plan compares it with. */
+PGresult *read_query_typed(PGconn *db, const char *what, const char *sql, int n, const Oid *types,
+                           const char *const *params, struct api_error *err);
 
 /* A bigint or numeric column value as an int64 (the column must hold an integer). */
 int64_t read_int64(const PGresult *res, int row, int col);

@@ -139,18 +139,6 @@ int reply_json(struct api_reply *out, int status, json_t *json)
         return 0;
 }
 
-int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
-{
-        err->status = status;
-        snprintf(err->code, sizeof(err->code), "%s", code);
-        snprintf(err->field, sizeof(err->field), "%s", field ? field : "");
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-        return status >= 500 ? -EIO : -EINVAL;
-}
-
 int body_check_fields(json_t *body, const char *const *allowed, struct api_error *err)
 {
         if (!body)
@@ -339,12 +327,7 @@ static int h_metrics(struct api_req *r, struct api_reply *out, struct api_error 
         return 0;
 }
 
-static __attribute__((unused)) int not_built(struct api_error *err, const char *what)
-{
-        return api_fail(err, 501, "not_implemented", NULL, "%s is not built into this tally-api", what);
-}
-
-static __attribute__((unused)) int from_body(struct api_reply *out, struct api_body *b)
+static int from_body(struct api_reply *out, struct api_body *b)
 {
         out->status = 200;
         out->body = b->data;
@@ -355,59 +338,36 @@ static __attribute__((unused)) int from_body(struct api_reply *out, struct api_b
 
 static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
-#ifdef TALLY_API_HAVE_USAGE
         const char *accept = req_header(r, "Accept");
         bool csv = accept && strstr(accept, "text/csv");
         struct api_body b = { 0 };
         int rc = api_usage(req_db(r), &r->caller, req_param, r, csv, &b, err);
         return rc < 0 ? rc : from_body(out, &b);
-#else
-        (void)r;
-        (void)out;
-        return not_built(err, "GET /v1/usage");
-#endif
 }
 
 static int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
-#ifdef TALLY_API_HAVE_SPEND
         struct api_body b = { 0 };
         int rc = api_spend(req_db(r), &r->caller, req_param, r, &b, err);
         return rc < 0 ? rc : from_body(out, &b);
-#else
-        (void)r;
-        (void)out;
-        return not_built(err, "GET /v1/spend");
-#endif
 }
 
 static int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
-#ifdef TALLY_API_HAVE_ALERTS
         struct api_body b = { 0 };
         int rc = api_alerts(req_db(r), &r->caller, req_param, r, &b, err);
         return rc < 0 ? rc : from_body(out, &b);
-#else
-        (void)r;
-        (void)out;
-        return not_built(err, "GET /v1/alerts");
-#endif
 }
 
 static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         (void)r;
-#ifdef TALLY_API_HAVE_OPENAPI
         const char *doc = api_openapi_json();
         out->status = 200;
         out->body = strdup(doc);
         out->len = out->body ? strlen(out->body) : 0;
         out->content_type = "application/json";
         return out->body ? 0 : api_fail(err, 500, "internal", NULL, "out of memory");
-#else
-        (void)out;
-        return not_built(err, "GET /v1/openapi.json");
-#endif
 }
 
 /* ---- dispatch ---- */

@@ -92,9 +92,6 @@ const struct api_config *req_config(struct api_req *r);
 
 /* Fills out with json (stolen) as the body. Returns 0. */
 int reply_json(struct api_reply *out, int status, json_t *json);
-/* Fills err and returns -EINVAL (4xx) or -EIO (5xx). field may be NULL. */
-int api_fail(struct api_error *err, int status, const char *code, const char *field, const char *fmt, ...)
-        __attribute__((format(printf, 5, 6)));
 /* Refuses a body field that is not in allowed (NULL-terminated). Returns 0 or api_fail. */
 int body_check_fields(json_t *body, const char *const *allowed, struct api_error *err);
 /* Runs a parameterized statement (text parameters); returns the result when
@@ -131,6 +128,8 @@ bool password_verify(const char *password, const char *stored);
  * 0 (caller filled), or api_fail with 401. For a session, *ret_csrf_hash gets
  * the CSRF token's hash (65 bytes). */
 int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err);
+/* Forgets a key's cached verification (call after revoking it). */
+void auth_cache_forget_key(const char *key);
 /* Whether the sign-in attempts of this email or address are over the limit;
  * *ret_retry_s how long until they are not. */
 bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s);

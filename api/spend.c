@@ -15,54 +15,90 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* L = lcm of the three meters' base units per billing unit (docs/billing.md):
  * vCPU-hour 3.6e15/1e3 = 3,600e9 CPU-ns; GiB-hour 2^30 x 3,600e9 byte-ns;
  * GB-month 1e9 x 2,592,000e9 byte-ns. A window's rated sums over L are its
  * exact cost: L/B_cpu = 94371840000000000, L/B_mem = 87890625, L/B_storage = 131072. */
-#define SPEND_SQL                                                                                                   \
-        "WITH w AS (SELECT t, (t AT TIME ZONE 'UTC')::date AS day,"                                                 \
-        "                  CASE WHEN t - date_trunc('hour', t, 'UTC') >= interval '15 minutes'"                     \
-        "                       THEN date_trunc('hour', t, 'UTC')"                                                   \
-        "                       ELSE date_trunc('hour', t, 'UTC') - interval '1 hour' END AS ws"                     \
-        "             FROM (SELECT now() AS t) n),"                                                                  \
-        " k AS (SELECT a.id, a.name, a.revoked_at, a.daily_limit_nanodollars, a.limit_policy FROM api_keys a, w"    \
-        "        WHERE a.account_id = $1 AND ($2::text IS NULL OR a.id = $2::text)"                                 \
-        "          AND ($3::text IS NULL OR a.id COLLATE \"C\" > $3::text COLLATE \"C\")"                            \
-        "          AND (a.revoked_at IS NULL OR EXISTS (SELECT 1 FROM spend_daily d"                                 \
-        "                WHERE d.key_id = a.id AND d.account_id = $1 AND d.day = w.day))"                            \
-        "        ORDER BY a.id COLLATE \"C\" LIMIT $4::int),"                                                        \
-        " s AS (SELECT k.*, w.t, w.day, w.ws, coalesce(d.nanodollars, 0) AS spend, key_blocked(k.id, w.t) AS blocked," \
-        "              (extract(epoch FROM w.t - w.ws) * 1000000)::bigint AS window_us,"                             \
-        "              coalesce(b.n, 0) AS n"                                                                         \
-        "         FROM k CROSS JOIN w"                                                                               \
-        "         LEFT JOIN spend_daily d ON d.key_id = k.id AND d.account_id = $1 AND d.day = w.day"               \
-        "         LEFT JOIN LATERAL ("                                                                               \
-        "              SELECT sum(h.cpu_rated * 94371840000000000 + h.memory_rated * 87890625"                       \
-        "                         + h.storage_rated * 131072) AS n"                                                  \
-        "                FROM usage_key_hourly h"                                                                    \
-        "               WHERE h.account_id = $1 AND h.key_id = k.id AND h.hour >= w.ws AND h.hour <= w.t) b ON true),"  \
-        " r AS (SELECT s.*, CASE WHEN window_us > 0"                                                                 \
-        "                        THEN div(2 * n * 3600000000 + 339738624000000000000000000000 * window_us,"         \
-        "                                 2 * 339738624000000000000000000000 * window_us) ELSE 0 END AS burn"       \
-        "         FROM s)"                                                                                           \
-        " SELECT r.id, r.name, r.revoked_at IS NOT NULL, r.spend, div(2 * spend + 10000000, 20000000),"                     \
-        "        daily_limit_nanodollars, limit_policy, blocked, burn,"                                              \
-        "        CASE WHEN daily_limit_nanodollars IS NOT NULL AND spend < daily_limit_nanodollars AND burn > 0"     \
-        "             THEN to_char((r.t + div((daily_limit_nanodollars - spend)::numeric * 3600 + burn - 1, burn)"     \
-        "                              * interval '1 second') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')" \
-        "        END,"                                                                                               \
-        "        CASE WHEN daily_limit_nanodollars IS NOT NULL"                                                      \
-        "             THEN greatest(daily_limit_nanodollars - spend, 0) END,"                                        \
-        "        w.day::text, to_char(w.t AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"                     \
-        "        to_char(w.ws AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"                                  \
-        "        daily_limit_nanodollars IS NOT NULL AND spend >= daily_limit_nanodollars"                           \
-        "   FROM w LEFT JOIN r ON true ORDER BY r.id COLLATE \"C\""
+#define SPEND_SQL(KEY_FILTER, ORDER, OUTER_ORDER)                                                                    \
+        "SELECT k.id, k.name, k.revoked, k.spend, div(2 * k.spend + 10000000, 20000000), k.lim, k.policy, k.blocked," \
+        "       k.burn, w.day::text, (extract(epoch FROM w.t) * 1000000)::bigint,"                                    \
+        "       (extract(epoch FROM w.ws) * 1000000)::bigint"                                                         \
+        "  FROM (SELECT t, day, ws, (extract(epoch FROM t - ws) * 1000000)::bigint AS window_us"                      \
+        "          FROM (SELECT t, (t AT TIME ZONE 'UTC')::date AS day,"                                               \
+        "                       CASE WHEN t - date_trunc('hour', t, 'UTC') >= interval '15 minutes'"                  \
+        "                            THEN date_trunc('hour', t, 'UTC')"                                                \
+        "                            ELSE date_trunc('hour', t, 'UTC') - interval '1 hour' END AS ws"                  \
+        "                  FROM (SELECT now() AS t) n) n2) w"                                                         \
+        "  LEFT JOIN LATERAL ("                                                                                       \
+        "       SELECT a.id, a.name, a.revoked_at IS NOT NULL AS revoked, coalesce(d.nanodollars, 0) AS spend,"        \
+        "              a.daily_limit_nanodollars AS lim, a.limit_policy AS policy,"                                     \
+        /* key_blocked(a.id, w.t) of sql/002 written out: a SQL function call is parsed on every call */            \
+        "              EXISTS (SELECT 1 FROM key_blocks b WHERE b.key_id = a.id AND b.day = w.day) AS blocked,"        \
+        "              (SELECT CASE WHEN w.window_us > 0"                                                               \
+        "                           THEN div(2 * coalesce(sum(h.cpu_rated * 94371840000000000"                          \
+        "                                                     + h.memory_rated * 87890625"                              \
+        "                                                     + h.storage_rated * 131072), 0) * 3600000000"            \
+        "                                    + 339738624000000000000000000000 * w.window_us,"                           \
+        "                                    2 * 339738624000000000000000000000 * w.window_us) ELSE 0 END"              \
+        "                 FROM usage_key_hourly h"                                                                      \
+        "                WHERE h.account_id = $1 AND h.key_id = a.id AND h.hour >= w.ws AND h.hour <= w.t) AS burn"   \
+        "         FROM api_keys a"                                                                                     \
+        "         LEFT JOIN spend_daily d ON d.key_id = a.id AND d.day = w.day AND d.account_id = $1"                  \
+        "        WHERE a.account_id = $1 AND " KEY_FILTER                                                              \
+        "          AND ($3::text IS NULL OR a.id COLLATE \"C\" > $3::text COLLATE \"C\")"                                 \
+        "          AND (a.revoked_at IS NULL OR d.key_id IS NOT NULL)" ORDER ") k ON true" OUTER_ORDER
+
+/* Two texts, each planned once per connection with a plan fit for it: an
+ * API key reads its own row by primary key (at most one row: nothing to sort
+ * or cut), a person the account's keys in pages. */
+static const char spend_sql_key[] = SPEND_SQL("a.id = $2::text", "", "");
+static const char spend_sql_account[] = SPEND_SQL("$2::text IS NULL", " ORDER BY a.id COLLATE \"C\" LIMIT $4::int",
+                                                  " ORDER BY k.id COLLATE \"C\"");
 
 enum {
         COL_ID, COL_NAME, COL_REVOKED, COL_SPEND, COL_SPEND_CENTS, COL_LIMIT, COL_POLICY, COL_BLOCKED, COL_BURN,
-        COL_ETA, COL_REMAINING, COL_DAY, COL_AS_OF, COL_WINDOW, COL_REACHED
+        COL_DAY, COL_AS_OF_US, COL_WINDOW_US
 };
+
+/* The last instant RFC 3339's four-digit years can name: 9999-12-31T23:59:59.999999Z. */
+#define TIME_MAX_US INT64_C(253402300799999999)
+
+/* us (Unix microseconds, 0 <= us <= TIME_MAX_US) as RFC 3339 in UTC, always
+ * with six decimals when micro is true, none otherwise. */
+static json_t *time_json(int64_t us, bool micro)
+{
+        time_t t = (time_t)(us / 1000000);
+        struct tm tm;
+        char buf[80];
+        gmtime_r(&t, &tm);
+        if (micro)
+                snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long long)(us % 1000000));
+        else
+                snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        return json_string(buf);
+}
+
+/* When the key reaches its limit at burn nano-dollars an hour: as_of +
+ * ceil((limit - spend) x 3,600 / burn) seconds, in exact integers; null when
+ * there is no limit, it is reached, nothing burns, or the instant is past
+ * year 9999. */
+static json_t *reaches_at(const PGresult *res, int row, int64_t as_of_us)
+{
+        if (PQgetisnull(res, row, COL_LIMIT))
+                return json_null();
+        int64_t lim = read_int64(res, row, COL_LIMIT), spend = read_int64(res, row, COL_SPEND);
+        int64_t burn = read_int64(res, row, COL_BURN);
+        if (spend >= lim || burn <= 0)
+                return json_null();
+        unsigned __int128 secs = ((unsigned __int128)(uint64_t)(lim - spend) * 3600 + (uint64_t)burn - 1) / (uint64_t)burn;
+        if (secs > (unsigned __int128)(TIME_MAX_US - as_of_us) / 1000000)
+                return json_null();
+        return time_json(as_of_us + (int64_t)secs * 1000000, true);
+}
 
 static json_t *int_or_null(const PGresult *res, int row, int col)
 {
@@ -84,14 +120,14 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                     strcmp(json_string_value(json_array_get(cur, 0)), "s1") != 0 ||
                     !json_is_string(json_array_get(cur, 1))) {
                         json_decref(cur);
-                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
                 }
                 after = json_string_value(json_array_get(cur, 1));
         }
         char lim[16];
         snprintf(lim, sizeof(lim), "%d", limit + 1);
         const char *params[] = { c->account, c->key[0] ? c->key : NULL, after, lim };
-        PGresult *res = read_query(db, "spend", SPEND_SQL, 4, params, err);
+        PGresult *res = read_query(db, "spend", c->key[0] ? spend_sql_key : spend_sql_account, 4, params, err);
         if (!res) {
                 json_decref(cur);
                 return -EIO;
@@ -101,21 +137,24 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         bool more = rows > limit;
         if (more)
                 rows = limit;
+        int64_t as_of_us = PQntuples(res) > 0 ? read_int64(res, 0, COL_AS_OF_US) : 0;
         json_t *data = json_array();
         for (int i = 0; i < rows; i++) {
-                json_t *eta = PQgetisnull(res, i, COL_ETA) ? json_null() : json_string(PQgetvalue(res, i, COL_ETA));
+                bool has_limit = !PQgetisnull(res, i, COL_LIMIT);
+                int64_t spend = read_int64(res, i, COL_SPEND), cap = has_limit ? read_int64(res, i, COL_LIMIT) : 0;
                 json_array_append_new(
                         data,
                         json_pack("{s:s, s:s, s:b, s:I, s:I, s:o, s:s, s:o, s:b, s:b, s:I, s:o}", "key",
                                   PQgetvalue(res, i, COL_ID), "name", PQgetvalue(res, i, COL_NAME), "revoked",
-                                  PQgetvalue(res, i, COL_REVOKED)[0] == 't', "spend_nanodollars",
-                                  (json_int_t)read_int64(res, i, COL_SPEND), "spend_cents",
-                                  (json_int_t)read_int64(res, i, COL_SPEND_CENTS), "limit_nanodollars",
+                                  PQgetvalue(res, i, COL_REVOKED)[0] == 't', "spend_nanodollars", (json_int_t)spend,
+                                  "spend_cents", (json_int_t)read_int64(res, i, COL_SPEND_CENTS), "limit_nanodollars",
                                   int_or_null(res, i, COL_LIMIT), "limit_policy", PQgetvalue(res, i, COL_POLICY),
-                                  "remaining_nanodollars", int_or_null(res, i, COL_REMAINING), "limit_reached",
-                                  PQgetvalue(res, i, COL_REACHED)[0] == 't', "blocked",
+                                  "remaining_nanodollars",
+                                  has_limit ? json_integer((json_int_t)(spend < cap ? cap - spend : 0)) : json_null(),
+                                  "limit_reached", has_limit && spend >= cap, "blocked",
                                   PQgetvalue(res, i, COL_BLOCKED)[0] == 't', "burn_rate_nanodollars_per_hour",
-                                  (json_int_t)read_int64(res, i, COL_BURN), "reaches_limit_at", eta));
+                                  (json_int_t)read_int64(res, i, COL_BURN), "reaches_limit_at",
+                                  reaches_at(res, i, as_of_us)));
         }
         json_t *next = json_null();
         if (more && rows > 0) {
@@ -136,8 +175,8 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 json_decref(as_of);
                 json_decref(window);
                 day = json_string(PQgetvalue(res, 0, COL_DAY));
-                as_of = json_string(PQgetvalue(res, 0, COL_AS_OF));
-                window = json_string(PQgetvalue(res, 0, COL_WINDOW));
+                as_of = time_json(as_of_us, true);
+                window = time_json(read_int64(res, 0, COL_WINDOW_US), false);
         }
         PQclear(res);
         json_decref(cur);

@@ -14,8 +14,10 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define GROUP_MAX     4
 #define LABEL_NAME_MAX 63
@@ -42,12 +44,12 @@ static int parse_time(api_param_fn get, void *ctx, const char *name, int64_t *us
 {
         const char *s = get(ctx, name);
         if (!s || !*s)
-                return read_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
+                return api_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
         if (read_time_parse(s, us) < 0)
-                return read_fail(err, 400, "invalid_field", name,
+                return api_fail(err, 400, "invalid_field", name,
                                 "%s must be an RFC 3339 time such as 2026-11-01T00:00:00Z (encode + as %%2B)", name);
         if (*us % (INT64_C(3600) * 1000000) != 0)
-                return read_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
+                return api_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
         read_time_format(text, size, *us);
         return 0;
 }
@@ -61,7 +63,7 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                 const char *e = strchr(p, ',');
                 size_t n = e ? (size_t)(e - p) : strlen(p);
                 if (q->ndims == GROUP_MAX)
-                        return read_fail(err, 400, "invalid_field", "group_by", "group_by takes at most %d dimensions",
+                        return api_fail(err, 400, "invalid_field", "group_by", "group_by takes at most %d dimensions",
                                         GROUP_MAX);
                 enum dim d;
                 if (n == 3 && !memcmp(p, "key", 3)) {
@@ -72,11 +74,11 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                         d = DIM_LABEL;
                         for (size_t i = 6; i < n; i++) {
                                 if ((unsigned char)p[i] < 0x21 || (unsigned char)p[i] > 0x7e)
-                                        return read_fail(err, 400, "invalid_field", "group_by",
+                                        return api_fail(err, 400, "invalid_field", "group_by",
                                                         "a label name in group_by is printable ASCII without spaces");
                         }
                 } else {
-                        return read_fail(err, 400, "invalid_field", "group_by",
+                        return api_fail(err, 400, "invalid_field", "group_by",
                                         "group_by is a comma-separated list of key, sandbox and label:NAME "
                                         "(NAME 1 to %d characters)",
                                         LABEL_NAME_MAX);
@@ -84,7 +86,7 @@ static int parse_group_by(struct usage_query *q, const char *s, struct api_error
                 snprintf(q->names[q->ndims], sizeof(q->names[0]), "%.*s", (int)n, p);
                 for (int i = 0; i < q->ndims; i++) {
                         if (!strcmp(q->names[i], q->names[q->ndims]))
-                                return read_fail(err, 400, "invalid_field", "group_by", "group_by names %s twice",
+                                return api_fail(err, 400, "invalid_field", "group_by", "group_by names %s twice",
                                                 q->names[i]);
                 }
                 q->dims[q->ndims++] = d;
@@ -111,7 +113,7 @@ static int parse_meters(struct usage_query *q, const char *s, struct api_error *
                                         found = i;
                         }
                         if (found < 0)
-                                return read_fail(err, 400, "invalid_field", "meter",
+                                return api_fail(err, 400, "invalid_field", "meter",
                                                 "meter is one or more of cpu, memory, storage");
                         want[found] = true;
                         if (!e)
@@ -137,9 +139,9 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
             (r = parse_time(get, ctx, "to", &q->to_us, q->to, sizeof(q->to), err)) < 0)
                 return r;
         if (q->to_us <= q->from_us)
-                return read_fail(err, 400, "invalid_field", "to", "to must be after from");
+                return api_fail(err, 400, "invalid_field", "to", "to must be after from");
         if (q->to_us - q->from_us > RANGE_MAX_US)
-                return read_fail(err, 400, "invalid_field", "to", "from and to may be at most 366 days apart");
+                return api_fail(err, 400, "invalid_field", "to", "from and to may be at most 366 days apart");
         const char *g = get(ctx, "granularity");
         if (!g || !strcmp(g, "day"))
                 q->granularity = "day";
@@ -148,7 +150,7 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
         else if (!strcmp(g, "month"))
                 q->granularity = "month";
         else
-                return read_fail(err, 400, "invalid_field", "granularity", "granularity is hour, day or month");
+                return api_fail(err, 400, "invalid_field", "granularity", "granularity is hour, day or month");
         if ((r = parse_group_by(q, get(ctx, "group_by"), err)) < 0 || (r = parse_meters(q, get(ctx, "meter"), err)) < 0)
                 return r;
         int n = snprintf(q->fingerprint, sizeof(q->fingerprint), "%s|%s|%s|%s|", q->from, q->to, q->granularity,
@@ -159,10 +161,10 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
         const char *cur = get(ctx, "cursor");
         if (csv) {
                 if (cur)
-                        return read_fail(err, 400, "invalid_field", "cursor",
+                        return api_fail(err, 400, "invalid_field", "cursor",
                                         "a CSV answer holds every row: narrow from and to instead of paging");
                 if (get(ctx, "limit"))
-                        return read_fail(err, 400, "invalid_field", "limit",
+                        return api_fail(err, 400, "invalid_field", "limit",
                                         "a CSV answer holds every row: narrow from and to instead of paging");
                 q->limit = CSV_ROWS_MAX;
                 return 0;
@@ -178,11 +180,11 @@ static int parse_query(struct usage_query *q, api_param_fn get, void *ctx, bool 
                         ok = json_is_string(json_array_get(a, i));
                 if (!ok) {
                         json_decref(a);
-                        return read_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
                 }
                 if (strcmp(json_string_value(json_array_get(a, 1)), q->fingerprint) != 0) {
                         json_decref(a);
-                        return read_fail(err, 400, "invalid_field", "cursor",
+                        return api_fail(err, 400, "invalid_field", "cursor",
                                         "cursor belongs to a query with other from, to, granularity, group_by "
                                         "or meter");
                 }
@@ -313,15 +315,13 @@ static void build_sql(const struct usage_query *q, struct sqlbuf *b)
         for (int i = 0; i < q->ndims; i++)
                 add(b, ", g%d", i);
         add(b, ", meter LIMIT $9::int)"
-               /* Column 0: the period's own start (the cursor's), 1-2: the row's
-                * bounds clipped to [from, to), 3: meter, 4: quantity in billing
-                * units to 9 decimals, 5: quantity in base units, 6: cost in
-                * nano-dollars, 7: in cents, 8...: the dimensions' sort keys. */
-               " SELECT to_char(period AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-               " to_char(greatest(period, $3::timestamptz) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-               " to_char(least((period AT TIME ZONE 'UTC') + ('1 ' || $5)::interval,"
-               "               $4::timestamptz AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-               " meter,"
+               /* Column 0: the period's start in Unix seconds (C makes its
+                * bounds and the cursor's text from it), 1: meter, 2: quantity
+                * in billing units to 9 decimals, 3: quantity in base units,
+                * 4: cost in nano-dollars, 5: in cents, 6...: the dimensions'
+                * sort keys. Formatting is left to C: to_char and interval
+                * arithmetic per row cost the database more than the sums. */
+               " SELECT extract(epoch FROM period)::bigint, meter,"
                " (div(2 * q * 1000000000 + base, 2 * base) * 0.000000001)::text,"
                " q::text,"
                " div(2 * rated + base, 2 * base)::text,"
@@ -332,6 +332,54 @@ static void build_sql(const struct usage_query *q, struct sqlbuf *b)
         for (int i = 0; i < q->ndims; i++)
                 add(b, ", g%d", i);
         add(b, ", meter");
+}
+
+enum { COL_PERIOD, COL_METER, COL_QUANTITY, COL_BASE, COL_COST, COL_CENTS, COL_DIMS };
+
+/* A row's bounds: its period [start, start + one granularity) clipped to the
+ * query's [from, to), as RFC 3339 text. */
+static void row_bounds(const struct usage_query *q, const PGresult *res, int row, char start[40], char end[40],
+                       char period[40])
+{
+        int64_t p = read_int64(res, row, COL_PERIOD) * 1000000, next;
+        if (!strcmp(q->granularity, "hour")) {
+                next = p + INT64_C(3600) * 1000000;
+        } else if (!strcmp(q->granularity, "day")) {
+                next = p + INT64_C(86400) * 1000000;
+        } else {
+                time_t t = (time_t)(p / 1000000);
+                struct tm tm;
+                gmtime_r(&t, &tm);
+                tm.tm_mon++; /* timegm carries into the next year */
+                next = (int64_t)timegm(&tm) * 1000000;
+        }
+        if (period)
+                read_time_format(period, 40, p);
+        read_time_format(start, 40, p > q->from_us ? p : q->from_us);
+        read_time_format(end, 40, next < q->to_us ? next : q->to_us);
+}
+
+/* A JSON string (quoted, escaped as RFC 8259 says) onto f. The database's
+ * text is valid UTF-8, so bytes from 0x20 up pass as they are. */
+static void json_put(FILE *f, const char *s)
+{
+        /* the bytes to escape: '"', '\\' and the controls 0x01-0x1f */
+        static const char special[] = "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f"
+                                      "\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f";
+        fputc('"', f);
+        for (;;) {
+                size_t n = strcspn(s, special);
+                fwrite(s, 1, n, f);
+                s += n;
+                if (!*s)
+                        break;
+                unsigned char c = (unsigned char)*s++;
+                if (c == '"' || c == '\\')
+                        fprintf(f, "\\%c", c);
+                else
+                        fprintf(f, "\\u%04x", c);
+        }
+        fputc('"', f);
 }
 
 static const char *unit_of(const char *meter)
@@ -364,24 +412,26 @@ static int render_csv(const struct usage_query *q, PGresult *res, int rows, stru
                 csv_field(&c, tail[i]);
         csv_end_record(&c);
         for (int r = 0; r < rows; r++) {
-                const char *meter = PQgetvalue(res, r, 3);
-                csv_field(&c, PQgetvalue(res, r, 1));
-                csv_field(&c, PQgetvalue(res, r, 2));
+                const char *meter = PQgetvalue(res, r, COL_METER);
+                char start[40], end[40];
+                row_bounds(q, res, r, start, end, NULL);
+                csv_field(&c, start);
+                csv_field(&c, end);
                 for (int i = 0; i < q->ndims; i++)
-                        csv_field(&c, dim_value(PQgetvalue(res, r, 8 + i)));
+                        csv_field(&c, dim_value(PQgetvalue(res, r, COL_DIMS + i)));
                 csv_field(&c, meter);
                 csv_field(&c, unit_of(meter));
-                csv_field(&c, PQgetvalue(res, r, 4));
-                csv_field(&c, PQgetvalue(res, r, 5));
+                csv_field(&c, PQgetvalue(res, r, COL_QUANTITY));
+                csv_field(&c, PQgetvalue(res, r, COL_BASE));
                 csv_field(&c, base_unit_of(meter));
-                csv_field(&c, PQgetvalue(res, r, 6));
-                csv_field(&c, PQgetvalue(res, r, 7));
+                csv_field(&c, PQgetvalue(res, r, COL_COST));
+                csv_field(&c, PQgetvalue(res, r, COL_CENTS));
                 csv_end_record(&c);
         }
         size_t len;
         char *text = csv_take(&c, &len);
         if (!text) {
-                read_fail(err, 500, "internal", "", "could not make the answer");
+                api_fail(err, 500, "internal", "", "could not make the answer");
                 return -ENOMEM;
         }
         ret->data = text;
@@ -390,46 +440,89 @@ static int render_csv(const struct usage_query *q, PGresult *res, int rows, stru
         return 0;
 }
 
+/* The JSON page, written straight out (a page of 1,000 rows through jansson's
+ * objects cost more than the query): the same document, keys in this order,
+ * as docs/api-usage.md shows. */
 static int render_json(const struct usage_query *q, PGresult *res, int rows, bool more, struct api_body *ret,
                        struct api_error *err)
 {
-        json_t *data = json_array();
-        for (int r = 0; r < rows; r++) {
-                const char *meter = PQgetvalue(res, r, 3);
-                json_t *group = json_object();
-                for (int i = 0; i < q->ndims; i++) {
-                        const char *v = dim_value(PQgetvalue(res, r, 8 + i));
-                        json_object_set_new(group, q->names[i], v ? json_string(v) : json_null());
-                }
-                json_array_append_new(
-                        data, json_pack("{s:s, s:s, s:o, s:s, s:s, s:s, s:s, s:s, s:I, s:I}", "period_start",
-                                        PQgetvalue(res, r, 1), "period_end", PQgetvalue(res, r, 2), "group", group,
-                                        "meter", meter, "unit", unit_of(meter), "quantity", PQgetvalue(res, r, 4),
-                                        "quantity_base", PQgetvalue(res, r, 5), "base_unit", base_unit_of(meter),
-                                        "cost_nanodollars", (json_int_t)read_int64(res, r, 6), "cost_cents",
-                                        (json_int_t)read_int64(res, r, 7)));
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (!f)
+                return api_fail(err, 500, "internal", "", "could not make the answer");
+        __fsetlocking(f, FSETLOCKING_BYCALLER); /* one thread writes it: no lock per call */
+        fputs("{\"from\":", f);
+        json_put(f, q->from);
+        fputs(",\"to\":", f);
+        json_put(f, q->to);
+        fputs(",\"granularity\":", f);
+        json_put(f, q->granularity);
+        fputs(",\"group_by\":[", f);
+        for (int i = 0; i < q->ndims; i++) {
+                if (i)
+                        fputc(',', f);
+                json_put(f, q->names[i]);
         }
-        json_t *next = json_null();
+        fputs("],\"data\":[", f);
+        char last_period[40] = "";
+        for (int r = 0; r < rows; r++) {
+                const char *meter = PQgetvalue(res, r, COL_METER);
+                char start[40], end[40];
+                row_bounds(q, res, r, start, end, r == rows - 1 ? last_period : NULL);
+                fputs(r ? ",{\"period_start\":" : "{\"period_start\":", f);
+                json_put(f, start);
+                fputs(",\"period_end\":", f);
+                json_put(f, end);
+                fputs(",\"group\":{", f);
+                for (int i = 0; i < q->ndims; i++) {
+                        const char *v = dim_value(PQgetvalue(res, r, COL_DIMS + i));
+                        if (i)
+                                fputc(',', f);
+                        json_put(f, q->names[i]);
+                        fputc(':', f);
+                        if (v)
+                                json_put(f, v);
+                        else
+                                fputs("null", f);
+                }
+                fputs("},\"meter\":", f);
+                json_put(f, meter);
+                fputs(",\"unit\":", f);
+                json_put(f, unit_of(meter));
+                fputs(",\"quantity\":", f);
+                json_put(f, PQgetvalue(res, r, COL_QUANTITY));
+                fputs(",\"quantity_base\":", f);
+                json_put(f, PQgetvalue(res, r, COL_BASE));
+                fputs(",\"base_unit\":", f);
+                json_put(f, base_unit_of(meter));
+                fprintf(f, ",\"cost_nanodollars\":%lld,\"cost_cents\":%lld}", (long long)read_int64(res, r, COL_COST),
+                        (long long)read_int64(res, r, COL_CENTS));
+        }
+        fputs("],\"next_cursor\":", f);
+        char *c = NULL;
         if (more && rows > 0) {
                 int last = rows - 1;
-                json_t *a = json_pack("[s, s, s, s]", "u1", q->fingerprint, PQgetvalue(res, last, 0),
-                                      PQgetvalue(res, last, 3));
+                json_t *a = json_pack("[s, s, s, s]", "u1", q->fingerprint, last_period, PQgetvalue(res, last, COL_METER));
                 for (int i = 0; i < q->ndims; i++)
-                        json_array_append_new(a, json_string(PQgetvalue(res, last, 8 + i)));
-                char *c = read_cursor_encode(a);
+                        json_array_append_new(a, json_string(PQgetvalue(res, last, COL_DIMS + i)));
+                c = read_cursor_encode(a);
                 json_decref(a);
-                if (c) {
-                        json_decref(next);
-                        next = json_string(c);
-                        free(c);
-                }
         }
-        json_t *groups = json_array();
-        for (int i = 0; i < q->ndims; i++)
-                json_array_append_new(groups, json_string(q->names[i]));
-        return read_json_body(json_pack("{s:s, s:s, s:s, s:o, s:o, s:o}", "from", q->from, "to", q->to, "granularity",
-                                       q->granularity, "group_by", groups, "data", data, "next_cursor", next),
-                             ret, err);
+        if (c)
+                json_put(f, c);
+        else
+                fputs("null", f);
+        free(c);
+        fputc('}', f);
+        if (fclose(f) != 0 || !buf) {
+                free(buf);
+                return api_fail(err, 500, "internal", "", "could not make the answer");
+        }
+        ret->data = buf;
+        ret->len = len;
+        ret->content_type = "application/json";
+        return 0;
 }
 
 int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ctx, bool csv, struct api_body *ret,
@@ -438,7 +531,7 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         /* CSV is asked for by the server (Accept: text/csv) or by csv=true. */
         const char *cp = get(ctx, "csv");
         if (cp && strcmp(cp, "true") != 0 && strcmp(cp, "false") != 0)
-                return read_fail(err, 400, "invalid_field", "csv", "csv is true or false");
+                return api_fail(err, 400, "invalid_field", "csv", "csv is true or false");
         csv = csv || (cp && !strcmp(cp, "true"));
         struct usage_query q = { 0 };
         int r = parse_query(&q, get, ctx, csv, err);
@@ -463,7 +556,13 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 params[9 + 2 * i] = q.cursor ? json_string_value(json_array_get(q.cursor, 4 + (size_t)i)) : NULL;
                 params[10 + 2 * i] = q.dims[i] == DIM_LABEL ? q.names[i] + 6 : NULL;
         }
-        PGresult *res = read_query(db, "usage", b.s, 9 + 2 * q.ndims, params, err);
+        /* Typed, so that from, to and the cursor's period are parsed once, not
+         * once per row compared (a generic plan keeps their casts per row). */
+        Oid types[10 + 2 * GROUP_MAX] = { READ_TEXT, READ_TEXT, READ_TIMESTAMPTZ, READ_TIMESTAMPTZ, READ_TEXT,
+                                          READ_TEXT_ARRAY, READ_TIMESTAMPTZ, READ_TEXT, READ_INT4 };
+        for (int i = 9; i < 9 + 2 * q.ndims; i++)
+                types[i] = READ_TEXT;
+        PGresult *res = read_query_typed(db, "usage", b.s, 9 + 2 * q.ndims, types, params, err);
         if (!res) {
                 json_decref(q.cursor);
                 return -EIO;
@@ -473,7 +572,7 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         if (more)
                 rows = q.limit;
         if (csv && more)
-                r = read_fail(err, 422, "too_many_rows", "to",
+                r = api_fail(err, 422, "too_many_rows", "to",
                              "more than %d rows: narrow from and to, or use JSON pages", CSV_ROWS_MAX);
         else if (csv)
                 r = render_csv(&q, res, rows, ret, err);

@@ -9,7 +9,11 @@
 #  - over HTTP: wrk (Debian's) against a real tally-api, each route for DURATION
 #      seconds with CONNECTIONS connections: /v1/spend, /v1/usage (the month by
 #      day) and a static route of the same daemon (STATIC, default
-#      /v1/openapi.json: no database) as the ceiling. Requests/s and p99 each.
+#      /v1/openapi.json: no database) as the ceiling. Requests/s and p99 each,
+#      and the CPU time each request cost tally-api and PostgreSQL (from
+#      /proc: utime + stime over the run / requests) — the figure that does not
+#      move with the other jobs on the machine, where requests/s and p99 do.
+# The load average is printed at the start and the end.
 # Without a tally-api binary in the build, the HTTP figures are null and say so.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
@@ -22,6 +26,7 @@ THREADS=${THREADS:-2}
 STATIC=${STATIC:-/v1/openapi.json}
 CALLS=${CALLS:-200}
 ensure_packages wrk
+LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 WORK=$(mktemp -d /tmp/tally-bench-api.XXXXXX)
 API_PID=
 cleanup() {
@@ -65,12 +70,26 @@ IP_USAGE=$("$BENCH" "$DB" bench-acct bench-key usage "$CALLS" "$USAGE_QS")
 IP_SPEND=$("$BENCH" "$DB" bench-acct bench-key spend "$((CALLS * 10))" "")
 field() { sed -n "s/^$2=//p" <<<"$1"; }
 
+# CPU clock ticks (utime + stime) of the given pids, and of PostgreSQL's
+# processes: the postmaster, its children alive now, and the children it reaped.
+ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done; echo "$t"; }
+pg_ticks() {
+  local pm; pm=$(head -1 "$WORK/pg/data/postmaster.pid")
+  echo $(( $(ticks $(pgrep -P "$pm")) + $(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat") ))
+}
+HZ=$(getconf CLK_TCK)
+# microseconds per request from ticks over n requests, one decimal
+us_per() { awk -v t="$1" -v n="$2" -v hz="$HZ" 'BEGIN { printf "%.1f", (n > 0 ? t * 1000000 / hz / n : 0) }'; }
+
 # wrk's "Requests/sec:" and its 99% latency (us, ms or s) in milliseconds.
-wrk_run() { # PATH -> "RPS P99_MS NON2XX"
-  local out
+wrk_run() { # PATH -> "RPS P99_MS NON2XX API_CPU_US PG_CPU_US"
+  local out a0 p0 a1 p1 n
+  a0=$(ticks "$API_PID"); p0=$(pg_ticks)
   out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency -H "Authorization: Bearer $SECRET" \
         "http://127.0.0.1:$PORT$1")
+  a1=$(ticks "$API_PID"); p1=$(pg_ticks)
   printf '%s\n' "$out" >>"$WORK/wrk.txt"
+  n=$(awk '/requests in/ { print $1 }' <<<"$out")
   # The distribution behind the p99, for the reader (stderr).
   say "  $1: $(awk '/^Requests\/sec:/ { r = $2 } $1 ~ /^(50|75|90|99)%$/ { d = d " p" $1 "=" $2 } END { print r " req/s" d }' <<<"$out")"
   local rps p99 bad
@@ -78,7 +97,7 @@ wrk_run() { # PATH -> "RPS P99_MS NON2XX"
   p99=$(awk '$1 == "99%" { v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
                if (u == "us") v /= 1000; else if (u == "s") v *= 1000; printf "%.2f", v }' <<<"$out")
   bad=$(awk '/Non-2xx or 3xx responses:/ { print $NF }' <<<"$out")
-  echo "$rps $p99 ${bad:-0}"
+  echo "$rps $p99 ${bad:-0} $(us_per $((a1 - a0)) "$n") $(us_per $((p1 - p0)) "$n")"
 }
 
 HTTP=false
@@ -101,15 +120,16 @@ if [ -x "$API" ]; then
   code=$(curl -s -o "$WORK/spend.json" -w '%{http_code}' -H "Authorization: Bearer $SECRET" "http://127.0.0.1:$PORT/v1/spend")
   [ "$code" = 200 ] || die "GET /v1/spend answered $code: $(head -c 300 "$WORK/spend.json")"
   say "over HTTP: wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s, one route at a time"
-  read -r S_RPS S_P99 S_BAD < <(wrk_run /v1/spend)
-  read -r U_RPS U_P99 U_BAD < <(wrk_run "/v1/usage?$USAGE_QS")
-  read -r T_RPS T_P99 T_BAD < <(wrk_run "$STATIC")
+  read -r S_RPS S_P99 S_BAD S_API S_PG < <(wrk_run /v1/spend)
+  read -r U_RPS U_P99 U_BAD U_API U_PG < <(wrk_run "/v1/usage?$USAGE_QS")
+  read -r T_RPS T_P99 T_BAD T_API T_PG < <(wrk_run "$STATIC")
   for b in "$S_BAD" "$U_BAD" "$T_BAD"; do
     [ "$b" = 0 ] || die "wrk saw $b answers that were not 2xx (see $WORK/wrk.txt)"
   done
 else
   say "no $API in this build: the HTTP figures are not measured"
   S_RPS=null S_P99=null U_RPS=null U_P99=null T_RPS=null T_P99=null
+  S_API=null S_PG=null U_API=null U_PG=null T_API=null T_PG=null
 fi
 
 printf '%-40s %12s   %s\n' "figure" "measured" "goal (issue 11)"
@@ -123,6 +143,11 @@ printf '%-40s %12s   %s\n' "GET /v1/usage requests/s (month by day)" "$U_RPS" "-
 printf '%-40s %12s   %s\n' "GET /v1/usage p99 (ms)" "$U_P99" "< 50"
 printf '%-40s %12s   %s\n' "GET $STATIC requests/s (ceiling)" "$T_RPS" "-"
 printf '%-40s %12s   %s\n' "GET $STATIC p99 (ms)" "$T_P99" "-"
+printf '%-40s %12s   %s\n' "GET /v1/spend CPU us/request" "$S_API + $S_PG" "tally-api + PostgreSQL"
+printf '%-40s %12s   %s\n' "GET /v1/usage CPU us/request" "$U_API + $U_PG" "tally-api + PostgreSQL"
+printf '%-40s %12s   %s\n' "GET $STATIC CPU us/request" "$T_API + $T_PG" "tally-api + PostgreSQL"
+printf '%-40s %12s   %s\n' "load average, start -> end" "$LOAD0 -> $(cut -d' ' -f1 /proc/loadavg)" "(2 CPUs)"
 $HTTP || printf '%-40s %12s   %s\n' "HTTP figures" "" "NOT MEASURED: no tally-api in this build"
-printf '{"usage_rows": %s, "spend_rps": %s, "spend_p99_ms": %s, "usage_rps": %s, "usage_p99_ms": %s, "static_rps": %s, "static_p99_ms": %s, "inprocess_usage_p99_ms": %s, "inprocess_spend_p99_ms": %s}\n' \
-  "$ROWS" "$S_RPS" "$S_P99" "$U_RPS" "$U_P99" "$T_RPS" "$T_P99" "$(field "$IP_USAGE" p99_ms)" "$(field "$IP_SPEND" p99_ms)"
+printf '{"usage_rows": %s, "spend_rps": %s, "spend_p99_ms": %s, "usage_rps": %s, "usage_p99_ms": %s, "static_rps": %s, "static_p99_ms": %s, "inprocess_usage_p99_ms": %s, "inprocess_spend_p99_ms": %s, "spend_api_cpu_us": %s, "spend_pg_cpu_us": %s, "usage_api_cpu_us": %s, "usage_pg_cpu_us": %s, "static_api_cpu_us": %s, "load_avg_start": %s, "load_avg_end": %s}\n' \
+  "$ROWS" "$S_RPS" "$S_P99" "$U_RPS" "$U_P99" "$T_RPS" "$T_P99" "$(field "$IP_USAGE" p99_ms)" "$(field "$IP_SPEND" p99_ms)" \
+  "$S_API" "$S_PG" "$U_API" "$U_PG" "$T_API" "$LOAD0" "$(cut -d' ' -f1 /proc/loadavg)"
