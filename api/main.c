@@ -30,6 +30,9 @@ static const struct setting settings[] = {
         { "body_max_bytes", SETTING_INT, "1048576", false, C(body_max_bytes), 1, 67108864,
           "Largest request body; larger ones get 413" },
         { "db_pool_size", SETTING_INT, "8", false, C(db_pool_size), 1, 256, "PostgreSQL connections" },
+        { "statement_timeout_ms", SETTING_INT, "10000", false, C(statement_timeout_ms), 0, 3600000,
+          "A query running longer is cancelled and its request gets 503 (0: no bound): one caller's costly "
+          "query cannot hold the pool" },
         { "session_ttl_s", SETTING_INT, "43200", false, C(session_ttl_s), 60, 31536000,
           "How long a person's session lasts" },
         { "cookie_secure", SETTING_BOOL, "true", false, C(cookie_secure), 0, 0,

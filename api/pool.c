@@ -5,6 +5,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,23 @@ struct db_pool {
         int nfree;
         PGconn **conns; /* the free ones: conns[0..nfree) */
         uint64_t waits;
+        int64_t statement_timeout_ms;
 };
 
-int db_pool_new(const char *url, int size, struct db_pool **ret, char *err, size_t errlen)
+/* Bounds every statement of a connection (a new one, or one reset after a
+ * lost link: a reset starts a new session without it). */
+static void set_timeout(struct db_pool *p, PGconn *c)
+{
+        char sql[64];
+        snprintf(sql, sizeof(sql), "SET statement_timeout = %lld", (long long)p->statement_timeout_ms);
+        PGresult *res = PQexec(c, sql);
+        if (PQresultStatus(res) != PGRES_COMMAND_OK)
+                log_warn("could not bound statements", "error=\"%s\"", PQerrorMessage(c));
+        PQclear(res);
+}
+
+int db_pool_new(const char *url, int size, int64_t statement_timeout_ms, struct db_pool **ret, char *err,
+                size_t errlen)
 {
         struct db_pool *p = calloc(1, sizeof(*p));
         if (!p || !(p->conns = calloc((size_t)size, sizeof(PGconn *))) || !(p->url = strdup(url))) {
@@ -32,6 +47,7 @@ int db_pool_new(const char *url, int size, struct db_pool **ret, char *err, size
         pthread_mutex_init(&p->lock, NULL);
         pthread_cond_init(&p->freed, NULL);
         p->size = size;
+        p->statement_timeout_ms = statement_timeout_ms;
         for (int i = 0; i < size; i++) {
                 PGconn *c = PQconnectdb(url);
                 if (PQstatus(c) != CONNECTION_OK) {
@@ -40,6 +56,7 @@ int db_pool_new(const char *url, int size, struct db_pool **ret, char *err, size
                         db_pool_free(p);
                         return -ECONNREFUSED;
                 }
+                set_timeout(p, c);
                 p->conns[p->nfree++] = c;
         }
         *ret = p;
@@ -59,6 +76,8 @@ PGconn *db_pool_get(struct db_pool *p)
                 PQreset(c);
                 if (PQstatus(c) != CONNECTION_OK)
                         log_warn("could not reconnect to the database", "error=\"%s\"", PQerrorMessage(c));
+                else
+                        set_timeout(p, c);
         }
         return c;
 }

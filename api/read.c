@@ -216,8 +216,15 @@ PGresult *read_query_typed(PGconn *db, const char *what, const char *sql, int n,
         if (failed(res)) {
                 log_error("could not query", "what=%s error=%s", what,
                           res ? PQresultErrorMessage(res) : PQerrorMessage(db));
+                const char *code = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+                bool cancelled = code && strcmp(code, "57014") == 0; /* statement_timeout */
                 PQclear(res);
-                api_fail(err, 500, "internal", "", "could not read %s", what);
+                if (cancelled)
+                        api_fail(err, 503, "query_timeout", "",
+                                 "reading %s took longer than the server allows: ask for a shorter period or fewer groups",
+                                 what);
+                else
+                        api_fail(err, 500, "internal", "", "could not read %s", what);
                 return NULL;
         }
         return res;

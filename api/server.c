@@ -712,7 +712,8 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         pthread_cond_init(&s->wake, NULL);
         if ((r = vmm_hosts_init(cfg->vmm_sockets, err, errlen)) < 0)
                 goto fail;
-        if ((r = db_pool_new(cfg->database_url, (int)cfg->db_pool_size, &s->pool, err, errlen)) < 0)
+        if ((r = db_pool_new(cfg->database_url, (int)cfg->db_pool_size, cfg->statement_timeout_ms, &s->pool, err,
+                               errlen)) < 0)
                 goto fail;
         struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)cfg->port) };
         struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port) };

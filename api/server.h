@@ -22,6 +22,7 @@ struct api_config {
         int64_t connection_timeout_s;
         int64_t body_max_bytes;
         int64_t db_pool_size;
+        int64_t statement_timeout_ms;
         int64_t session_ttl_s;
         bool cookie_secure;
         int64_t rate_per_s;
@@ -35,7 +36,9 @@ struct api_config {
 /* ---- pool.c: a fixed set of libpq connections shared by the request threads ---- */
 struct db_pool;
 /* Opens size connections. Returns 0 and *ret, or a negative errno with err filled. */
-int db_pool_new(const char *url, int size, struct db_pool **ret, char *err, size_t errlen);
+/* statement_timeout_ms: every statement on the pool's connections is cancelled past it (0: none). */
+int db_pool_new(const char *url, int size, int64_t statement_timeout_ms, struct db_pool **ret, char *err,
+                size_t errlen);
 /* Waits for a free connection (reconnecting one that broke). Never NULL. */
 PGconn *db_pool_get(struct db_pool *p);
 /* Returns c; a connection left inside a transaction is rolled back first. */

@@ -759,6 +759,26 @@ static void test_rollups(void)
 
 /* ---- the OpenAPI document ---- */
 
+/* A query past the statement timeout (tally-api sets statement_timeout_ms on its pool) is a 503
+ * with code query_timeout, not a 500: the usage query waits on a lock another session holds. */
+static void test_query_timeout(const char *url)
+{
+        PGconn *other = PQconnectdb(url);
+        CHECK(PQstatus(other) == CONNECTION_OK, "connect: %s", PQerrorMessage(other));
+        PQclear(PQexec(other, "BEGIN; LOCK TABLE usage_hourly IN ACCESS EXCLUSIVE MODE"));
+        PQclear(PQexec(db, "SET statement_timeout = 300"));
+        struct api_caller pa = person("ar-a");
+        char *body = NULL;
+        struct api_error err;
+        int r = call(USAGE, &pa, MONTH "&granularity=day&group_by=sandbox", &body, &err);
+        CHECK(r != 0 && err.status == 503 && !strcmp(err.code, "query_timeout"),
+              "a usage query past statement_timeout: %d, status %d code %s", r, err.status, err.code);
+        free(body);
+        PQclear(PQexec(db, "SET statement_timeout = 0"));
+        PQclear(PQexec(other, "ROLLBACK"));
+        PQfinish(other);
+}
+
 static void test_openapi(void)
 {
         json_error_t e;
@@ -836,6 +856,7 @@ int main(void)
         test_spend();
         test_alerts();
         test_openapi();
+        test_query_timeout(url);
         test_rollups();
         PQfinish(db);
         test_db_drop(url);
