@@ -1143,11 +1143,13 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_fold = time_mono_ns();
         res = PQexec(a->db, apply_sql);
         r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_usage = time_mono_ns();
         res = PQexec(a->db, rate_sql);
         r = query_ok(a, res, PGRES_TUPLES_OK, "rate");
         for (int i = 0; r == 0 && i < PQntuples(res); i++) {
@@ -1159,6 +1161,7 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_rated = time_mono_ns();
         for (size_t i = 0; i < a->nevents; i++)
                 if ((r = apply_event(a, &a->events[i])) < 0)
                         goto rollback;
@@ -1242,10 +1245,12 @@ static int commit_batch(struct agg *a)
                 log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", fired, blocked);
         log_debug("batch committed",
                   "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
-                  " limits_ms=%" PRId64 " ms=%" PRId64,
+                  " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64
+                  " commit_ms=%" PRId64,
                   a->messages, rows, a->ndirty, a->nevents, a->ndead, (t_staged - t0) / NS_PER_MS,
                   (t_applied - t_staged) / NS_PER_MS, (t_limits - t_applied) / NS_PER_MS,
-                  (time_mono_ns() - t0) / NS_PER_MS);
+                  (time_mono_ns() - t0) / NS_PER_MS, (t_fold - t_staged) / NS_PER_MS, (t_usage - t_fold) / NS_PER_MS,
+                  (t_rated - t_usage) / NS_PER_MS, (now_mono - t_limits) / NS_PER_MS);
         batch_clear(a);
         free(t.buf);
         free(cmds);
@@ -1361,14 +1366,20 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
         PQclear(res);
         if (r < 0)
                 return r;
+        size_t sorted = a->nabsent; /* absent_has searches these while the new ones are added */
         for (size_t i = 0; i < n; i++) {
-                if (sandbox_find(a, ids[i]) || absent_has(a, ids[i]))
+                if (sandbox_find(a, ids[i]) ||
+                    (sorted && bsearch(ids[i], a->absent, sorted, sizeof(*a->absent), id_cmp)))
                         continue;
                 if (grow((void **)&a->absent, &a->capabsent, a->nabsent + 1, sizeof(*a->absent)) < 0)
                         return -ENOMEM;
                 memcpy(a->absent[a->nabsent++], ids[i], sizeof(*a->absent));
-                qsort(a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
         }
+        /* Sorted once (not after each id: with thousands of new sandboxes in
+         * a prefetch that was most of its time). ids may repeat (sandbox_add
+         * of one): the array stays a set for bsearch's purpose either way. */
+        if (a->nabsent > sorted)
+                qsort(a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
         return 0;
 }
 

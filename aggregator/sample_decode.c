@@ -25,6 +25,19 @@ static const char *const names[F_COUNT] = {
         [F_RUNNING] = "running_ns", [F_PAUSED] = "paused_ns",
 };
 
+/* strlen of each name, by the compiler */
+#define L(s) (sizeof(s) - 1)
+static const size_t lengths[F_COUNT] = {
+        [F_V] = L("v"), [F_TYPE] = L("type"), [F_HOST] = L("host"), [F_SANDBOX] = L("sandbox"),
+        [F_ACCOUNT] = L("account"), [F_KEY] = L("key"), [F_PARENT] = L("parent"), [F_STATE] = L("state"),
+        [F_FINAL] = L("final"), [F_EPOCH] = L("epoch"), [F_SEQ] = L("seq"), [F_WALL] = L("wall_ns"),
+        [F_MONO] = L("mono_ns"), [F_CPU] = L("cpu_ns"), [F_MEM] = L("mem_bytes"), [F_MEM_PEAK] = L("mem_peak_bytes"),
+        [F_MEM_SIZE] = L("mem_size_bytes"), [F_DISK] = L("disk_bytes"), [F_DISK_SIZE] = L("disk_size_bytes"),
+        [F_VCPUS] = L("vcpus"), [F_FORKS] = L("fork_count"), [F_RUNNING] = L("running_ns"),
+        [F_PAUSED] = L("paused_ns"),
+};
+#undef L
+
 static bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static const char *skip(const char *p, const char *end)
@@ -108,7 +121,7 @@ bool sample_decode_fast(const void *buf, size_t len, struct usage_event *ret)
                         return false;
                 int f = -1;
                 for (int i = 0; i < F_COUNT && f < 0; i++)
-                        if (is(k, kn, names[i]))
+                        if (lengths[i] == kn && memcmp(k, names[i], kn) == 0)
                                 f = i;
                 if (f < 0 || (named & (UINT32_C(1) << f)))
                         return false; /* unknown (labels, backend, ...) or repeated */
