@@ -1744,7 +1744,9 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 
 /* A batch of a consumer that is behind may grow past batch_ms, up to this
  * many times batch_ms (see the commit rule in aggregator_run). */
+#ifndef CATCHUP_BATCH_FACTOR
 #define CATCHUP_BATCH_FACTOR 10
+#endif
 
 /* Messages the broker holds beyond those taken, in the partitions owned: the
  * consumer's high watermarks as its last fetches saw them (no request to the

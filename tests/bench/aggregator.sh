@@ -10,7 +10,7 @@
 #                              with the group join included is printed too). Valid only when every
 #                              sample was billed and none was dropped: the broker's first offsets
 #                              are all 0 and no retention gap was recorded (offset_gaps)
-#  e2e_cpu_us_per_sample_*     where the time goes, whatever else runs on the machine: CPU time
+#  e2e_cpu_ns_per_sample_*     where the time goes, whatever else runs on the machine: CPU time
 #                              (user + system) of the aggregator, of PostgreSQL and of the broker
 #                              over the end-to-end phase, per sample; with the batches' count, size
 #                              and time, and the load average when it ran
@@ -104,7 +104,7 @@ broker_cpu() {
   fi
   echo $t
 }
-us_per_sample() { echo $(( $1 * 10000 / TOTAL )); } # CPU hundredths of a second over TOTAL samples -> µs
+ns_per_sample() { echo $(( $1 * 10000000 / TOTAL )); } # CPU hundredths of a second over TOTAL samples -> ns
 
 say "fold stage alone"
 FOLD=$("$BENCH" fold 20000000 | sed -n 's/^fold_samples_per_s_per_core=//p')
@@ -125,9 +125,9 @@ phases() {
   CPU_AGG=$(cpu_of $AGG_PID) CPU_PG=$(( $(pg_cpu) - PG0 )) CPU_BR=$(( $(broker_cpu) - BR0 ))
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
   E2E_LOAD="$E2E_LOAD..$(load1)"
-  CPU_JSON="$(us_per_sample $CPU_AGG), $(us_per_sample $CPU_PG), $(us_per_sample $CPU_BR)"
-  say "end to end: CPU per sample (µs): aggregator $(us_per_sample $CPU_AGG), PostgreSQL $(us_per_sample $CPU_PG)," \
-      "broker $(us_per_sample $CPU_BR); load average $E2E_LOAD over $(( (T1 - T0) / 1000000 )) ms"
+  CPU_JSON="$(ns_per_sample $CPU_AGG), $(ns_per_sample $CPU_PG), $(ns_per_sample $CPU_BR)"
+  say "end to end: CPU per sample (ns): aggregator $(ns_per_sample $CPU_AGG), PostgreSQL $(ns_per_sample $CPU_PG)," \
+      "broker $(ns_per_sample $CPU_BR); load average $E2E_LOAD over $(( (T1 - T0) / 1000000 )) ms"
   E2E_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.e2e.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
     awk '$1 > 0 { n++; m += $1; t += $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms of commits in all", n, m / n, t }')
   say "end to end: $E2E_BATCHES"
@@ -255,7 +255,7 @@ printf '%-34s %14s   %s\n' "figure" "measured" "goal (issue 5) / quoted baseline
 printf '%-34s %14s   %s\n' "e2e samples/s ($PARTITIONS partitions)" "$E2E" ">= 200000; quoted baseline, not measured here: a billing engine's published 10000 events/s"
 [ -z "$E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  e2e samples/s is" "" "$E2E_NOTE"
 printf '%-34s %14s   %s\n' "  (with the ${JOIN_MS} ms group join)" "$E2E_WITH_JOIN" ""
-printf '%-34s %14s   %s\n' "  e2e CPU µs/sample" "" "aggregator, PostgreSQL, broker: $CPU_JSON (load average $E2E_LOAD; $E2E_BATCHES)"
+printf '%-34s %14s   %s\n' "  e2e CPU ns/sample" "" "aggregator, PostgreSQL, broker: $CPU_JSON (load average $E2E_LOAD; $E2E_BATCHES)"
 printf '%-34s %14s   %s\n' "fold samples/s per core" "$FOLD" "-"
 printf '%-34s %14s   %s\n' "commit latency p50 (ms)" "$P50" "- (fresh samples: $LAT_SANDBOXES new sandboxes, $LAT_ROWS usage_hourly rows written)"
 printf '%-34s %14s   %s\n' "commit latency p99 (ms)" "$P99" "<= 2000"
@@ -265,13 +265,13 @@ if [ "$KAFKA" = apache ]; then
   printf '%-34s %14s   %s\n' "  (with the ${APACHE_JOIN_MS} ms group join)" "$APACHE_E2E_WITH_JOIN" ""
   printf '%-34s %14s   %s\n' "Apache Kafka commit latency p50" "$APACHE_P50" "($APACHE_LAT_ROWS usage_hourly rows written)"
   printf '%-34s %14s   %s\n' "Apache Kafka commit latency p99" "$APACHE_P99" "<= 2000"
-  printf '%-34s %14s   %s\n' "  Apache e2e CPU µs/sample" "" "aggregator, PostgreSQL, Kafka: $APACHE_CPU_JSON (load average $APACHE_E2E_LOAD)"
-  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s, "apache_e2e_cpu_us_per_sample_aggregator_postgres_broker": [%s], "apache_e2e_load_average_1m": "%s"' \
+  printf '%-34s %14s   %s\n' "  Apache e2e CPU ns/sample" "" "aggregator, PostgreSQL, Kafka: $APACHE_CPU_JSON (load average $APACHE_E2E_LOAD)"
+  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s, "apache_e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "apache_e2e_load_average_1m": "%s"' \
     "$(kafka_version)" "$APACHE_E2E_JSON" "$APACHE_E2E_WITH_JOIN" "$APACHE_P50" "$APACHE_P99" "$APACHE_LAT_ROWS" "$APACHE_CPU_JSON" "$APACHE_E2E_LOAD")
 else
   APACHE_JSON=
 fi
 printf '%-34s %14s   %s\n' "freeze latency p50 (ms, $N trials)" "$F50" "-"
 printf '%-34s %14s   %s\n' "freeze latency p99 (ms)" "$F99" "<= 2000"
-printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "e2e_cpu_us_per_sample_aggregator_postgres_broker": [%s], "e2e_load_average_1m": "%s", "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s, "load_average_1m_start_end": "%s..%s"%s}\n' \
+printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "e2e_load_average_1m": "%s", "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s, "load_average_1m_start_end": "%s..%s"%s}\n' \
   "$PARTITIONS" "$E2E_JSON" "$CPU_JSON" "$E2E_LOAD" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99" "$LOAD_START" "$(load1)" "$APACHE_JSON"
