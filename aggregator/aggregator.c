@@ -1935,11 +1935,11 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                  * waiting: when idle a sample is committed without delay.
                  * Unless the consumer is behind: a quiet poll while the broker
                  * holds more for us is the fetcher between two fetches, not the
-                 * end of the stream; and while a whole batch more waits, the
-                 * batch grows to batch_messages (up to CATCHUP_BATCH_FACTOR x
-                 * batch_ms): the ledger's work per batch is per sandbox and
-                 * hour, so larger batches catch up faster, and the samples
-                 * waiting are late already. */
+                 * end of the stream; and while at least as many messages wait
+                 * as the batch holds, the batch grows to batch_messages (up to
+                 * CATCHUP_BATCH_FACTOR x batch_ms): the ledger's work per batch
+                 * is per sandbox and hour, so larger batches catch up faster,
+                 * and the samples waiting are late already. */
                 if (a.messages) {
                         int64_t age = time_mono_ns() - a.batch_started, batch_ns = cfg->batch_ms * NS_PER_MS;
                         bool commit = (int64_t)a.messages >= batch_limit(&a);
@@ -1948,7 +1948,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                                 if (age >= CATCHUP_BATCH_FACTOR * batch_ns)
                                         commit = true;
                                 else if (age >= batch_ns)
-                                        commit = behind < batch_limit(&a) - (int64_t)a.messages;
+                                        commit = behind < (int64_t)a.messages;
                                 else
                                         commit = behind == 0;
                         }
