@@ -20,6 +20,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
+#include "sample_decode.h"
 #include "timeutil.h"
 
 #include <errno.h>
@@ -542,7 +543,9 @@ static int take_message(struct agg *a, const rd_kafka_message_t *m)
         char why[256];
         int r = 0;
         bool refused_stop = false;
-        if (event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
+        /* Samples take the fast path (sample_decode.h); anything it is not
+         * sure of, event_decode. */
+        if (!sample_decode_fast(m->payload, m->len, &ev) && event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
                 r = add_dead(a, m->partition, m->offset, m->payload, m->len, why);
         } else if (ev.type == EVENT_SAMPLE) {
                 bool refused;
@@ -1140,11 +1143,13 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_fold = time_mono_ns();
         res = PQexec(a->db, apply_sql);
         r = query_ok(a, res, PGRES_COMMAND_OK, "apply");
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_usage = time_mono_ns();
         res = PQexec(a->db, rate_sql);
         r = query_ok(a, res, PGRES_TUPLES_OK, "rate");
         for (int i = 0; r == 0 && i < PQntuples(res); i++) {
@@ -1156,6 +1161,7 @@ static int commit_batch(struct agg *a)
         PQclear(res);
         if (r < 0)
                 goto rollback;
+        int64_t t_rated = time_mono_ns();
         for (size_t i = 0; i < a->nevents; i++)
                 if ((r = apply_event(a, &a->events[i])) < 0)
                         goto rollback;
@@ -1239,10 +1245,12 @@ static int commit_batch(struct agg *a)
                 log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", fired, blocked);
         log_debug("batch committed",
                   "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
-                  " limits_ms=%" PRId64 " ms=%" PRId64,
+                  " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64
+                  " commit_ms=%" PRId64,
                   a->messages, rows, a->ndirty, a->nevents, a->ndead, (t_staged - t0) / NS_PER_MS,
                   (t_applied - t_staged) / NS_PER_MS, (t_limits - t_applied) / NS_PER_MS,
-                  (time_mono_ns() - t0) / NS_PER_MS);
+                  (time_mono_ns() - t0) / NS_PER_MS, (t_fold - t_staged) / NS_PER_MS, (t_usage - t_fold) / NS_PER_MS,
+                  (t_rated - t_usage) / NS_PER_MS, (now_mono - t_limits) / NS_PER_MS);
         batch_clear(a);
         free(t.buf);
         free(cmds);
@@ -1358,14 +1366,20 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
         PQclear(res);
         if (r < 0)
                 return r;
+        size_t sorted = a->nabsent; /* absent_has searches these while the new ones are added */
         for (size_t i = 0; i < n; i++) {
-                if (sandbox_find(a, ids[i]) || absent_has(a, ids[i]))
+                if (sandbox_find(a, ids[i]) ||
+                    (sorted && bsearch(ids[i], a->absent, sorted, sizeof(*a->absent), id_cmp)))
                         continue;
                 if (grow((void **)&a->absent, &a->capabsent, a->nabsent + 1, sizeof(*a->absent)) < 0)
                         return -ENOMEM;
                 memcpy(a->absent[a->nabsent++], ids[i], sizeof(*a->absent));
-                qsort(a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
         }
+        /* Sorted once (not after each id: with thousands of new sandboxes in
+         * a prefetch that was most of its time). ids may repeat (sandbox_add
+         * of one): the array stays a set for bsearch's purpose either way. */
+        if (a->nabsent > sorted)
+                qsort(a->absent, a->nabsent, sizeof(*a->absent), id_cmp);
         return 0;
 }
 
@@ -1728,6 +1742,28 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 #define HOLD_MAX 4096                        /* messages taken from the consumer at once */
 #define METERING_CHECK_NS (5 * NS_PER_SEC)   /* how often the metering_gaps view is read */
 
+/* A batch of a consumer that is behind may grow past batch_ms, up to this
+ * many times batch_ms (see the commit rule in aggregator_run). */
+#ifndef CATCHUP_BATCH_FACTOR
+#define CATCHUP_BATCH_FACTOR 10
+#endif
+
+/* Messages the broker holds beyond those taken, in the partitions owned: the
+ * consumer's high watermarks as its last fetches saw them (no request to the
+ * broker), less each partition's next offset. */
+static int64_t backlog(struct agg *a)
+{
+        int64_t lag = 0;
+        for (int32_t p = 0; p < a->nparts; p++) {
+                int64_t lo = -1, hi = -1;
+                if (a->parts[p].owned &&
+                    rd_kafka_get_watermark_offsets(a->consumer, TOPIC_USAGE, p, &lo, &hi) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                    hi > a->parts[p].position)
+                        lag += hi - a->parts[p].position;
+        }
+        return lag;
+}
+
 /* While a failing batch is being split, batches are that small. */
 static int64_t batch_limit(const struct agg *a)
 {
@@ -1891,16 +1927,34 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                                 rd_kafka_message_destroy(held[i]);
                         n = 0;
                 }
-                /* Drained: nothing came within the first poll's wait (as
-                 * before holding), not merely an empty queue between fetches. */
-                bool drained = n == 0;
+                /* Nothing came within the first poll's wait (as before
+                 * holding), not merely an empty queue between fetches. */
+                bool quiet = n == 0;
                 take_held(&a, held, n);
                 /* Commit when the batch is full, old enough, or nothing more is
-                 * waiting: under load batches grow while the previous one
-                 * commits; when idle a sample is committed without delay. */
-                if (a.messages && (drained || (int64_t)a.messages >= batch_limit(&a) ||
-                                   time_mono_ns() - a.batch_started >= cfg->batch_ms * NS_PER_MS))
-                        commit_batch(&a);
+                 * waiting: when idle a sample is committed without delay.
+                 * Unless the consumer is behind: a quiet poll while the broker
+                 * holds more for us is the fetcher between two fetches, not the
+                 * end of the stream; and while at least as many messages wait
+                 * as the batch holds, the batch grows to batch_messages (up to
+                 * CATCHUP_BATCH_FACTOR x batch_ms): the ledger's work per batch
+                 * is per sandbox and hour, so larger batches catch up faster,
+                 * and the samples waiting are late already. */
+                if (a.messages) {
+                        int64_t age = time_mono_ns() - a.batch_started, batch_ns = cfg->batch_ms * NS_PER_MS;
+                        bool commit = (int64_t)a.messages >= batch_limit(&a);
+                        if (!commit && (quiet || age >= batch_ns)) {
+                                int64_t behind = backlog(&a);
+                                if (age >= CATCHUP_BATCH_FACTOR * batch_ns)
+                                        commit = true;
+                                else if (age >= batch_ns)
+                                        commit = behind < (int64_t)a.messages;
+                                else
+                                        commit = behind == 0;
+                        }
+                        if (commit)
+                                commit_batch(&a);
+                }
                 rd_kafka_poll(a.producer, 0);
                 int64_t now_mono = time_mono_ns();
                 int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC

@@ -16,7 +16,7 @@ static const struct setting settings[] = {
         SETTING_KAFKA_CLIENT(struct aggregator_config, kafka),
         { "group", SETTING_STRING, "tally-aggregator", false, offsetof(struct aggregator_config, group), 0, 0,
           "Kafka consumer group; every aggregator of one ledger uses the same" },
-        { "batch_messages", SETTING_INT, "100000", false, offsetof(struct aggregator_config, batch_messages), 1,
+        { "batch_messages", SETTING_INT, "500000", false, offsetof(struct aggregator_config, batch_messages), 1,
           1000000, "Commit a batch after this many messages..." },
         { "batch_ms", SETTING_INT, "500", false, offsetof(struct aggregator_config, batch_ms), 1, 60000,
           "...or this many milliseconds after its first message" },

@@ -29,6 +29,7 @@ struct devbroker {
         int brokers;
         int partitions;
         char bootstrap[64];
+        int64_t keep_bytes, keep_batches; /* limits in force per partition */
         int64_t *low;              /* first offset last seen per usage partition */
         bool down;                 /* a `down` fault is in force: no watermark queries until `up` */
         struct sockaddr_in target; /* broker 1's own listener */
@@ -38,6 +39,97 @@ struct devbroker {
 };
 
 static const char *const topics[] = { TOPIC_USAGE, TOPIC_CONTROL };
+
+/* ---- the mock's per-partition limits ----
+ *
+ * librdkafka 2.0.2's mock cluster keeps DEVBROKER_KEEP_BYTES / _BATCHES per
+ * partition and offers no call to change them (later versions neither). The
+ * structures below mirror the start of its private ones (rdkafka_mock_int.h
+ * at v2.0.2) exactly as far as the limits; they are used only on that very
+ * version, and only after every partition of both topics is found where and
+ * as expected (its id, its topic, the default limits). Anything else leaves
+ * the mock untouched and the broker says the mock's own limits. */
+struct mock202_list { /* rd_list_t */
+        int size, cnt;
+        void **elems;
+        void (*free_cb)(void *);
+        int flags, elemsize;
+        void *p;
+};
+struct mock202_partition { /* rd_kafka_mock_partition_t */
+        void *link_next, **link_prev;
+        int32_t id;
+        int64_t start_offset, end_offset, follower_start_offset, follower_end_offset;
+        uint8_t update_follower_start_offset, update_follower_end_offset; /* rd_bool_t */
+        void *msgsets_first, **msgsets_last;
+        size_t size, cnt, max_size, max_cnt;
+        void *committed_first, **committed_last;
+        void *leader, **replicas;
+        int replica_cnt;
+        struct mock202_list pidstates;
+        int32_t follower_id;
+        struct mock202_topic *topic;
+};
+struct mock202_topic { /* rd_kafka_mock_topic_t */
+        struct mock202_topic *link_next, **link_prev;
+        char *name;
+        struct mock202_partition *partitions;
+        int partition_cnt;
+};
+struct mock202_cluster { /* rd_kafka_mock_cluster_t, its start */
+        char id[32];
+        rd_kafka_t *rk;
+        int32_t controller_id;
+        void *brokers_first, **brokers_last;
+        int broker_cnt;
+        struct mock202_topic *topics_first, **topics_last;
+        int topic_cnt;
+};
+
+/* Sets every partition of tally's topics to keep bytes / batches. Returns 0,
+ * or -ENOTSUP (nothing changed) when the mock is not the one mirrored above. */
+static int set_limits(struct devbroker *b, int64_t bytes, int64_t batches)
+{
+        if (rd_kafka_version() != 0x020002ff)
+                return -ENOTSUP;
+        struct mock202_cluster *c = (struct mock202_cluster *)b->mc;
+        if (c->rk != b->rk || c->topic_cnt != (int)(sizeof(topics) / sizeof(topics[0])))
+                return -ENOTSUP;
+        int found = 0;
+        /* Checked whole before anything is written. */
+        for (int pass = 0; pass < 2; pass++) {
+                int i = 0;
+                for (struct mock202_topic *t = c->topics_first; t && i < c->topic_cnt; t = t->link_next, i++) {
+                        bool ours = false;
+                        for (size_t k = 0; t->name && k < sizeof(topics) / sizeof(topics[0]); k++)
+                                ours = ours || strcmp(t->name, topics[k]) == 0;
+                        if (!ours || t->partition_cnt != b->partitions || !t->partitions)
+                                return -ENOTSUP;
+                        for (int p = 0; p < t->partition_cnt; p++) {
+                                struct mock202_partition *mp = &t->partitions[p];
+                                if (pass == 0 && (mp->id != p || mp->topic != t ||
+                                                  mp->max_size != DEVBROKER_KEEP_BYTES ||
+                                                  mp->max_cnt != DEVBROKER_KEEP_BATCHES))
+                                        return -ENOTSUP;
+                                if (pass == 1) {
+                                        /* Aligned word stores: the mock thread reads them at its next append. */
+                                        __atomic_store_n(&mp->max_size, (size_t)bytes, __ATOMIC_RELAXED);
+                                        __atomic_store_n(&mp->max_cnt, (size_t)batches, __ATOMIC_RELAXED);
+                                }
+                        }
+                        found += pass == 0;
+                }
+                if (found != c->topic_cnt)
+                        return -ENOTSUP;
+        }
+        return 0;
+}
+
+void devbroker_limits(const struct devbroker *b, int64_t *bytes, int64_t *batches)
+{
+        *bytes = b->keep_bytes;
+        *batches = b->keep_batches;
+}
 
 /* Copies bytes both ways until either side closes. */
 static void *relay_connection(void *arg)
@@ -180,6 +272,22 @@ int devbroker_start(const struct devbroker_options *opt, struct devbroker **ret,
                         goto fail;
                 }
         }
+        b->keep_bytes = DEVBROKER_KEEP_BYTES;
+        b->keep_batches = DEVBROKER_KEEP_BATCHES;
+        if ((opt->keep_bytes && opt->keep_bytes != DEVBROKER_KEEP_BYTES) ||
+            (opt->keep_batches && opt->keep_batches != DEVBROKER_KEEP_BATCHES)) {
+                int64_t bytes = opt->keep_bytes ? opt->keep_bytes : DEVBROKER_KEEP_BYTES;
+                int64_t batches = opt->keep_batches ? opt->keep_batches : DEVBROKER_KEEP_BATCHES;
+                if (set_limits(b, bytes, batches) == 0) {
+                        b->keep_bytes = bytes;
+                        b->keep_batches = batches;
+                } else {
+                        log_warn("could not change the development broker's limits: this librdkafka's mock cluster"
+                                 " is not the one tally knows; its own limits stay",
+                                 "librdkafka=%s keep_bytes_per_partition=%d keep_batches_per_partition=%d",
+                                 rd_kafka_version_str(), DEVBROKER_KEEP_BYTES, DEVBROKER_KEEP_BATCHES);
+                }
+        }
         /* The bookkeeping handle also reads the cluster's watermarks (devbroker_watch). */
         rd_kafka_brokers_add(b->rk, rd_kafka_mock_cluster_bootstraps(b->mc));
         b->low = calloc((size_t)opt->partitions, sizeof(*b->low));
@@ -273,9 +381,9 @@ void devbroker_watch(struct devbroker *b)
                 if (rd_kafka_query_watermark_offsets(b->rk, TOPIC_USAGE, p, &lo, &hi, 200) != 0 || lo <= b->low[p])
                         continue;
                 log_warn("development broker dropped messages to stay within its memory limit",
-                         "topic=%s partition=%d dropped_from=%lld dropped_to=%lld keep_bytes=%d keep_batches=%d",
-                         TOPIC_USAGE, p, (long long)b->low[p], (long long)lo - 1, DEVBROKER_KEEP_BYTES,
-                         DEVBROKER_KEEP_BATCHES);
+                         "topic=%s partition=%d dropped_from=%lld dropped_to=%lld keep_bytes=%lld keep_batches=%lld",
+                         TOPIC_USAGE, p, (long long)b->low[p], (long long)lo - 1, (long long)b->keep_bytes,
+                         (long long)b->keep_batches);
                 b->low[p] = lo;
         }
 }

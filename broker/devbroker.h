@@ -13,7 +13,8 @@ struct devbroker;
 /* What librdkafka 2.0's mock cluster keeps per partition (rdkafka_mock.c,
  * not configurable through its API): beyond either limit the oldest producer
  * batches are dropped. With ~250-byte samples that is about 20,000 messages
- * per partition. devbroker_watch says when it happens. */
+ * per partition. devbroker_options.keep_bytes / keep_batches raise it (see
+ * devbroker_start); devbroker_watch says when messages are dropped. */
 #define DEVBROKER_KEEP_BYTES   (5 * 1024 * 1024)
 #define DEVBROKER_KEEP_BATCHES 100000
 
@@ -21,11 +22,17 @@ struct devbroker_options {
         int port;          /* bootstrap port on 127.0.0.1; 0: use the mock's own listener */
         int brokers;       /* brokers in the cluster, ids 1..brokers */
         int partitions;    /* partitions of each tally topic */
+        int64_t keep_bytes;   /* per partition; 0: the mock's own DEVBROKER_KEEP_BYTES */
+        int64_t keep_batches; /* per partition; 0: the mock's own DEVBROKER_KEEP_BATCHES */
 };
 
 /* Starts the cluster and creates the usage and control topics.
  * Returns 0 and *ret, or -errno with the reason in err. */
 int devbroker_start(const struct devbroker_options *opt, struct devbroker **ret, char *err, size_t errlen);
+
+/* The limits each partition keeps in force (bytes, producer batches): the
+ * options' when the mock cluster could be set to them, else the mock's own. */
+void devbroker_limits(const struct devbroker *b, int64_t *bytes, int64_t *batches);
 
 /* The bootstrap address clients use, "127.0.0.1:port". Owned by b. */
 const char *devbroker_bootstrap(const struct devbroker *b);

@@ -21,6 +21,8 @@ struct broker_config {
         int64_t port;
         int64_t brokers;
         int64_t partitions;
+        int64_t keep_bytes_per_partition;
+        int64_t keep_batches_per_partition;
         char *bootstrap_file;
         char *control_socket;
         char *log_level;
@@ -33,6 +35,12 @@ static const struct setting settings[] = {
           "Brokers in the development cluster" },
         { "partitions", SETTING_INT, "4", false, offsetof(struct broker_config, partitions), 1, 1024,
           "Partitions of the usage and control topics" },
+        { "keep_bytes_per_partition", SETTING_INT, "5242880", false,
+          offsetof(struct broker_config, keep_bytes_per_partition), 1024, INT64_C(1) << 40,
+          "Bytes of messages each partition keeps in memory before dropping its oldest (librdkafka's own: 5 MiB)" },
+        { "keep_batches_per_partition", SETTING_INT, "100000", false,
+          offsetof(struct broker_config, keep_batches_per_partition), 1, INT64_C(1) << 40,
+          "Producer batches each partition keeps before dropping its oldest (librdkafka's own: 100,000)" },
         { "bootstrap_file", SETTING_STRING, "", false, offsetof(struct broker_config, bootstrap_file), 0, 0,
           "Write the bootstrap address to this file once ready (removed on exit)" },
         { "control_socket", SETTING_STRING, "", false, offsetof(struct broker_config, control_socket), 0, 0,
@@ -51,8 +59,9 @@ static const struct program_info program = {
                    "  down [ID] | up [ID]             brokers refuse / accept connections\n"
                    "  error APIKEY ERRCODE COUNT      fail the next COUNT requests of a protocol API\n"
                    "  clear APIKEY | rtt MS [ID] | topics | watermarks | ping\n"
-                   "It keeps messages in memory: about 5 MiB (or 100,000 producer batches) per partition,\n"
-                   "beyond which the oldest are dropped (logged at warning when it happens).",
+                   "It keeps messages in memory: by default 5 MiB (or 100,000 producer batches) per partition,\n"
+                   "beyond which the oldest are dropped (logged at warning when it happens); the limits in force\n"
+                   "are logged at start. A backlog larger than that (benchmarks) needs --keep-bytes-per-partition.",
 };
 
 
@@ -161,7 +170,8 @@ int main(int argc, char **argv)
 
         char err[512], quoted[600];
         struct devbroker *b = NULL;
-        struct devbroker_options opt = { (int)cfg.port, (int)cfg.brokers, (int)cfg.partitions };
+        struct devbroker_options opt = { (int)cfg.port, (int)cfg.brokers, (int)cfg.partitions,
+                                         cfg.keep_bytes_per_partition, cfg.keep_batches_per_partition };
         int ctl_fd = -1;
         if ((r = devbroker_start(&opt, &b, err, sizeof(err))) < 0) {
                 log_error("could not start the development broker", "error=%s", log_quote(quoted, sizeof(quoted), err));
@@ -177,11 +187,13 @@ int main(int argc, char **argv)
                           strerror(-r));
                 goto out;
         }
+        int64_t keep_bytes, keep_batches;
+        devbroker_limits(b, &keep_bytes, &keep_batches);
         log_info("development broker ready",
-                 "bootstrap=%s brokers=%lld partitions=%lld keep_bytes_per_partition=%d keep_batches_per_partition=%d"
+                 "bootstrap=%s brokers=%lld partitions=%lld keep_bytes_per_partition=%lld keep_batches_per_partition=%lld"
                  " note=\"in memory only; beyond either limit a partition's oldest messages are dropped\"",
-                 devbroker_bootstrap(b), (long long)cfg.brokers, (long long)cfg.partitions, DEVBROKER_KEEP_BYTES,
-                 DEVBROKER_KEEP_BATCHES);
+                 devbroker_bootstrap(b), (long long)cfg.brokers, (long long)cfg.partitions, (long long)keep_bytes,
+                 (long long)keep_batches);
         printf("bootstrap=%s\n", devbroker_bootstrap(b));
         fflush(stdout);
 

@@ -7,7 +7,13 @@
 #  e2e_samples_per_s           1,000,000 samples preloaded in the development broker, consumed,
 #                              folded and committed exactly once into PostgreSQL (from the
 #                              partitions' assignment to the last offset committed; the figure
-#                              with the group join included is printed too)
+#                              with the group join included is printed too). Valid only when every
+#                              sample was billed and none was dropped: the broker's first offsets
+#                              are all 0 and no retention gap was recorded (offset_gaps)
+#  e2e_cpu_ns_per_sample_*     where the time goes, whatever else runs on the machine: CPU time
+#                              (user + system) of the aggregator, of PostgreSQL and of the broker
+#                              over the end-to-end phase, per sample; with the batches' count, size
+#                              and time, and the load average when it ran
 #  fold_samples_per_s_per_core the fold stage alone, in memory, one core
 #  commit_latency_ms_p50/p99   Kafka create time of a sample -> its batch committed, at a steady
 #                              50,000 samples/s (the aggregator's own histogram, printed at exit),
@@ -28,10 +34,15 @@ BENCH=$BUILD/tests/bench/aggregator/bench-aggregator
 AGG=$BUILD/aggregator/tally-aggregator
 SANDBOXES=${SANDBOXES:-10000}
 SAMPLES=${SAMPLES:-100}
-# The development broker keeps about 5 MB per partition (librdkafka's mock cluster) and drops
-# older messages silently: with 4 partitions, most of a 1,000,000-sample preload. Every phase
-# checks that all its samples were billed; PARTITIONS=128 gives the broker room for the preload.
+# The development broker keeps 5 MiB per partition by default (librdkafka's mock cluster) and
+# drops older messages: most of a 1,000,000-sample preload. Here it is told to keep 2 GiB (and
+# 10,000,000 producer batches) per partition, its --keep-bytes-per-partition, through the
+# environment (it logs the limits in force at start); the end-to-end phase checks nothing was dropped.
+export TALLY_KEEP_BYTES_PER_PARTITION=${TALLY_KEEP_BYTES_PER_PARTITION:-2147483648}
+export TALLY_KEEP_BATCHES_PER_PARTITION=${TALLY_KEEP_BATCHES_PER_PARTITION:-10000000}
 PARTITIONS=${PARTITIONS:-4}
+load1() { cut -d' ' -f1 /proc/loadavg; }
+LOAD_START=$(load1)
 KAFKA=dev
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -75,6 +86,26 @@ billed() { psql -tAc "SELECT count(DISTINCT sandbox_id) || ' ' || coalesce(sum(c
                         FROM usage_hourly WHERE sandbox_id LIKE '$1-%'"; }
 start_agg() { "$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info "$@" 2>"$WORK/agg.$1.log" & AGG_PID=$!; }
 
+# CPU seconds x 100 (user + system) of a process, and of every process of this PostgreSQL.
+cpu_of() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pg_cpu() {
+  local pm c t=0
+  pm=$(head -1 "$WORK/pg/data/postmaster.pid")
+  for c in $pm $(pgrep -P "$pm"); do t=$(( t + $(cpu_of "$c") )); done
+  echo $t
+}
+# The broker's processes: the development broker, or the Apache Kafka node(s) of $WORK/kafka.
+broker_cpu() {
+  local t=0 f
+  if [ "$BROKERS" = "$TALLY_TEST_BROKERS" ]; then
+    t=$(cpu_of "$(cat "$WORK/run/broker.pid")")
+  else
+    for f in "$WORK"/kafka/node.*/pid; do t=$(( t + $(cpu_of "$(cat "$f")") )); done
+  fi
+  echo $t
+}
+ns_per_sample() { echo $(( $1 * 10000000 / TOTAL )); } # CPU hundredths of a second over TOTAL samples -> ns
+
 say "fold stage alone"
 FOLD=$("$BENCH" fold 20000000 | sed -n 's/^fold_samples_per_s_per_core=//p')
 
@@ -84,12 +115,29 @@ phases() {
   say "preloading $TOTAL samples ($SANDBOXES sandboxes x $SAMPLES)"
   "$BENCH" produce "$BROKERS" "$SANDBOXES" "$SAMPLES" 0 >&2
   say "end to end: broker -> fold -> exactly-once commits"
+  E2E_LOAD=$(load1)
+  PG0=$(pg_cpu) BR0=$(broker_cpu)
   T0=$(date +%s%N)
-  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level info 2>"$WORK/agg.e2e.log" &
+  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.e2e.log" &
   AGG_PID=$!
   wait_committed "$TOTAL" 600
   T1=$(date +%s%N)
+  CPU_AGG=$(cpu_of $AGG_PID) CPU_PG=$(( $(pg_cpu) - PG0 )) CPU_BR=$(( $(broker_cpu) - BR0 ))
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  E2E_LOAD="$E2E_LOAD..$(load1)"
+  CPU_JSON="$(ns_per_sample $CPU_AGG), $(ns_per_sample $CPU_PG), $(ns_per_sample $CPU_BR)"
+  say "end to end: CPU per sample (ns): aggregator $(ns_per_sample $CPU_AGG), PostgreSQL $(ns_per_sample $CPU_PG)," \
+      "broker $(ns_per_sample $CPU_BR); load average $E2E_LOAD over $(( (T1 - T0) / 1000000 )) ms"
+  E2E_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.e2e.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
+    awk '$1 > 0 { n++; m += $1; t += $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms of commits in all", n, m / n, t }')
+  say "end to end: $E2E_BATCHES"
+  # Nothing dropped: no retention gap recorded, and (development broker) every partition still starts at 0.
+  GAPS=$(psql -tAc "SELECT count(*) FROM offset_gaps")
+  DROPPED=0
+  if [ "$BROKERS" = "$TALLY_TEST_BROKERS" ]; then
+    DROPPED=$("$BUILD/broker/tally-broker" --control-socket "$TALLY_TEST_BROKER_CONTROL" ctl watermarks |
+      tr ' ' '\n' | sed -n 's/^[0-9]*=\([0-9]*\)\.\..*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
+  fi
   # Throughput from the moment the aggregator holds its partitions (joining the
   # group takes ~3 s in the development broker; printed separately) to the last commit.
   ASSIGNED_TS=$(sed -n 's/^ts=\([^ ]*\) .*partition assigned.*/\1/p' "$WORK/agg.e2e.log" | head -1)
@@ -111,7 +159,11 @@ phases() {
   E2E_INTERVALS=$(psql -tAc "SELECT coalesce(sum(mem_byte_ns), 0) / (4 * 1073741824::numeric * 1000000000) FROM usage_hourly WHERE sandbox_id LIKE 'bench-sb-%'")
   E2E_INTERVALS=${E2E_INTERVALS%%.*}
   E2E_JSON=$E2E
-  if [ "$E2E_BILLED" != "$E2E_WANT" ]; then
+  if [ "$GAPS" != 0 ] || [ "$DROPPED" != 0 ]; then
+    say "end to end: NOT ALL CONSUMED: $GAPS retention gaps recorded, $DROPPED messages dropped by the broker"
+    E2E_NOTE="INVALID: the broker dropped $DROPPED messages ($GAPS retention gaps recorded)"
+    E2E_JSON=null
+  elif [ "$E2E_BILLED" != "$E2E_WANT" ]; then
     say "end to end: NOT ALL BILLED: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED, want $E2E_WANT;"
     say "  memory for $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) sample intervals: the broker dropped the rest (PARTITIONS=$PARTITIONS)"
     E2E_NOTE="INVALID: only $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) intervals billed; the broker dropped the rest"
@@ -153,7 +205,7 @@ BROKERS=$TALLY_TEST_BROKERS
 phases
 
 if [ "$KAFKA" = apache ]; then
-  D=(E2E E2E_JSON E2E_WITH_JOIN JOIN_MS E2E_NOTE P50 P99 LAT_ROWS LAT_BATCHES)
+  D=(E2E E2E_JSON E2E_WITH_JOIN JOIN_MS E2E_NOTE P50 P99 LAT_ROWS LAT_BATCHES CPU_JSON E2E_LOAD E2E_BATCHES)
   for v in "${D[@]}"; do eval "DEV_$v=\$$v"; done
   say "the same phases against Apache Kafka $(kafka_version), one node, $PARTITIONS partitions"
   kafka_start "$WORK/kafka" 1 "$PARTITIONS" 1209600000 "${TALLY_KAFKA_HEAP:-1g}" >/dev/null
@@ -203,6 +255,7 @@ printf '%-34s %14s   %s\n' "figure" "measured" "goal (issue 5) / quoted baseline
 printf '%-34s %14s   %s\n' "e2e samples/s ($PARTITIONS partitions)" "$E2E" ">= 200000; quoted baseline, not measured here: a billing engine's published 10000 events/s"
 [ -z "$E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  e2e samples/s is" "" "$E2E_NOTE"
 printf '%-34s %14s   %s\n' "  (with the ${JOIN_MS} ms group join)" "$E2E_WITH_JOIN" ""
+printf '%-34s %14s   %s\n' "  e2e CPU ns/sample" "" "aggregator, PostgreSQL, broker: $CPU_JSON (load average $E2E_LOAD; $E2E_BATCHES)"
 printf '%-34s %14s   %s\n' "fold samples/s per core" "$FOLD" "-"
 printf '%-34s %14s   %s\n' "commit latency p50 (ms)" "$P50" "- (fresh samples: $LAT_SANDBOXES new sandboxes, $LAT_ROWS usage_hourly rows written)"
 printf '%-34s %14s   %s\n' "commit latency p99 (ms)" "$P99" "<= 2000"
@@ -212,12 +265,13 @@ if [ "$KAFKA" = apache ]; then
   printf '%-34s %14s   %s\n' "  (with the ${APACHE_JOIN_MS} ms group join)" "$APACHE_E2E_WITH_JOIN" ""
   printf '%-34s %14s   %s\n' "Apache Kafka commit latency p50" "$APACHE_P50" "($APACHE_LAT_ROWS usage_hourly rows written)"
   printf '%-34s %14s   %s\n' "Apache Kafka commit latency p99" "$APACHE_P99" "<= 2000"
-  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s' \
-    "$(kafka_version)" "$APACHE_E2E_JSON" "$APACHE_E2E_WITH_JOIN" "$APACHE_P50" "$APACHE_P99" "$APACHE_LAT_ROWS")
+  printf '%-34s %14s   %s\n' "  Apache e2e CPU ns/sample" "" "aggregator, PostgreSQL, Kafka: $APACHE_CPU_JSON (load average $APACHE_E2E_LOAD)"
+  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s, "apache_e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "apache_e2e_load_average_1m": "%s"' \
+    "$(kafka_version)" "$APACHE_E2E_JSON" "$APACHE_E2E_WITH_JOIN" "$APACHE_P50" "$APACHE_P99" "$APACHE_LAT_ROWS" "$APACHE_CPU_JSON" "$APACHE_E2E_LOAD")
 else
   APACHE_JSON=
 fi
 printf '%-34s %14s   %s\n' "freeze latency p50 (ms, $N trials)" "$F50" "-"
 printf '%-34s %14s   %s\n' "freeze latency p99 (ms)" "$F99" "<= 2000"
-printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s%s}\n' \
-  "$PARTITIONS" "$E2E_JSON" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99" "$APACHE_JSON"
+printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "e2e_load_average_1m": "%s", "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s, "load_average_1m_start_end": "%s..%s"%s}\n' \
+  "$PARTITIONS" "$E2E_JSON" "$CPU_JSON" "$E2E_LOAD" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99" "$LOAD_START" "$(load1)" "$APACHE_JSON"
