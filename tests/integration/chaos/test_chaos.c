@@ -22,6 +22,7 @@
 #include "vmmtest.h"
 
 #include <errno.h>
+#include <libpq-fe.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -166,11 +167,55 @@ static void kill9(pid_t *pid)
 
 static const char *const daemon_names[3] = { "collector", "aggregator", "vmm" };
 
+/* The aggregator's committed position in the usage topic, -1 if unknown. */
+static PGconn *watch;
+static int64_t committed(void)
+{
+        int64_t v = -1;
+        for (int attempt = 0; attempt < 2 && v < 0; attempt++) {
+                /* A connection PostgreSQL's restart broke shows only when used. */
+                if (!watch || PQstatus(watch) != CONNECTION_OK || attempt > 0) {
+                        PQfinish(watch);
+                        watch = PQconnectdb(P.db_url);
+                }
+                PGresult *r = PQexec(watch, "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets"
+                                            " WHERE group_id = 'tally-aggregator' AND topic = 'usage'");
+                if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                        v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+                PQclear(r);
+        }
+        return v;
+}
+
+/* Waits (up to timeout_s) for the aggregator's committed position to move,
+ * so the kill that follows lands right after a commit: harmless when the
+ * offsets and the ledger rows commit together, a loss when they do not. */
+static bool wait_commit(int timeout_s)
+{
+        int64_t before = committed(), t0 = time_boot_ns(), deadline = t0 + timeout_s * NS_PER_SEC;
+        while (before >= 0 && time_boot_ns() < deadline) {
+                int64_t now = committed();
+                if (now != before) {
+                        fprintf(stderr, "chaos: the aggregator committed %" PRId64 " -> %" PRId64 " after %" PRId64
+                                " ms\n", before, now, (time_boot_ns() - t0) / NS_PER_MS);
+                        return true;
+                }
+                usleep(500);
+        }
+        return false;
+}
+
+static void note_vmm_kill(void);
+
 static void kill_one(int which)
 {
         pid_t *pid = which == 0 ? &P.collector : which == 1 ? &P.aggregator : &P.vmm;
+        if (which == 1 && rnd_in(0, 1))
+                wait_commit(3);
         kill9(pid);
         kills++;
+        if (which == 2)
+                note_vmm_kill();
         fprintf(stderr, "chaos: kill -9 %s (%d)\n", daemon_names[which], kills);
         kills_by[which]++;
         if (which != 2)
@@ -192,12 +237,20 @@ struct csb {
         int64_t run_lo, run_hi;    /* time running: at least, at most */
         int64_t pause_lo, pause_hi;
         int64_t disk;              /* bytes its disk uses, read when it was last paused */
+        bool forked;               /* a fork's copy (else created) */
+        int vmm_restarts;          /* the vmm kills it lived through */
         /* Storage held while paused, byte-ns: the memory size plus the disk
          * bytes used (docs/events.md), times each paused time's bounds. */
         __int128 storage_lo, storage_hi;
 };
 static struct csb sbs[MAX_SB];
 static int nsb;
+
+static void note_vmm_kill(void)
+{
+        for (int i = 0; i < nsb; i++)
+                sbs[i].vmm_restarts += sbs[i].live;
+}
 
 /* The state it was in since c0 ends at c1. */
 static void close_interval(struct csb *x, const struct call *c1)
@@ -272,6 +325,7 @@ static void fork_one(struct csb *src)
                         continue;
                 x->s.create = c;
                 x->last = c;
+                x->forked = true;
                 x->live = true;
                 nsb++;
         }
@@ -290,11 +344,47 @@ static void toggle(struct csb *x)
                 x->disk = 0;
 }
 
+static int procs_in(const char *dir)
+{
+        char path[700];
+        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+        char *v = test_read_file(path);
+        if (!v)
+                return -1;
+        int n = *v != '\0';
+        for (char *q = v; *q; q++)
+                n += *q == '\n';
+        free(v);
+        return n;
+}
+
+/* Stops x (timed), then reads the truth: once its cgroup has no process, its
+ * CPU counter, when two readings 100 ms apart agree (a task that just left
+ * may be charged its last slice a moment later on a loaded host). */
 static void stop_one(struct csb *x)
 {
-        pipe_stop_with_truth(&P, &x->s);
-        close_interval(x, &x->s.stop);
-        x->live = false;
+        struct sb *s = &x->s;
+        if (pipe_action(&P, s, "stop", &s->stop) == 0) {
+                close_interval(x, &s->stop);
+                x->live = false;
+        }
+        int left = -1;
+        for (int i = 0; i < 500 && (left = procs_in(s->cpu_dir)) != 0; i++)
+                test_sleep_ms(10);
+        CHECK(left == 0, "sandbox %s: %d process(es) still in its cgroup 5 s after stop", s->id, left);
+        int64_t a = pipe_cgroup_cpu_ns(s->cpu_dir), b = -1;
+        for (int i = 0; i < 30; i++) {
+                test_sleep_ms(100);
+                b = pipe_cgroup_cpu_ns(s->cpu_dir);
+                if (a >= 0 && a == b)
+                        break;
+                a = b;
+        }
+        CHECK(a >= 0 && a == b, "sandbox %s: the CPU counter of a cgroup without processes did not settle in 3 s",
+              s->id);
+        s->truth_cpu_ns = (uint64_t)(b >= 0 ? b : 0);
+        s->have_truth = left == 0 && a >= 0 && a == b;
+        CHECK(rmdir(s->hold) == 0, "could not remove %s: %s", s->hold, strerror(errno));
 }
 
 /* ---- the run ---- */
@@ -344,6 +434,21 @@ static void setup(void)
         vmm_start();
         pipe_collector_start(&P);
         aggregator_start();
+        /* A healthy start: the aggregator holds its partitions before any fault. */
+        char agglog[700];
+        snprintf(agglog, sizeof(agglog), "%s/aggregator.0.log", P.state_dir);
+        bool assigned = false;
+        for (int i = 0; i < 300 && !assigned; i++) {
+                char *l = test_read_file(agglog);
+                assigned = l && strstr(l, "partition assigned");
+                free(l);
+                if (!assigned)
+                        test_sleep_ms(50);
+        }
+        if (!assigned) {
+                fprintf(stderr, "FAIL: the aggregator was not assigned its partitions within 15 s\n");
+                exit(1);
+        }
 }
 
 static void finish(void)
@@ -353,12 +458,14 @@ static void finish(void)
         pipe_daemon_stop(P.vmm);
         P.aggregator = P.collector = P.vmm = -1;
         pipe_daemon_stop(broker);
-        if (test_failures) {
+        if (test_failures || getenv("TALLY_CHAOS_LOGS")) {
                 char cmd[1400];
-                snprintf(cmd, sizeof(cmd), "for f in %s/*.log; do echo \"---- $f\"; tail -c 2500 \"$f\"; done >&2",
+                snprintf(cmd, sizeof(cmd), "for f in %s/*.log; do echo \"---- $f\"; tail -c ${TALLY_CHAOS_LOG_TAIL:-2500} \"$f\"; done >&2",
                          P.state_dir);
-                char *argv[] = { "/bin/sh", "-c", cmd, NULL };
-                test_run(argv, NULL, NULL);
+                char *argv[] = { "/bin/sh", "-c", cmd, NULL }, *tails = NULL;
+                test_run(argv, NULL, &tails);
+                fprintf(stderr, "%s", tails ? tails : "");
+                free(tails);
         }
         test_cgroup_remove(P.cgroup_parent, 0);
         test_db_drop(P.db_url);
@@ -418,6 +525,8 @@ int main(void)
                         struct csb *x = pick(false);
                         if (x && live_count(false) > 2) {
                                 stop_one(x);
+                                if (kills < target && rnd_in(0, 1))
+                                        kill_one(1);
                                 create_one();
                         }
                 } else if (calm && live_count(false) < LIVE_MAX) {
@@ -427,12 +536,24 @@ int main(void)
         fprintf(stderr, "chaos: %d kills (collector %d, aggregator %d, vmm %d) in %" PRId64 " s\n", kills,
                 kills_by[0], kills_by[1], kills_by[2], (time_boot_ns() - t0) / NS_PER_SEC);
 
-        /* The end: every sandbox stopped, its truth read; the pipeline drains. */
+        /* The end: every sandbox stopped, its truth read, while the aggregator
+         * is down; once their last messages are in the broker, the aggregator
+         * starts and is killed right after its first commit (which holds
+         * them), and starts again. Then the pipeline drains. */
+        fprintf(stderr, "chaos: the aggregator's committed position %" PRId64 "\n", committed());
+        kill9(&P.aggregator);
+        kills++;
         for (int i = 0; i < nsb; i++)
                 if (sbs[i].live)
                         stop_one(&sbs[i]);
         for (int i = 0; i < nsb; i++)
                 pipe_wait_removed(&P, sbs[i].s.id, 60000);
+        aggregator_start();
+        CHECK(wait_commit(60), "the aggregator committed nothing within 60 s of its start");
+        kill9(&P.aggregator);
+        kills++;
+        aggregator_start();
+        fprintf(stderr, "chaos: %d kills in all\n", kills);
         pipe_wait_caught_up(&P, 90000);
 
         int64_t cpu_total = 0, run_lo_total = 0;
@@ -446,10 +567,10 @@ int main(void)
                 struct billed b = pipe_billed(&P, x->s.id, MEM_BYTES, 1024);
                 __int128 storage = (__int128)b.storage_ns * 1024 + b.storage_rem;
                 fprintf(stderr,
-                        "chaos: %s cpu billed %" PRId64 " kernel %" PRIu64 "; running billed %" PRId64 " seen %" PRId64
+                        "chaos: %s (%s, %d vmm restarts) cpu billed %" PRId64 " kernel %" PRIu64 "; running billed %" PRId64 " seen %" PRId64
                         "..%" PRId64 "; paused %" PRId64 "..%" PRId64 " ns, storage billed %" PRId64
                         " KiB-ns seen %" PRId64 "..%" PRId64 "\n",
-                        x->s.id, b.cpu_ns, x->s.truth_cpu_ns, b.mem_ns, x->run_lo, x->run_hi, x->pause_lo,
+                        x->s.id, x->forked ? "forked" : "created", x->vmm_restarts, b.cpu_ns, x->s.truth_cpu_ns, b.mem_ns, x->run_lo, x->run_hi, x->pause_lo,
                         x->pause_hi, (int64_t)(storage / 1024), (int64_t)(x->storage_lo / 1024),
                         (int64_t)(x->storage_hi / 1024));
                 CHECK(b.found, "sandbox %s: nothing billed", x->s.id);
@@ -478,6 +599,7 @@ int main(void)
               alerts ? alerts : "none");
         free(alerts);
         fprintf(stderr, "chaos: seed %" PRIu64 "\n", seed);
+        PQfinish(watch);
         finish();
         free(P.dir);
         return test_result();
