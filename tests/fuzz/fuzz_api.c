@@ -21,10 +21,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -86,10 +88,43 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         return 0;
 }
 
+/* Whether buf holds one whole HTTP answer (after any 100 Continue). */
+static bool answer_complete(const char *buf, size_t len, bool head)
+{
+        const char *p = buf, *end = buf + len;
+        for (;;) {
+                const char *hdr_end = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
+                if (!hdr_end)
+                        return false;
+                const char *body = hdr_end + 4;
+                if (end - p >= 12 && memcmp(p + 9, "100", 3) == 0) {
+                        p = body;
+                        continue;
+                }
+                if (head)
+                        return true;
+                long long clen = -1;
+                bool chunked = false;
+                for (const char *l = memchr(p, '\n', (size_t)(hdr_end - p)); l && l < hdr_end;
+                     l = memchr(l + 1, '\n', (size_t)(hdr_end - l - 1))) {
+                        if (strncasecmp(l + 1, "Content-Length:", 15) == 0)
+                                clen = strtoll(l + 16, NULL, 10);
+                        else if (strncasecmp(l + 1, "Transfer-Encoding: chunked", 26) == 0)
+                                chunked = true;
+                }
+                if (chunked)
+                        return memmem(body, (size_t)(end - body), "0\r\n\r\n", 5) != NULL;
+                if (clen >= 0)
+                        return end - body >= clen;
+                return false; /* until the server closes */
+        }
+}
+
 /* Sends req on a fresh connection, reads the answer to the end (at most cap
  * bytes kept) into out; returns its length, or -1 if the connection failed. */
 static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
 {
+        size_t len0 = len;
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -110,14 +145,17 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
                 len -= (size_t)n;
         }
         shutdown(fd, SHUT_WR);
+        /* Read until the server closes, or until one whole answer is in (a
+         * kept-alive connection would otherwise idle until its timeout). */
+        bool head = len0 >= 5 && memcmp(req, "HEAD ", 5) == 0;
         size_t got = 0;
-        char sink[4096];
-        for (;;) {
-                ssize_t n = recv(fd, got < cap ? out + got : sink, got < cap ? cap - got : sizeof(sink), 0);
+        while (got < cap) {
+                ssize_t n = recv(fd, out + got, cap - got, 0);
                 if (n <= 0)
                         break;
-                if (got < cap)
-                        got += (size_t)n;
+                got += (size_t)n;
+                if (answer_complete(out, got, head))
+                        break;
         }
         close(fd);
         return (ssize_t)got;
