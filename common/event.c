@@ -265,7 +265,9 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 { "mem_size_bytes", sample || created, 0, INT64_MAX, &ev.mem_size_bytes, 8 },
                 { "disk_bytes", false, 0, INT64_MAX, &ev.disk_bytes, 8 },
                 { "disk_size_bytes", false, 0, INT64_MAX, &ev.disk_size_bytes, 8 },
-                { "vcpus", sample || created, 1, EVENT_VCPUS_MAX, &ev.vcpus, 4 },
+                /* Lifecycle events other than created may leave it out (0); the
+                 * encoder writes 0 then, which must decode too. */
+                { "vcpus", sample || created, sample || created ? 1 : 0, EVENT_VCPUS_MAX, &ev.vcpus, 4 },
                 { "fork_count", false, 0, 1000, &ev.fork_count, 4 },
                 { "running_ns", false, 0, INT64_MAX, &ev.running_ns, 8 },
                 { "paused_ns", false, 0, INT64_MAX, &ev.paused_ns, 8 },
@@ -308,6 +310,12 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                         goto fail;
                 }
                 strcpy(ev.backend, json_string_value(backend));
+                /* What event_encode writes: lowercase letters ("process", "qemu"). */
+                for (const char *p = ev.backend; *p; p++)
+                        if (*p < 'a' || *p > 'z') {
+                                r = refuse(why, whylen, "field backend is not lowercase letters");
+                                goto fail;
+                        }
         }
 
         json_t *labels = json_object_get(o, "labels");

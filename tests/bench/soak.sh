@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# tests/bench/soak.sh — the whole pipeline for MINUTES (default 10): tally-vmm
+# (process sandboxes), tally-collector, tally-aggregator, tally-api, the
+# development broker and PostgreSQL, with SANDBOXES (default 200) sandboxes
+# alive at once, CHURN (default 2) of them stopped and as many created every
+# second, and API load (usage, spend and sandbox lists as the key, about
+# API_RPS requests a second). Every minute each daemon's RSS and open
+# descriptors are sampled. Each stop reads the sandbox's truth from the kernel
+# (its cgroup's CPU counter once its processes ended); at the end every
+# sandbox is stopped, the pipeline drains, and the ledger's CPU per sandbox
+# must equal that truth to the ns. The last line is JSON:
+#   {"duration_s", "sandboxes_created", "errors", "rss_growth_kib": {daemon: KiB from
+#    minute 2 to the end}, "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/lib.sh"
+BUILD=${TALLY_BUILD:?run through scripts/bench}
+MINUTES=${1:-10}
+SANDBOXES=${SANDBOXES:-200}
+CHURN=${CHURN:-2}
+API_RPS=${API_RPS:-10}
+WORK=$(mktemp -d /tmp/tally-bench-soak.XXXXXX)
+STATE=$WORK/state
+SOCK=$STATE/vmm.sock
+CG=tally-soak-$$
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  for d in /sys/fs/cgroup/*/"$CG" /sys/fs/cgroup/"$CG"; do
+    [ -d "$d" ] || continue
+    find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  stop_test_services "$WORK"
+}
+trap cleanup EXIT
+start_test_services "$WORK" "$BUILD"
+mkdir -p "$STATE"
+DB="${TALLY_TEST_PG_URL%/*}/tally"
+BROKERS=$TALLY_TEST_BROKERS
+"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+SECRET=tk_soak0123456789abcdef0123456789abcdef0123456789ab
+"$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" <<SQL
+INSERT INTO accounts (id, name) VALUES ('soak', 'soak');
+INSERT INTO api_keys (id, account_id, key_hash) VALUES ('soak_key', 'soak', sha256('$SECRET'::bytea));
+SQL
+
+declare -A DPID
+start_daemon() { # NAME ARGS...
+  local name=$1; shift
+  "$@" >>"$WORK/$name.log" 2>&1 &
+  DPID[$name]=$!
+  PIDS+=($!)
+}
+start_daemon vmm "$BUILD/vmm/tally-vmm" --state-dir "$STATE" --kafka-brokers "$BROKERS" --cgroup-parent "$CG" \
+  --backend process --limits-database-url "$DB" --timeout-max-s 86400 --log-level warn
+start_daemon collector "$BUILD/collector/tally-collector" --state-dir "$STATE" --kafka-brokers "$BROKERS" \
+  --tick-ms 1000 --metrics-port 0 --log-level warn
+start_daemon aggregator "$BUILD/aggregator/tally-aggregator" --database-url "$DB" --kafka-brokers "$BROKERS" \
+  --log-level warn
+start_daemon api "$BUILD/api/tally-api" --database-url "$DB" --port 0 --vmm-sockets "$SOCK" --rate-per-s 1000000 \
+  --rate-burst 1000000 --cookie-secure=false --log-level warn
+for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.1; done
+[ -S "$SOCK" ] || die "tally-vmm opened no socket: $(tail -3 "$WORK/vmm.log")"
+PORT=
+for _ in $(seq 100); do
+  PORT=$(ss -Hltnp 2>/dev/null | awk -v pid="pid=${DPID[api]}," 'index($0, pid) { n = split($4, a, ":"); print a[n]; exit }')
+  [ -n "$PORT" ] && break
+  sleep 0.1
+done
+[ -n "$PORT" ] || die "tally-api opened no port: $(tail -3 "$WORK/api.log")"
+
+ERRORS=0
+err() { ERRORS=$((ERRORS + 1)); say "error: $*"; }
+vmm_api() { # METHOD PATH [BODY] -> body on stdout, code in $WORK/code
+  curl -s --unix-socket "$SOCK" -X "$1" -H 'Content-Type: application/json' ${3:+--data "$3"} \
+    -o "$WORK/out.json" -w '%{http_code}' "http://localhost$2" >"$WORK/code" || echo 000 >"$WORK/code"
+  cat "$WORK/out.json" 2>/dev/null || true
+}
+
+declare -A CPU_DIR          # live sandbox -> its CPU cgroup folder
+LIVE=()
+CREATED=0
+: >"$WORK/truth"            # "id cpu_ns" of every stopped sandbox
+BODY='{"account": "soak", "key": "soak_key", "vcpus": 1, "memory_mib": 64, "timeout_s": 86400, "command": ["sh", "-c", "while :; do i=0; while [ $i -lt 200 ]; do i=$((i+1)); done; sleep 2; done"]}'
+create() {
+  local out id dir
+  out=$(vmm_api POST /v1/sandboxes "$BODY")
+  if [ "$(cat "$WORK/code")" != 201 ]; then err "create: HTTP $(cat "$WORK/code") $(head -c 200 <<<"$out")"; return; fi
+  id=$(jq -r .id <<<"$out"); dir=$(jq -r .cgroup_cpu <<<"$out")
+  mkdir "$dir/tally-soak-hold" || { err "could not hold $dir"; return; }
+  CPU_DIR[$id]=$dir
+  LIVE+=("$id")
+  CREATED=$((CREATED + 1))
+}
+cpu_of() { # DIR -> the kernel's counter, ns
+  if [ -f "$1/cpuacct.usage" ]; then cat "$1/cpuacct.usage"
+  else awk '$1 == "usage_usec" { print $2 * 1000 }' "$1/cpu.stat"; fi
+}
+stop() { # ID: stops it and reads its truth
+  local id=$1 dir=${CPU_DIR[$1]} a b i
+  vmm_api POST "/v1/sandboxes/$id/stop" '{}' >/dev/null
+  [ "$(cat "$WORK/code")" = 200 ] || { err "stop $id: HTTP $(cat "$WORK/code")"; return; }
+  # cgroup files report no size: read them.
+  for i in $(seq 500); do [ -n "$(cat "$dir/cgroup.procs")" ] || break; sleep 0.01; done
+  if [ -n "$(cat "$dir/cgroup.procs")" ]; then err "$id: processes left 5 s after its stop"; return; fi
+  a=$(cpu_of "$dir")
+  for i in $(seq 30); do sleep 0.1; b=$(cpu_of "$dir"); [ "$a" = "$b" ] && break; a=$b; done
+  echo "$id $b" >>"$WORK/truth"
+  rmdir "$dir/tally-soak-hold" || err "could not remove the hold of $id"
+  unset "CPU_DIR[$id]"
+}
+
+# API load in the background: the key's reads, about API_RPS a second.
+api_load() {
+  local n=0 code path
+  while :; do
+    case $((n % 3)) in
+      0) path=/v1/spend ;; 1) path="/v1/usage?from=$USAGE_FROM&to=$USAGE_TO&granularity=hour" ;; 2) path=/v1/sandboxes ;;
+    esac
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $SECRET" "http://127.0.0.1:$PORT$path" || echo 000)
+    [ "$code" = 200 ] || echo "$path $code" >>"$WORK/api_errors"
+    n=$((n + 1))
+    sleep "$(awk -v r="$API_RPS" 'BEGIN { printf "%.3f", 1 / r }')"
+  done
+}
+USAGE_FROM=$(date -u -d "today" +%Y-%m-%dT00:00:00Z)
+USAGE_TO=$(date -u -d "tomorrow" +%Y-%m-%dT00:00:00Z)
+: >"$WORK/api_errors"
+api_load &
+PIDS+=($!)
+LOAD_PID=$!
+
+sample() { # MINUTE: RSS (KiB) and fds of every daemon
+  local d
+  for d in vmm collector aggregator api; do
+    if ! kill -0 "${DPID[$d]}" 2>/dev/null; then err "$d exited: $(tail -2 "$WORK/$d.log")"; continue; fi
+    echo "$1 $d $(awk '/^VmRSS:/ { print $2 }' "/proc/${DPID[$d]}/status") $(ls "/proc/${DPID[$d]}/fd" | wc -l)"
+  done >>"$WORK/samples"
+}
+
+say "soak: $SANDBOXES sandboxes, $CHURN stopped and created a second, API load ~$API_RPS/s, $MINUTES min"
+for _ in $(seq "$SANDBOXES"); do create; done
+say "soak: $CREATED sandboxes up"
+T0=$(date +%s)
+END=$((T0 + MINUTES * 60))
+: >"$WORK/samples"
+sample 0
+next=$((T0 + 60)); minute=1
+while [ "$(date +%s)" -lt "$END" ]; do
+  for _ in $(seq "$CHURN"); do
+    [ ${#LIVE[@]} -gt 0 ] || break
+    k=$((RANDOM % ${#LIVE[@]}))
+    stop "${LIVE[$k]}"
+    LIVE=("${LIVE[@]:0:$k}" "${LIVE[@]:$((k + 1))}")
+    create
+  done
+  if [ "$(date +%s)" -ge "$next" ]; then
+    sample $minute
+    say "soak: minute $minute, $CREATED created, $ERRORS errors, $(awk -v m=$minute '$1 == m { printf "%s rss=%sKiB fds=%s  ", $2, $3, $4 }' "$WORK/samples")"
+    minute=$((minute + 1)); next=$((next + 60))
+  fi
+  sleep 1
+done
+sample $minute
+DURATION=$(( $(date +%s) - T0 ))
+kill "$LOAD_PID" 2>/dev/null || true
+
+say "soak: stopping the $((${#LIVE[@]})) sandboxes left, then waiting for the ledger"
+for id in "${LIVE[@]}"; do stop "$id"; done
+API_ERRORS=$(wc -l <"$WORK/api_errors")
+[ "$API_ERRORS" = 0 ] || { ERRORS=$((ERRORS + API_ERRORS)); say "API errors: $(sort "$WORK/api_errors" | uniq -c | head -5)"; }
+
+# The ledger: every sandbox's CPU billed equals its truth (waits up to 120 s for the drain).
+mismatches=-1
+[ -s "$WORK/truth" ] || die "no sandbox was stopped with its truth read"
+for _ in $(seq 120); do
+  mismatches=$(awk '{ printf "(%s, %s),", "'"'"'" $1 "'"'"'", $2 }' "$WORK/truth" | sed 's/,$//' |
+    { read -r values; "$PG_BIN/psql" -X -tA "$DB" -c "SELECT count(*) FROM (VALUES $values) AS t(id, ns)
+        LEFT JOIN (SELECT sandbox_id, sum(cpu_ns) AS billed FROM usage_hourly GROUP BY 1) u ON u.sandbox_id = t.id
+        WHERE u.billed IS DISTINCT FROM t.ns::bigint"; })
+  [ "$mismatches" = 0 ] && break
+  sleep 1
+done
+TRUTHS=$(wc -l <"$WORK/truth")
+LEDGER_EXACT=false
+[ "$mismatches" = 0 ] && [ "$TRUTHS" = "$CREATED" ] && LEDGER_EXACT=true
+[ "$TRUTHS" = "$CREATED" ] || err "truth read for $TRUTHS of $CREATED sandboxes"
+
+growth() { # COLUMN (3 rss, 4 fds) -> {"vmm": n, ...}: last minute minus minute 2
+  # (a run shorter than 3 minutes counts from its first sample)
+  awk -v c="$1" -v last="$minute" -v base="$([ "$minute" -ge 3 ] && echo 2 || echo 0)" \
+    '$1 == base { a[$2] = $c } $1 == last { b[$2] = $c }
+    END { s = ""; for (d in b) { s = s sprintf("%s\"%s\": %d", s == "" ? "" : ", ", d, b[d] - a[d]) } print "{" s "}" }' "$WORK/samples"
+}
+say "samples (minute daemon rss_kib fds):"; cat "$WORK/samples" >&2
+printf '%-34s %12s\n' "duration (s)" "$DURATION"
+printf '%-34s %12s\n' "sandboxes created" "$CREATED"
+printf '%-34s %12s\n' "errors" "$ERRORS"
+printf '%-34s %12s\n' "ledger CPU = kernel, every sandbox" "$LEDGER_EXACT ($mismatches mismatches)"
+printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "rss_growth_kib": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
+  "$DURATION" "$CREATED" "$ERRORS" "$(growth 3)" "$(growth 4)" "$LEDGER_EXACT" "$mismatches"
