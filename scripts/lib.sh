@@ -16,7 +16,7 @@ TALLY_DEB_PACKAGES=(
   libssl-dev libcurl4-openssl-dev libcrypt-dev
   postgresql-15 postgresql-client-15 valgrind iproute2
   qemu-system-x86 busybox-static cpio
-  clang llvm bpftool libbpf-dev
+  clang llvm bpftool libbpf-dev libclang-rt-14-dev
   libseccomp-dev e2fsprogs
   python3 wrk
   maven openjdk-17-jre-headless
