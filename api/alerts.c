@@ -15,8 +15,9 @@
 #include <string.h>
 
 /* state: delivered once any destination got the event (alerts.delivered_at,
- * written by tally-notifier), failed when it has deliveries and all failed,
- * else pending. Deliveries (a person's session only, $7) are listed per alert. */
+ * written by tally-notifier), no_destination when it has no delivery (the
+ * account had no enabled destination: nothing will send it), failed when it
+ * has deliveries and all failed, else pending. Deliveries (a person's session only, $7) are listed per alert. */
 #define ALERTS_SQL                                                                                       \
         "SELECT a.id, a.key_id, a.day::text, a.threshold_pct, a.spend_nanodollars, a.limit_nanodollars," \
         "       to_char(a.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"          \
@@ -26,6 +27,8 @@
         "       st.state, CASE WHEN $7::bool THEN coalesce(dl.list, '[]') END"                          \
         "  FROM alerts a"                                                                               \
         "  CROSS JOIN LATERAL (SELECT CASE WHEN a.delivered_at IS NOT NULL THEN 'delivered'"            \
+        "         WHEN NOT EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.alert_id = a.id)"           \
+        "          THEN 'no_destination'"                                                              \
         "         WHEN EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.alert_id = a.id)"               \
         "          AND NOT EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.alert_id = a.id"            \
         "                          AND x.state <> 'failed') THEN 'failed'"                              \
@@ -60,8 +63,10 @@ int api_alerts(PGconn *db, const struct api_caller *c, api_param_fn get, void *c
         if (key && !key_id_valid(key))
                 return api_fail(err, 400, "invalid_field", "key", "key is an id: 1 to 64 of A-Z a-z 0-9 _ . : -");
         const char *state = get(ctx, "state");
-        if (state && strcmp(state, "pending") != 0 && strcmp(state, "delivered") != 0 && strcmp(state, "failed") != 0)
-                return api_fail(err, 400, "invalid_field", "state", "state is pending, delivered or failed");
+        if (state && strcmp(state, "pending") != 0 && strcmp(state, "delivered") != 0 && strcmp(state, "failed") != 0 &&
+            strcmp(state, "no_destination") != 0)
+                return api_fail(err, 400, "invalid_field", "state",
+                                "state is pending, delivered, failed or no_destination");
         char before[24] = "";
         const char *cs = get(ctx, "cursor");
         if (cs) {

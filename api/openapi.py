@@ -181,11 +181,12 @@ paths = {
         "Spend alerts (50, 80, 100 % of a key's daily limit) with their delivery state, newest first.", ANY,
         dict({"200": resp("A page of alerts", ref("AlertPage"))}, **errors()),
         [qparam("key", "Only this key's alerts.", ref("Id")),
-         qparam("state", "Only pending, delivered or failed alerts.",
-                {"type": "string", "enum": ["pending", "delivered", "failed"]}),
+         qparam("state", "Only pending, delivered, failed or no_destination alerts.",
+                {"type": "string", "enum": ["pending", "delivered", "failed", "no_destination"]}),
          CURSOR, LIMIT], opid="listAlerts",
         desc="type spend.limit_projected is the warning before the limit (threshold_pct null). state: delivered "
-             "once any destination got the event, failed when every delivery failed, else pending. A person's "
+             "once any destination got the event, no_destination when the account had no enabled destination, failed "
+             "when every delivery failed, else pending. A person's "
              "session also sees each alert's deliveries (docs/alerts.md).")},
     "/v1/alert-destinations": {
         "get": op("Where the account's alerts go (secrets are never shown again).", PERSON,
@@ -284,7 +285,7 @@ schemas = {
         "spend_nanodollars": {"type": "integer"},
         "limit_nanodollars": {"type": "integer"}, "created_at": {"type": "string", "format": "date-time"},
         "projected_at": {"type": ["string", "null"], "format": "date-time"},
-        "state": {"type": "string", "enum": ["pending", "delivered", "failed"]},
+        "state": {"type": "string", "enum": ["pending", "delivered", "failed", "no_destination"]},
         "delivered_at": {"type": ["string", "null"], "format": "date-time"},
         "deliveries": {"type": "array", "items": ref("Delivery"), "description": "A person's session only."}}},
     "Delivery": {"type": "object", "properties": {

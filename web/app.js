@@ -261,10 +261,13 @@ async function alerts() {
   const rows = page.data.map((a) => el("tr", {},
     el("td", {}, a.created_at.replace("T", " ").replace(/\.\d+/, "")),
     el("td", { title: a.key }, keyNames.get(a.key) || a.key), el("td", {}, a.day),
-    el("td", { class: "num" }, a.threshold_pct + "%"),
+    el("td", { class: "num" }, a.type === "spend.limit_projected"
+      ? "projected by " + (a.projected_at || "").replace("T", " ").replace(/:\d\dZ$/, "")
+      : a.threshold_pct + "%"),
     el("td", { class: "num" }, money(a.spend_nanodollars)),
     el("td", { class: "num" }, money(a.limit_nanodollars)),
-    el("td", {}, a.state === "delivered" ? "delivered " + (a.delivered_at || "").replace("T", " ").replace(/\.\d+/, "") : "pending")));
+    el("td", {}, a.state === "delivered" ? "delivered " + (a.delivered_at || "").replace("T", " ").replace(/\.\d+/, "")
+      : a.state === "no_destination" ? "no destination set" : a.state)));
   setRows($("#alerts tbody"), rows, 7);
 }
 

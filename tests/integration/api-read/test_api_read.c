@@ -652,7 +652,7 @@ static void test_alerts(void)
         /* Newest first: the last inserted (ar-ka1 100 % on 2025-11-02) leads. */
         json_t *a0 = json_array_get(d, 0);
         CHECK(!strcmp(str(a0, "key"), "ar-ka1") && num(a0, "threshold_pct") == 100 &&
-                      !strcmp(str(a0, "day"), "2025-11-02") && !strcmp(str(a0, "state"), "pending") &&
+                      !strcmp(str(a0, "day"), "2025-11-02") && !strcmp(str(a0, "state"), "no_destination") &&
                       json_is_null(json_object_get(a0, "delivered_at")) && num(a0, "spend_nanodollars") == 100000000,
               "first alert %s %lld %s %s", str(a0, "key"), num(a0, "threshold_pct"), str(a0, "day"), str(a0, "state"));
         json_decref(p);
@@ -670,6 +670,13 @@ static void test_alerts(void)
         json_decref(paged);
         p = ok(ALERTS, &pa, "state=delivered");
         CHECK(json_array_size(data(p)) == 2, "delivered alerts %zu, want 2", json_array_size(data(p)));
+        json_decref(p);
+        /* No destination was set: nothing will send the other four, and they say so. */
+        p = ok(ALERTS, &pa, "state=no_destination");
+        CHECK(json_array_size(data(p)) == 4, "alerts with no destination %zu, want 4", json_array_size(data(p)));
+        json_decref(p);
+        p = ok(ALERTS, &pa, "state=pending");
+        CHECK(json_array_size(data(p)) == 0, "pending alerts %zu, want 0 (none has a delivery)", json_array_size(data(p)));
         json_decref(p);
         p = ok(ALERTS, &pa, "key=ar-ka2");
         CHECK(json_array_size(data(p)) == 1, "ar-ka2's alerts for the person: %zu", json_array_size(data(p)));

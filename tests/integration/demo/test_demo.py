@@ -158,7 +158,9 @@ def main():
             st, sp, _ = call(base, "GET", "/v1/spend", key=keys["trial"]["key"])
             row = sp["data"][0] if st == 200 and sp["data"] else {}
             st, al, _ = call(base, "GET", f"/v1/alerts?key={trial}", cookie=cookie)
-            pcts = sorted(a["threshold_pct"] for a in al["data"]) if st == 200 else []
+            # Threshold alerts only: the warning before the limit (spend.limit_projected) has none.
+            pcts = sorted(a["threshold_pct"] for a in al["data"]
+                          if a["type"] == "spend.threshold_reached") if st == 200 else []
             paused = [s for s in sandboxes() if s["key"] == trial and s["state"] == "paused"]
             if row.get("blocked") and pcts == [50, 80, 100] and paused:
                 break
