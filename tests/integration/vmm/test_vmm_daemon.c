@@ -313,14 +313,8 @@ static struct usage_event *wait_event(enum event_type type, const char *id, int 
 /* One exec producing 64 MiB of output (NUL bytes: each one 6 bytes of JSON)
  * at the largest output_cap: the daemon's peak memory grows by no more than
  * the two outputs it may hold (2 x cap), never by copies of the escaped answer. */
-static void test_exec_memory(void)
+static void exec_memory_peak(const char *id, long long cap)
 {
-        json_t *sb = create("key-mem", "128");
-        const char *id = test_jstr(sb, "id");
-        const long long cap = 16LL << 20;
-        /* Warm up: the daemon's first exec makes its thread and buffers. */
-        int rc;
-        json_decref(cli(&rc, NULL, "exec", id, "--", "true", NULL));
         uint64_t hwm0 = proc_status(daemon_pid, "VmHWM:"), rss0 = proc_status(daemon_pid, "VmRSS:");
         char out_path[512], capstr[32];
         snprintf(out_path, sizeof(out_path), "%s/exec.out", base);
@@ -342,6 +336,24 @@ static void test_exec_memory(void)
         CHECK(hwm1 - hwm0 <= (uint64_t)(2 * cap + (4 << 20)),
               "the daemon's peak memory grew by %" PRIu64 " KiB for one exec capped at %lld KiB (allowed: twice the "
               "cap + 4 MiB)", (hwm1 - hwm0) >> 10, cap >> 10);
+}
+
+static void test_exec_memory(void)
+{
+        json_t *sb = create("key-mem", "128");
+        const char *id = test_jstr(sb, "id");
+        const long long cap = 16LL << 20;
+        /* Warm up: the daemon's first exec makes its thread and buffers. */
+        int rc;
+        json_decref(cli(&rc, NULL, "exec", id, "--", "true", NULL));
+#if defined(__SANITIZE_ADDRESS__)
+        /* Under AddressSanitizer the daemon's resident memory holds ASan's quarantine of freed
+         * blocks (256 MiB) and shadow memory, so its peak says nothing of what tally holds, and
+         * escaping 64 MiB takes minutes: the bound is checked by the plain build's run. */
+        fprintf(stderr, "exec_memory: peak memory not measured in a sanitizer build (the plain build checks it)\n");
+#else
+        exec_memory_peak(id, cap);
+#endif
         /* A cap above the documented maximum is refused, not held. */
         char *err = NULL;
         json_t *j = cli(&rc, &err, "exec", id, "--output-cap", "67108864", "--", "true", NULL);
