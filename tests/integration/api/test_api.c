@@ -1076,6 +1076,7 @@ int main(void)
                 fprintf(stderr, "FAIL: migrations: %s\n", merr ? merr : "");
                 return 1;
         }
+        free(merr);
         db = PQconnectdb(db_url);
         setup_accounts();
         start_vmm();
