@@ -6,6 +6,7 @@
  * route table: an API key gets 403 before they run); every statement is
  * scoped to the caller's account and every change is audited in the same
  * transaction. The secret is returned by create and never again. */
+#include "db.h"
 #include "log.h"
 #include "server.h"
 
@@ -71,16 +72,6 @@ static bool email_acceptable(const char *e)
                strcspn(e, " \t\r\n<>,;\"\\") == n;
 }
 
-static bool exec_ok(PGconn *db, const char *sql)
-{
-        PGresult *res = PQexec(db, sql);
-        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        if (!ok)
-                log_error("could not run a statement", "sql=\"%s\" error=\"%s\"", sql, PQerrorMessage(db));
-        PQclear(res);
-        return ok;
-}
-
 int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         const char *params[] = { r->caller.account };
@@ -136,7 +127,7 @@ int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_e
         snprintf(max, sizeof(max), "%d", DEST_MAX);
         PGconn *db = req_db(r);
         const char *params[] = { id, r->caller.account, kind, url, email, secret[0] ? secret : NULL, actor, max };
-        if (!exec_ok(db, "BEGIN"))
+        if (!db_exec_logged(db, "BEGIN"))
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the destination");
         /* The account's row lock serialises creations, so the count holds. */
         PGresult *res = db_query(db, "create an alert destination", PGRES_TUPLES_OK,
@@ -152,18 +143,18 @@ int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_e
                                  " SELECT * FROM ins",
                                  8, params);
         if (!res) {
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the destination");
         }
         if (PQntuples(res) != 1) {
                 PQclear(res);
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 409, "too_many", NULL, "an account has at most %d enabled destinations",
                                 DEST_MAX);
         }
         json_t *d = dest_row(res, 0);
         PQclear(res);
-        if (!exec_ok(db, "COMMIT")) {
+        if (!db_exec_logged(db, "COMMIT")) {
                 json_decref(d);
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the destination");
         }

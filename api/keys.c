@@ -4,6 +4,7 @@
  * same transaction. Raising a limit above today's spend (or removing it, or
  * making it alert_only) deletes today's key_blocks row in that transaction:
  * the vmm and the aggregator read that table, so they see it at once. */
+#include "db.h"
 #include "log.h"
 #include "server.h"
 
@@ -30,16 +31,6 @@ static json_t *key_row(PGresult *res, int i)
                                                    : json_integer(strtoll(PQgetvalue(res, i, 3), NULL, 10)));
         json_object_set_new(k, "revoked_at", PQgetisnull(res, i, 6) ? json_null() : json_string(PQgetvalue(res, i, 6)));
         return k;
-}
-
-static bool exec_ok(PGconn *db, const char *sql)
-{
-        PGresult *res = PQexec(db, sql);
-        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        if (!ok)
-                log_error("could not run a statement", "sql=\"%s\" error=\"%s\"", sql, PQerrorMessage(db));
-        PQclear(res);
-        return ok;
 }
 
 /* Reads the limit fields of a body: daily_limit_nanodollars (an integer in
@@ -89,7 +80,7 @@ int key_create(PGconn *db, const char *account, const char *actor, const char *n
         sha256_hex(secret, strlen(secret), hash);
         const char *params[] = { id, account, name ? name : "", hash, prefix, lim[0] ? lim : NULL,
                                  pol[0] ? pol : "pause", actor };
-        if (!exec_ok(db, "BEGIN"))
+        if (!db_exec_logged(db, "BEGIN"))
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the key");
         PGresult *res = db_query(db, "insert a key", PGRES_TUPLES_OK,
                                  "INSERT INTO api_keys (id, account_id, name, key_hash, prefix, daily_limit_nanodollars, "
@@ -98,12 +89,12 @@ int key_create(PGconn *db, const char *account, const char *actor, const char *n
                                  "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2) RETURNING " KEY_COLUMNS,
                                  8, params);
         if (!res) {
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the key");
         }
         if (PQntuples(res) != 1) {
                 PQclear(res);
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 404, "not_found", "account", "no account %s", account);
         }
         json_t *k = key_row(res, 0);
@@ -115,9 +106,9 @@ int key_create(PGconn *db, const char *account, const char *actor, const char *n
                        "VALUES ($1, $2, 'key.create', $3, $4::jsonb)",
                        4, ap);
         free(newv);
-        if (!res || !exec_ok(db, "COMMIT")) {
+        if (!res || !db_exec_logged(db, "COMMIT")) {
                 PQclear(res);
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 json_decref(k);
                 return api_fail(err, 503, "database_unavailable", NULL, "could not create the key");
         }
@@ -203,19 +194,19 @@ int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err
         char actor[EVENT_ID_MAX + 8];
         snprintf(actor, sizeof(actor), "person:%s", r->caller.person);
         const char *params[] = { r->id, r->caller.account, actor };
-        if (!exec_ok(db, "BEGIN"))
+        if (!db_exec_logged(db, "BEGIN"))
                 return api_fail(err, 503, "database_unavailable", NULL, "could not revoke the key");
         PGresult *res = db_query(db, "revoke a key", PGRES_TUPLES_OK,
                                  "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) "
                                  "WHERE id = $1 AND account_id = $2 RETURNING " KEY_COLUMNS,
                                  2, params);
         if (!res) {
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 503, "database_unavailable", NULL, "could not revoke the key");
         }
         if (PQntuples(res) != 1) {
                 PQclear(res);
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 404, "not_found", "id", "no key %s", r->id);
         }
         json_t *k = key_row(res, 0);
@@ -224,7 +215,7 @@ int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err
                        "INSERT INTO audit_log (account_id, actor, action, object_id, new_value) "
                        "VALUES ($2, $3, 'key.revoke', $1, jsonb_build_object('revoked', true))",
                        3, params);
-        if (!res || !exec_ok(db, "COMMIT")) {
+        if (!res || !db_exec_logged(db, "COMMIT")) {
                 PQclear(res);
                 json_decref(k);
                 return api_fail(err, 503, "database_unavailable", NULL, "could not revoke the key");
@@ -243,7 +234,7 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
         PGconn *db = req_db(r);
         char actor[EVENT_ID_MAX + 8];
         snprintf(actor, sizeof(actor), "person:%s", r->caller.person);
-        if (!exec_ok(db, "BEGIN"))
+        if (!db_exec_logged(db, "BEGIN"))
                 return api_fail(err, 503, "database_unavailable", NULL, "could not set the limit");
         const char *p1[] = { r->id, r->caller.account };
         PGresult *res = db_query(db, "lock a key", PGRES_TUPLES_OK,
@@ -254,7 +245,7 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
                 goto db_fail;
         if (PQntuples(res) != 1) {
                 PQclear(res);
-                exec_ok(db, "ROLLBACK");
+                db_exec_logged(db, "ROLLBACK");
                 return api_fail(err, 404, "not_found", "id", "no key %s", r->id);
         }
         PQclear(res);
@@ -300,7 +291,7 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
         json_t *k = key_row(res, 0);
         bool blocked = strcmp(PQgetvalue(res, 0, 7), "t") == 0;
         PQclear(res);
-        if (!exec_ok(db, "COMMIT")) {
+        if (!db_exec_logged(db, "COMMIT")) {
                 json_decref(k);
                 return api_fail(err, 503, "database_unavailable", NULL, "could not set the limit");
         }
@@ -312,7 +303,7 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
                  lifted ? "true" : "false");
         return reply_json(out, 200, k);
 db_fail:
-        exec_ok(db, "ROLLBACK");
+        db_exec_logged(db, "ROLLBACK");
         return api_fail(err, 503, "database_unavailable", NULL, "could not set the limit");
 }
 

@@ -1,5 +1,6 @@
 /* db.c — see db.h. */
 #include "db.h"
+#include "log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -43,6 +44,15 @@ int db_exec(PGconn *conn, const char *sql, char *err, size_t errlen)
         }
         PQclear(res);
         return r;
+}
+
+bool db_exec_logged(PGconn *conn, const char *sql)
+{
+        char err[512];
+        if (db_exec(conn, sql, err, sizeof(err)) == 0)
+                return true;
+        log_error("could not run a statement", "sql=\"%s\" error=\"%s\"", sql, err);
+        return false;
 }
 
 int db_schema_version(PGconn *conn, char *err, size_t errlen)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Connects; on failure returns NULL with libpq's reason in err. The caller owns
@@ -13,6 +14,10 @@ PGconn *db_connect(const char *url, char *err, size_t errlen);
 /* Runs sql (possibly several statements, no parameters) and expects success.
  * Returns 0, or -EIO with the server's message in err. */
 int db_exec(PGconn *conn, const char *sql, char *err, size_t errlen);
+
+/* Runs sql like db_exec; a failure is logged at error with the statement and
+ * the server's message. Returns whether it succeeded. */
+bool db_exec_logged(PGconn *conn, const char *sql);
 
 /* The newest migration applied to the database, 0 if none; negative on error. */
 int db_schema_version(PGconn *conn, char *err, size_t errlen);

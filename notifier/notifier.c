@@ -89,16 +89,6 @@ struct notifier {
         PGconn *db;
 };
 
-static bool exec_ok(PGconn *db, const char *sql)
-{
-        PGresult *res = PQexec(db, sql);
-        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        if (!ok)
-                log_error("could not run a statement", "sql=\"%s\" error=\"%s\"", sql, PQerrorMessage(db));
-        PQclear(res);
-        return ok;
-}
-
 static int db_ensure(struct notifier *n)
 {
         char err[1024];
@@ -110,7 +100,7 @@ static int db_ensure(struct notifier *n)
                 PQfinish(n->db);
                 n->db = NULL;
         }
-        if (n->db && !exec_ok(n->db, "LISTEN tally_alert_deliveries")) {
+        if (n->db && !db_exec_logged(n->db, "LISTEN tally_alert_deliveries")) {
                 PQfinish(n->db);
                 n->db = NULL;
                 snprintf(err, sizeof(err), "could not LISTEN");
@@ -145,7 +135,7 @@ static void refresh_metrics(struct notifier *n)
  * -EIO when the database failed (nothing recorded: the rows stay pending). */
 static int run_batch(struct notifier *n)
 {
-        if (!exec_ok(n->db, "BEGIN"))
+        if (!db_exec_logged(n->db, "BEGIN"))
                 return -EIO;
         char lim[24];
         snprintf(lim, sizeof(lim), "%" PRId64, n->cfg->batch);
@@ -168,14 +158,14 @@ static int run_batch(struct notifier *n)
         if (PQresultStatus(res) != PGRES_TUPLES_OK) {
                 log_error("could not claim deliveries", "error=\"%s\"", PQerrorMessage(n->db));
                 PQclear(res);
-                exec_ok(n->db, "ROLLBACK");
+                db_exec_logged(n->db, "ROLLBACK");
                 return -EIO;
         }
         int rows = PQntuples(res);
         struct send_job *jobs = rows ? calloc((size_t)rows, sizeof(*jobs)) : NULL;
         if (rows && !jobs) {
                 PQclear(res);
-                exec_ok(n->db, "ROLLBACK");
+                db_exec_logged(n->db, "ROLLBACK");
                 return -ENOMEM;
         }
         for (int i = 0; i < rows; i++) {
@@ -264,8 +254,8 @@ static int run_batch(struct notifier *n)
                 send_job_free(&jobs[i]);
         free(jobs);
         PQclear(res);
-        if (!db_ok || !exec_ok(n->db, "COMMIT")) {
-                exec_ok(n->db, "ROLLBACK");
+        if (!db_ok || !db_exec_logged(n->db, "COMMIT")) {
+                db_exec_logged(n->db, "ROLLBACK");
                 return -EIO;
         }
         return rows;
@@ -357,7 +347,7 @@ static void *worker_loop(void *arg)
                         }
                         /* The projection's reference points (sql/009) matter only today. */
                         if (pruned.tv_sec == 0 || now.tv_sec - pruned.tv_sec >= 600) {
-                                exec_ok(n->db,
+                                db_exec_logged(n->db,
                                         "DELETE FROM spend_rate_points WHERE day < (now() AT TIME ZONE 'UTC')::date - 1");
                                 pruned = now;
                         }
