@@ -26,7 +26,7 @@
 enum need {
         NEED_NONE,   /* anyone (health, metrics, the OpenAPI document, sign-in) */
         NEED_ANY,    /* an API key or a person's session */
-        NEED_PERSON, /* a person's session: keys and limits (DESIGN invariant 5) */
+        NEED_PERSON, /* a person's session: keys and limits (invariant 5) */
         NEED_KEY,    /* an API key: sandboxes are created for, and charged to, a key */
 };
 

@@ -1,7 +1,7 @@
 /* Integration: the product pages' worked figures, through the real pipeline.
  * Samples go to a development broker, a real tally-aggregator process bills
  * them into a real PostgreSQL, and the invoice is read back from the ledger's
- * invoice_lines view. The expected figures are the seeds' (DESIGN.md), typed
+ * invoice_lines view. The expected figures are the product pages' (docs/architecture.md), typed
  * in here, never computed by tally's code. The same run also sends messages
  * billing cannot use (they must become dead letters, and the process must go
  * on) and a `created` event after its sandbox's samples (labels join late). */

@@ -1,12 +1,12 @@
 /* Integration: daily spend limits, checked right at each crossing.
  *
- * DESIGN invariant 5: once a key's spend today reaches its daily limit, its
+ * invariant 5: once a key's spend today reaches its daily limit, its
  * running sandboxes are paused (or stopped, by the key's policy) within 2 s,
  * so the spend overshoots by no more than what 2 s of the sandbox can burn.
  * Alerts fire once per (key, day, threshold): 50%, 80%, 100%.
  *
  * The sandbox is a busy 2 vCPU / 4 GiB one, sampled every second as the
- * collector does. With the default plan's prices (DESIGN: $0.025 per
+ * collector does. With the default plan's prices (docs/architecture.md: $0.025 per
  * vCPU-hour, $0.0075 per GiB-hour) a second of it costs 2 x 25,000,000 / 3600
  * + 4 x 7,500,000 / 3600 = 22,222.2 nano-dollars; 2 s of it 44,444.4. A limit
  * of 1,010,000 nd is crossed at 50% (505,000) by the sample of second 23

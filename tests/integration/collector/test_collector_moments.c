@@ -1,5 +1,5 @@
 /* Integration: held time never runs past a lifecycle moment the collector has
- * not read yet (DESIGN invariant 2; docs/registry.md, "Moments and ticks").
+ * not read yet (invariant 2; docs/registry.md, "Moments and ticks").
  *
  * The test plays the vmm with a real cgroup and the real tally-collector
  * (tick 200 ms), following the vmm's protocol at each moment: take the

@@ -6,7 +6,7 @@
  * event (docs/events.md: the final CPU counter and the final held totals) can
  * close its bill. Checked against truth the test reads itself:
  *   - billed CPU equals the cgroup's CPU counter read from the kernel once the
- *     sandbox's processes ended (DESIGN invariant 1);
+ *     sandbox's processes ended (invariant 1);
  *   - held memory equals the sandbox's life as the test measured it around
  *     its create and stop calls: at least end of create -> start of stop, at
  *     most start of create -> end of stop (invariant 2).

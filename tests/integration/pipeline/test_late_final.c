@@ -3,7 +3,7 @@
  * The collector is stopped (SIGTERM), a sandbox is stopped, and the collector
  * starts again 10 s later and takes the sandbox's final sample then (the vmm
  * keeps the record for final_wait_ms, 30 s). The sandbox held its memory
- * until its stop and not a nanosecond after (DESIGN invariant 2: held time
+ * until its stop and not a nanosecond after (invariant 2: held time
  * from the lifecycle moments, never from the time a sample was taken), so:
  *   - held memory billed is at most start of create -> end of stop, and at
  *     least end of create -> start of stop (the test's own clock);

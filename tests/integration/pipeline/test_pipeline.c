@@ -4,7 +4,7 @@
  * them, a private tally-broker carries the usage and control topics, and
  * tally-aggregator rates the usage into a real PostgreSQL ledger. Checked,
  * against truth the test reads itself:
- *   - conservation (DESIGN invariant 1): a sandbox's billed CPU equals, to the
+ *   - conservation (invariant 1): a sandbox's billed CPU equals, to the
  *     unit, its cgroup's CPU counter as the test reads it from the kernel once
  *     the sandbox's processes have ended (not the vmm's own final_cpu_ns);
  *   - coverage (invariant 2): its held memory is billed for its life as the

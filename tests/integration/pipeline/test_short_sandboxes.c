@@ -3,7 +3,7 @@
  * The collector samples once a second (its default tick). 50 sandboxes each
  * live through create -> exec `true` -> stop, far shorter than a tick, and one
  * more runs, is paused, resumed and stopped at moments that fall between
- * ticks. DESIGN invariant 2: held memory (running) and storage (paused) are
+ * ticks. invariant 2: held memory (running) and storage (paused) are
  * billed for exactly the time in each state, from the moments themselves.
  *
  * The bound. The test cannot see the instant inside a call at which the vmm

@@ -1,6 +1,6 @@
 /* Unit tests of the fold: the counter rules of docs/events.md, hour splits,
  * and the seeds' worked figures rated with the default plan's rates (typed in
- * from DESIGN.md). Expected values are worked out by hand. */
+ * from docs/architecture.md). Expected values are worked out by hand. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
