@@ -469,6 +469,75 @@ int cgroup_kill_all(const struct sandbox_cgroup *cg, int timeout_ms)
         }
 }
 
+/* pids.current of cg's pids folder (v1: the pids hierarchy; v2: the folder
+ * itself when its parent delegates pids): -ENOENT when it has none. */
+static int pids_current(const struct sandbox_cgroup *cg, uint64_t *ret)
+{
+        char buf[64];
+        for (size_t i = 0; i < cg->ndirs; i++) {
+                int r = read_file(cg->dirs[i], "pids.current", buf, sizeof(buf));
+                if (r == -ENOENT)
+                        continue;
+                return r < 0 ? r : parse_u64(buf, ret);
+        }
+        return -ENOENT;
+}
+
+/* Whether pid has ended and waits to be reaped (state Z in /proc/PID/stat). */
+static bool is_zombie(pid_t pid)
+{
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return false;
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+        return p && p[1] == ' ' && p[2] == 'Z';
+}
+
+int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms, uint64_t *ret)
+{
+        struct timespec ts = { 0, 1000 * 1000 };
+        uint64_t tasks = 0, cpu = 0, last = 0;
+        int r, waited = 0;
+        /* A task leaves cgroup.procs early in its exit, and is charged CPU for
+         * the rest of it (and its last slice) until it is released; the pids
+         * controller counts it until then. The one exception is the init once
+         * it is a zombie: its exit is done (and its pid namespace's with it),
+         * it waits only for its reaper, which for a sandbox a restarted daemon
+         * took over is the host's init (seen taking 1.5 s). */
+        bool released = false;
+        while ((r = pids_current(cg, &tasks)) == 0 && waited < timeout_ms) {
+                if (tasks == 0 || (tasks == 1 && init > 0 && is_zombie(init))) {
+                        released = true;
+                        break;
+                }
+                nanosleep(&ts, NULL);
+                waited++;
+        }
+        if ((r = cgroup_cpu_ns(cg, &cpu)) < 0)
+                return r;
+        if (!released) {
+                /* No pids controller, or a task never reaped: the counter once it
+                 * holds still for 20 ms, at most timeout_ms. */
+                ts.tv_nsec = 20 * 1000 * 1000;
+                do {
+                        last = cpu;
+                        nanosleep(&ts, NULL);
+                        waited += 20;
+                        if ((r = cgroup_cpu_ns(cg, &cpu)) < 0)
+                                return r;
+                } while (cpu != last && waited < 2 * timeout_ms);
+        }
+        *ret = cpu;
+        return released ? 0 : -EAGAIN;
+}
+
 int cgroup_remove(const struct cgroup_host *host, const struct sandbox_cgroup *cg)
 {
         (void)host;

@@ -73,6 +73,15 @@ int cgroup_memory_bytes(const struct sandbox_cgroup *cg, uint64_t *ret);
 /* The pids in the group (malloc'd array in *ret). Returns the count or -errno. */
 int cgroup_pids(const struct sandbox_cgroup *cg, pid_t **ret);
 
+/* The CPU counter of a group whose processes were killed, once the kernel has
+ * charged them all: after every task is released (pids.current 0, or 1 when
+ * that one is init, the group's first process, ended and not yet reaped), or,
+ * where that cannot be known, once the counter holds still. Waits at most about
+ * timeout_ms (twice that without a pids controller). Returns 0; -EAGAIN when
+ * the release could not be seen (*ret is then the still counter, or the last
+ * read at the bound); or -errno from reading the counter (*ret untouched). */
+int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms, uint64_t *ret);
+
 /* SIGKILLs every process in the group (thawing it so they can die) and waits
  * until it is empty, at most timeout_ms. Returns 0 or -ETIMEDOUT. */
 int cgroup_kill_all(const struct sandbox_cgroup *cg, int timeout_ms);

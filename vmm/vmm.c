@@ -31,6 +31,7 @@
 #define FORK_MAX      10
 #define FREEZE_WAIT_MS 5000
 #define KILL_WAIT_MS   5000
+#define RELEASE_WAIT_MS 2000 /* for a stopped sandbox's dying tasks to be released */
 #define RECORD_TRIES   3           /* immediate attempts at a record write before the tick takes over */
 
 /* A lifecycle moment (created, paused, resumed, stopped) on the three clocks:
@@ -848,6 +849,7 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, co
 {
         pthread_mutex_lock(&v->lock);
         enum sandbox_state st = sb->rec.state;
+        pid_t init = sb->rec.pid;
         pthread_mutex_unlock(&v->lock);
         if (st == STATE_STOPPED)
                 return 0;
@@ -862,13 +864,23 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, co
         r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
         if (r < 0)
                 log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
-        /* Its processes are gone: the sandbox holds nothing from here on. */
-        int lock = moment_begin(v->s.state_dir, sb->rec.id);
-        struct moment m = at ? *at : moment_now();
+        /* Gone from cgroup.procs is not gone: a dying task is charged the rest of
+         * its exit until it is released. The daemon that started the sandbox
+         * waited for its init, and so for its whole pid namespace; a restarted
+         * one cannot, and saw cgroup.procs empty up to 3 ms of CPU before the
+         * kernel's final counter. So the final counter is read once every task
+         * is released, and that is the stop's moment: from here on the sandbox
+         * holds nothing. (Not under the moment lock: the collector's tick must
+         * not wait for it.) */
         uint64_t cpu = 0;
-        if ((r = cgroup_cpu_ns(&sb->cg, &cpu)) < 0)
+        if ((r = cgroup_cpu_final(&sb->cg, init, RELEASE_WAIT_MS, &cpu)) == -EAGAIN)
+                log_warn("a stopped sandbox's tasks were not seen released; its final CPU counter is the one that held "
+                         "still", "sandbox=%s cpu_ns=%" PRIu64, sb->rec.id, cpu);
+        else if (r < 0)
                 log_error("could not read a stopped sandbox's CPU counter", "sandbox=%s error=\"%s\"", sb->rec.id,
                           strerror(-r));
+        int lock = moment_begin(v->s.state_dir, sb->rec.id);
+        struct moment m = at ? *at : moment_now();
         pthread_mutex_lock(&v->lock);
         registry_set_state(&sb->rec, STATE_STOPPED, m.boot);
         sb->moment = m;

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,9 +48,29 @@ void test_cleanup_at_exit(void (*cleanup)(void))
         signal(SIGINT, on_signal);
 }
 
+/* TALLY_TEST_CASES (a comma-separated list of names) runs only those cases: for
+ * replaying one by hand; unset, every case runs. */
+static bool case_selected(const char *name)
+{
+        const char *only = getenv("TALLY_TEST_CASES");
+        if (!only || !*only)
+                return true;
+        size_t len = strlen(name);
+        for (const char *p = only; *p;) {
+                const char *end = strchr(p, ',');
+                size_t n = end ? (size_t)(end - p) : strlen(p);
+                if (n == len && strncmp(p, name, len) == 0)
+                        return true;
+                p += n + (end != NULL);
+        }
+        return false;
+}
+
 void test_run_cases(const struct test_case *cases, size_t n)
 {
         for (size_t i = 0; i < n; i++) {
+                if (!case_selected(cases[i].name))
+                        continue;
                 int before = test_failures;
                 int64_t t0 = test_now_ms();
                 cases[i].fn();
