@@ -6,9 +6,9 @@
  *  - fast, a daily limit of 600,000 nd: a busy 2 vCPU / 4 GiB sandbox,
  *    22,222.2 nd a second with the default plan (test_limits.c works it by
  *    hand): the limit is reached about 27 s from the start, seconds after
- *    the warning (15 s measured; 147 s with the former 5,000,000 nd limit),
- *    inside the hour and (the test waits out a day about to end) the UTC
- *    day: one spend.limit_projected alert. Its 12 s of samples spend
+ *    the warning (15 and 21 s measured; 147 s with the former 5,000,000 nd
+ *    limit), inside the hour and (the test waits out a day about to end) the
+ *    UTC day: one spend.limit_projected alert. Its 12 s of samples spend
  *    266,666 nd: below the limit and its 50 % threshold;
  *  - slow, a daily limit of 5,000,000 nd ($0.005): 1 vCPU at 0.05 busy and
  *    256 MiB: 25,000,000 x 0.05 / 3600 + 0.25 x 7,500,000 / 3600 = 347.2 +
