@@ -116,14 +116,39 @@ ensure_pg_user() {
   id tally >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin tally
 }
 
-# A port on 127.0.0.1 nothing listens on (tried by connecting to it).
+# port_range: "LO HI", the ports free_port picks from: below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, where outgoing connections take their local
+# ports: 32768-60999 by default), from 20000; as tests/support/ports.c's test_port_range.
+port_range() {
+  local low=32768 high=60999 l h
+  if read -r l h </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null &&
+     [[ $l =~ ^[0-9]+$ && $h =~ ^[0-9]+$ ]] && [ "$l" -gt 0 ] && [ "$h" -ge "$l" ] && [ "$h" -le 65535 ]; then
+    low=$l; high=$h
+  fi
+  if [ $(( low - 1 - 20000 )) -ge 1000 ]; then echo "20000 $(( low - 1 ))"
+  elif [ $(( low - 1 - 1024 )) -ge 1000 ]; then echo "1024 $(( low - 1 ))"
+  elif [ $(( 65535 - high - 1 )) -ge 1000 ]; then echo "$(( high + 1 )) 65535"
+  else say "warning: the ephemeral port range $low-$high leaves no ports outside it"; echo "1024 65535"
+  fi
+}
+
+# free_port [PORT...]: a port on 127.0.0.1 for a server started later, random in port_range
+# (below the ephemeral range: an outgoing connection to PostgreSQL or Kafka cannot take it
+# before the server binds), none of the PORTs given, nothing listening there (tried by
+# connecting) and, where ss(8) is installed, no socket of any state using it.
 free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( (RANDOM % 30000) + 20000 ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  local lo hi p x taken
+  read -r lo hi < <(port_range)
+  for _ in $(seq 1 500); do
+    p=$(( lo + ( (RANDOM << 15 | RANDOM) % (hi - lo + 1) ) ))
+    taken=0
+    for x in "$@"; do [ "$x" = "$p" ] && taken=1; done
+    [ $taken = 0 ] || continue
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+    if command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ]; then continue; fi
+    echo "$p"; return 0
   done
-  die "no free port found"
+  die "no free port found in $lo-$hi"
 }
 
 # pg_start DATADIR PORT LOGFILE: initialises the cluster if needed, starts it,
@@ -290,13 +315,11 @@ kafka_create_topic() {
   die "could not create topic $name on $dir"
 }
 
-# kafka_new_port DIR: a free port none of DIR's nodes has taken yet.
+# kafka_new_port DIR: a free port (below the ephemeral range: the node binds it seconds
+# later, once the JVM is up) none of DIR's nodes has taken yet.
 kafka_new_port() {
-  local p
-  while :; do
-    p=$(free_port)
-    cat "$1"/node.*/port "$1"/node.*/controller_port 2>/dev/null | grep -qx "$p" || { echo "$p"; return 0; }
-  done
+  # shellcheck disable=SC2046
+  free_port $(cat "$1"/node.*/port "$1"/node.*/controller_port 2>/dev/null)
 }
 
 # kafka_start DIR NODES PARTITIONS RETENTION_MS HEAP [PORT]: a fresh KRaft cluster in DIR

@@ -183,3 +183,19 @@ char *test_tmpdir(const char *prefix)
                 abort();
         return path;
 }
+
+void test_wait_out_utc_day(int run_s)
+{
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        long long left_s = 86400 - (long long)(now.tv_sec % 86400);
+        if (left_s > run_s)
+                return;
+        fprintf(stderr, "the UTC day ends in %lld s, within this test's %d s: waiting for the next\n", left_s, run_s);
+        struct timespec d = { (time_t)left_s, 0 };
+        d.tv_sec -= now.tv_nsec > 0 ? 1 : 0;
+        d.tv_nsec = now.tv_nsec > 0 ? 1000000000L - now.tv_nsec : 0;
+        d.tv_sec += 1;
+        while (nanosleep(&d, &d) < 0 && errno == EINTR)
+                ;
+}

@@ -48,6 +48,23 @@ char *test_read_file(const char *path);
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
 
+/* A TCP port on 127.0.0.1 for a server the test starts later (a daemon's
+ * --metrics-port, say): random, free now (bound and released), never one this
+ * process handed out before, and below the kernel's ephemeral range
+ * (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), so that no
+ * outgoing connection (to PostgreSQL, to Kafka) can take it between this pick
+ * and the server's bind. Exits the test when no port is free. scripts/lib.sh's
+ * free_port is the shell's, tests/support/testsupport.py's the Python tests'. */
+int test_free_port(void);
+/* The range test_free_port picks from: [*lo, *hi]. */
+void test_port_range(int *lo, int *hi);
+
+/* A test whose checks need one UTC day throughout (a daily spend limit, the
+ * warning before it, whose horizon ends at midnight) calls this first: when
+ * the current UTC day ends within run_s seconds, it says so and sleeps until
+ * one second into the next. */
+void test_wait_out_utc_day(int run_s);
+
 /* The Kafka a test runs against. By default the development broker (a
  * tally-broker process of the test's own, TALLY_BROKER_BIN); with
  * TALLY_TEST_KAFKA=apache (`scripts/test --kafka apache`, meson test setup

@@ -22,20 +22,6 @@ bool store_log_has(struct aggtest *t, int n, const char *what)
         return found;
 }
 
-int store_free_port(void)
-{
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof(a);
-        int port = -1;
-        if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-            getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-                port = ntohs(a.sin_port);
-        if (fd >= 0)
-                close(fd);
-        return port;
-}
-
 char *store_metrics(int port)
 {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -9,8 +9,6 @@
 
 /* Does aggregator number n's log (aggregator.N.log) contain what? */
 bool store_log_has(struct aggtest *t, int n, const char *what);
-/* A free-ish TCP port on 127.0.0.1 for --metrics-port (bound and released). */
-int store_free_port(void);
 /* GET http://127.0.0.1:port/metrics; returns the body (malloc'd) or NULL. */
 char *store_metrics(int port);
 /* The value of one sample line ("name" or "name{labels}") on a metrics page, or -1. */

@@ -34,7 +34,7 @@ int main(void)
 {
         struct aggtest t;
         aggtest_start(&t, "agg_store_gap", 4);
-        int port = store_free_port();
+        int port = test_free_port();
         char ports[16];
         snprintf(ports, sizeof(ports), "%d", port);
         const char *extra[] = { "--batch-ms", "50", "--metrics-port", ports, NULL };

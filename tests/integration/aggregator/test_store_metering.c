@@ -29,7 +29,7 @@ int main(void)
         aggtest_start(&t, "agg_store_metering", 4);
         aggtest_exec(&t, "CREATE OR REPLACE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE"
                          " AS $$ SELECT interval '3 seconds' $$");
-        int port = store_free_port();
+        int port = test_free_port();
         char ports[16];
         snprintf(ports, sizeof(ports), "%d", port);
         const char *extra[] = { "--batch-ms", "50", "--metrics-port", ports, NULL };

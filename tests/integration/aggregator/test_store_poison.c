@@ -48,7 +48,7 @@ int main(void)
                          "INSERT INTO plan_rates VALUES ('nostorage', 'cpu', '2020-01-01', 25000000, 'vCPU-hour'),"
                          " ('nostorage', 'memory', '2020-01-01', 7500000, 'GiB-hour');"
                          "INSERT INTO accounts (id, name, plan_id) VALUES ('acct_norate', 'n', 'nostorage')");
-        int port = store_free_port();
+        int port = test_free_port();
         char ports[16];
         snprintf(ports, sizeof(ports), "%d", port);
         const char *extra[] = { "--batch-messages", "1000", "--batch-ms", "200", "--metrics-port", ports, NULL };

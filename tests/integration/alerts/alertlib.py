@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import socketserver
 import subprocess
 import sys
@@ -20,6 +19,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+
+# Ports and the UTC day, shared with the other Python tests (tests/support/testsupport.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from testsupport import free_port, wait_out_utc_day  # noqa: E402,F401
 
 FAILURES = []
 CHECKS = [0]
@@ -297,14 +300,6 @@ def self_signed_cert(workdir):
                     "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
     return cert, key
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def start_notifier(db_url, workdir, smtp_port, extra=(), name="notifier"):

@@ -30,9 +30,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from alertlib import (Api, CHECKS, Db, FAILURES, Receiver, SmtpSink, check, http_get, make_account, record_threshold,  # noqa: E402
-                      self_signed_cert, start_notifier, threshold_sql, verify_signature, wait_for, workdir)
+                      self_signed_cert, start_notifier, threshold_sql, verify_signature, wait_for, wait_out_utc_day,
+                      workdir)
 
 GIVE_UP_S = 5
+# D's keys' daily limit, $0.15: the fast key reaches it seconds after its warning.
+D_LIMIT = 150000000
+# This test's run stays within one UTC day: within its meson timeout (180 s) of the start.
+RUN_S = 180
 
 
 def alerts_of(api, who, **q):
@@ -43,6 +48,7 @@ def alerts_of(api, who, **q):
 
 
 def main():
+    wait_out_utc_day(RUN_S)
     work = workdir("alerts")
     db = Db("alerts")
     rcv, smtp = Receiver(), SmtpSink()
@@ -218,19 +224,27 @@ def main():
 
         # ---- D: the projected warning, fast key vs slow key ----
         kd_slow = make_account_key(db, "al_d")
-        db.q(f"UPDATE api_keys SET daily_limit_nanodollars = 10000000000 WHERE id IN ('{kd}', '{kd_slow}')")
+        db.q(f"UPDATE api_keys SET daily_limit_nanodollars = {D_LIMIT} WHERE id IN ('{kd}', '{kd_slow}')")
         db.q("UPDATE alert_settings SET rate_window = '1 second', rate_min_window = '1 second'")
-        # fast: 5,000,000 nd per 0.25 s = 20,000,000 nd/s: the remaining ~$10 takes ~500 s, inside the hour.
-        # slow: 250 nd per 0.25 s = 1,000 nd/s: 10^7 s, not today.
+        # fast: 5,000,000 nd per 0.25 s (and two psql runs) = up to 20,000,000 nd/s: its warning projects
+        # the limit seconds ahead (14 and 19 s measured; the old $10 limit: 1,118 s), inside the hour and, unless
+        # in its last seconds, the UTC day: the horizon is the sooner of the two, and main waits out a day
+        # about to end. 12 steps spend 60,000,000: below 50 %.
+        # slow: 250 nd per 0.25 s = 1,000 nd/s: 150,000 s, not within the hour.
         for i in range(12):
             spend(db, kd, "al_d", 5000000)
             spend(db, kd_slow, "al_d", 250)
             time.sleep(0.25)
         proj = db.q("SELECT key_id || '/' || threshold_pct FROM alerts WHERE type = 'spend.limit_projected'")
         check(proj == f"{kd}/0", f"projected alerts: {proj!r} (want only {kd})")
-        # Then the fast key crosses 50 %: the warning arrives first.
-        spend(db, kd, "al_d", 5000000000)
-        record_threshold(db, kd, "al_d", 50, 5060000000, 10000000000)
+        ahead = db.q(f"SELECT extract(epoch FROM projected_at - created_at)::bigint FROM alerts"
+                     f" WHERE key_id = '{kd}' AND type = 'spend.limit_projected'")
+        print(f"D: the fast key's limit projected {ahead} s after its warning", flush=True)
+        check(ahead and 0 < int(ahead) <= 120, f"the fast key's limit projected {ahead!r} s after its warning"
+                                                  " (want a few seconds)")
+        # Then the fast key crosses 50 % (80,000,000): the warning arrives first.
+        spend(db, kd, "al_d", 20000000)
+        record_threshold(db, kd, "al_d", 50, 80000000, D_LIMIT)
         ok = wait_for(lambda: len(rcv.requests("/ok/d")) >= 2, 10)
         reqs = rcv.requests("/ok/d")
         types = [json.loads(r["body"])["type"] for r in reqs]
@@ -238,7 +252,8 @@ def main():
         if reqs:
             ev = json.loads(reqs[0]["body"])
             check(ev["key"] == kd and ev["threshold_pct"] is None and ev["projected_at"]
-                  and ev["limit_nanodollars"] == 10000000000, f"projected payload {ev}")
+                  and ev["limit_nanodollars"] == D_LIMIT, f"projected payload {ev}")
+        # 100,000,000 of 150,000,000: still below the limit, so the trigger still considers the key.
         for i in range(4):
             spend(db, kd, "al_d", 5000000)
             time.sleep(0.3)

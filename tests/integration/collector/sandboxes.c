@@ -424,17 +424,3 @@ bool write_file(const char *path, const char *text)
         return ok;
 }
 
-int free_port(void)
-{
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET };
-        socklen_t len = sizeof(sa);
-        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-            getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-                fprintf(stderr, "FAIL: no free port: %s\n", strerror(errno));
-                exit(1);
-        }
-        close(fd);
-        return ntohs(sa.sin_port);
-}

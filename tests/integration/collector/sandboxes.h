@@ -99,7 +99,5 @@ bool write_file(const char *path, const char *text);
 
 /* Sleeps ms milliseconds. */
 void msleep(int ms);
-/* A TCP port on 127.0.0.1 nothing listens on now (the kernel's pick). */
-int free_port(void);
 /* Fetches http://127.0.0.1:port/metrics (malloc'd body), or NULL. */
 char *http_get_metrics(int port);

@@ -118,7 +118,7 @@ int main(void)
         snprintf(state, sizeof(state), "%s/state", dir);
         snprintf(log, sizeof(log), "%s/collector.log", dir);
         snprintf(prefix, sizeof(prefix), "cmo%d_", (int)getpid());
-        int metrics_port = free_port();
+        int metrics_port = test_free_port();
         snprintf(port, sizeof(port), "%d", metrics_port);
         mkdir(state, 0755);
 

@@ -141,7 +141,7 @@ int main(void)
                 burner[i] = start_burner(&sb[i]);
                 CHECK(burner[i] > 0, "could not start a burner for %s", id);
         }
-        int metrics_port = free_port();
+        int metrics_port = test_free_port();
         snprintf(port, sizeof(port), "%d", metrics_port);
         const char *extra[] = { "--tick-ms", "100", "--queue-max", "2", "--metrics-port", port, NULL };
         collector = collector_start(state, b.bootstrap, log, extra);

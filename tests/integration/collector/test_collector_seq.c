@@ -160,7 +160,7 @@ int main(void)
         for (int i = 0; i < 4; i++)
                 snprintf(log[i], sizeof(log[i]), "%s/collector-%d.log", dir, i + 1);
         snprintf(prefix, sizeof(prefix), "seq%d_", (int)getpid());
-        int metrics_port = free_port();
+        int metrics_port = test_free_port();
         snprintf(port, sizeof(port), "%d", metrics_port);
         mkdir(state, 0755);
 

@@ -12,11 +12,11 @@ state folder, then through tally-api's /v1 only:
   - `./scripts/up stop` ends every process and removes the instance's cgroup
     parent; a second `up start` keeps the account, keys and password.
 Fails (never skips) when anything is missing."""
+import glob
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,16 +28,33 @@ ROOT = os.environ.get("TALLY_ROOT") or os.path.abspath(os.path.join(os.path.dirn
 BUILD = os.environ.get("TALLY_BUILD_DIR") or os.path.join(ROOT, "build")
 UP = os.path.join(ROOT, "scripts", "up")
 TRIAL_DEADLINE_S = 150
+# This test's run (its meson timeout less the room left for waiting out a UTC day that
+# would end during it: the trial key's daily limit needs one day throughout).
+RUN_S = 300
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+from testsupport import free_port, wait_out_utc_day  # noqa: E402
+
+# The state folder of the instance under test, once there is one: fail() shows its logs.
+STATE = [None]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def print_logs(state):
+    """The last lines of every log the instance wrote: each daemon's, the demo agents',
+    the development broker's and PostgreSQL's."""
+    logs = sorted(glob.glob(os.path.join(state, "log", "*.log")) + glob.glob(os.path.join(state, "run", "*.log"))
+                  + glob.glob(os.path.join(state, "pg", "*.log")) + glob.glob(os.path.join(state, "kafka", "node.*", "*.log")))
+    for log in logs:
+        with open(log, errors="replace") as f:
+            lines = f.read().splitlines()[-40:]
+        print(f"--- {log} (last {len(lines)} lines)\n" + "\n".join(lines), flush=True)
 
 
 def fail(msg):
     print("FAIL:", msg, flush=True)
+    if STATE[0]:
+        print_logs(STATE[0])
+        STATE[0] = None  # once
     raise SystemExit(1)
 
 
@@ -63,10 +80,6 @@ def up(state, env, *args):
     p = subprocess.run([UP, *args], env=env, capture_output=True, text=True, timeout=240)
     print(f"--- scripts/up {' '.join(args)} (exit {p.returncode})\n{p.stdout}{p.stderr}", flush=True)
     if p.returncode != 0:
-        for f in ("tally-api", "tally-vmm", "tally-aggregator", "demo-agents"):
-            log = os.path.join(state, "log", f + ".log")
-            if os.path.exists(log):
-                print(f"--- {log}\n" + open(log).read()[-3000:])
         fail(f"scripts/up {' '.join(args)} exited {p.returncode}")
     return p.stdout + p.stderr
 
@@ -80,8 +93,10 @@ def sign_in(base, email, password):
 
 
 def main():
+    wait_out_utc_day(RUN_S)
     state = tempfile.mkdtemp(prefix="tally-demo-", dir="/tmp")
     os.chmod(state, 0o755)
+    STATE[0] = state
     env = dict(os.environ, TALLY_STATE_DIR=state, TALLY_BUILD_DIR=BUILD, TALLY_UP_NO_BUILD="1",
                TALLY_PG_PORT=str(free_port()), TALLY_BROKER_PORT="0", TALLY_API_PORT=str(free_port()),
                TALLY_PG_FSYNC="off")
@@ -245,6 +260,11 @@ def main():
         started = False
         print(f"demo test passed in {time.monotonic() - t0:.0f} s")
         return 0
+    except Exception:
+        # Not a check that failed: a crash of the test itself (a timeout, an unexpected answer).
+        if STATE[0]:
+            print_logs(STATE[0])
+        raise
     finally:
         if started:
             subprocess.run([UP, "stop"], env=env, capture_output=True, timeout=120)

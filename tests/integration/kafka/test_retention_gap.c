@@ -134,7 +134,7 @@ int main(void)
         struct aggtest t;
         aggtest_start(&t, "kafka_retention_gap", 4);
         CHECK(t.kafka.apache, "not Apache Kafka (this test is the real engine's retention)");
-        int port = store_free_port();
+        int port = test_free_port();
         char ports[16];
         snprintf(ports, sizeof(ports), "%d", port);
         /* A group session longer than the freeze below: the partitions stay where they are. */
