@@ -307,6 +307,23 @@ static int log_count(struct aggtest *t, int n, const char *what)
         return count;
 }
 
+/* Waits until process pid is stopped (state T in /proc/pid/stat): SIGSTOP has taken hold. */
+static bool wait_stopped(pid_t pid)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        for (int i = 0; i < 200; i++) {
+                char *st = test_read_file(path);
+                const char *paren = st ? strrchr(st, ')') : NULL;
+                bool stopped = paren && paren[1] == ' ' && paren[2] == 'T';
+                free(st);
+                if (stopped)
+                        return true;
+                time_sleep_ns(5 * NS_PER_MS);
+        }
+        return false;
+}
+
 /* Waits until the ledger's offset of every partition aggregator k owns is the partition's end. */
 static int wait_owned_caught_up(struct aggtest *t, rd_kafka_t *rk, const int *own, int k, int timeout_s)
 {
@@ -430,6 +447,7 @@ int main(void)
                 accts[i].billed_growing = billed_cpu(&t, accts[i].sb);
         int fenced_before = log_count(&t, o, "sandbox fenced");
         kill(agg[o], SIGSTOP);
+        CHECK(wait_stopped(agg[o]), "aggregator %d did not stop on SIGSTOP", o);
         int64_t frozen = time_mono_ns();
         round_of(late, early, GROWING, t0);
         flush(late);
