@@ -1868,9 +1868,13 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
         rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
         rd_kafka_conf_set_opaque(conf, &a);
+        /* topic.metadata.refresh.interval.ms: partitions added to usage are
+         * found (and the group rebalanced onto them) within 30 s, not
+         * librdkafka's 5 min (docs/kafka.md, "Adding partitions");
+         * consumer_settings, applied after, may change it. */
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
-                "queued.min.messages=200000", NULL };
+                "queued.min.messages=200000", "topic.metadata.refresh.interval.ms=30000", NULL };
         if (kafka_conf_set_client(conf, &cfg->kafka, err, sizeof(err)) < 0 ||
             kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
             kafka_conf_set_list(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {

@@ -1083,7 +1083,12 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         rd_kafka_conf_set_error_cb(conf, on_error);
         rd_kafka_conf_set_opaque(conf, c);
-        if (kafka_conf_set_client(conf, opt->kafka, kerr, sizeof(kerr)) < 0) {
+        /* Partitions added to usage are produced to within 30 s, not
+         * librdkafka's 5 min (docs/kafka.md, "Adding partitions"); set before
+         * kafka_settings, which may change it. */
+        static const char *const defaults[] = { "topic.metadata.refresh.interval.ms=30000", NULL };
+        if (kafka_conf_set_all(conf, defaults, kerr, sizeof(kerr)) < 0 ||
+            kafka_conf_set_client(conf, opt->kafka, kerr, sizeof(kerr)) < 0) {
                 rd_kafka_conf_destroy(conf);
                 snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
                 r = -EINVAL;

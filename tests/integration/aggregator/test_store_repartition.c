@@ -4,7 +4,8 @@
  * so when the count doubles an account's messages either stay on partition p
  * or move to p + 4 — here produced to those partitions explicitly, because
  * the development broker (librdkafka 2.0's mock cluster) cannot add
- * partitions to a topic: it has no CreatePartitions and no call to grow one.
+ * partitions to a topic: it has no CreatePartitions and no call to grow one
+ * (kafka-repartition, tests/integration/kafka/, grows one on Apache Kafka).
  * The group owns all 8 from the start, range-assigned: 0-3 to one
  * aggregator, 4-7 to the other, so the moved accounts change aggregator.
  * Then they move back for one sample: the first aggregator still holds their
