@@ -398,6 +398,7 @@ static int hook_n, hook_unnamed;
  * kill -9ed the notifier that sent it: its delivery stays pending and the
  * next notifier must send the same event id again. */
 static bool hook_held, hook_holding, hook_released;
+static char held_killed[80]; /* the held event's id, once its sender was killed */
 
 static void hook_one(int c)
 {
@@ -496,6 +497,7 @@ static void hold_kill(void)
         kill9(&notifier_pid);
         kills++;
         kills_by[D_NOTIFIER]++;
+        snprintf(held_killed, sizeof(held_killed), "%s", id);
         fprintf(stderr, "chaos: kill -9 notifier while the receiver holds event %s unanswered (%d)\n", id, kills);
         pthread_mutex_lock(&hook_lock);
         hook_released = true;
@@ -861,6 +863,8 @@ static void alerts_check(void)
                         times += strcmp(hook_ids[i], id) == 0;
                 fprintf(stderr, "chaos: alert %s %d%%: event %s, received %d time(s)\n", type, pct, id, times);
                 CHECK(times >= 1, "the receiver never got event %s (%s %d%%)", id, type, pct);
+                CHECK(strcmp(id, held_killed) != 0 || times >= 2,
+                      "event %s: its sender was killed while the receiver held it, and it came only once", id);
                 missing += times == 0;
                 got_total += times;
                 nalerts++;
