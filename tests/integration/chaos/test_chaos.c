@@ -960,10 +960,12 @@ static void finish(void)
         pipe_daemon_stop(broker);
         if (test_failures || getenv("TALLY_CHAOS_LOGS")) {
                 char cmd[1400];
-                snprintf(cmd, sizeof(cmd), "for f in %s/*.log; do echo \"---- $f\"; tail -c ${TALLY_CHAOS_LOG_TAIL:-2500} \"$f\"; done >&2",
+                /* On stdout: test_run reads stdout to its end before stderr,
+                 * and more than a pipe's 64 KiB on stderr would wait forever. */
+                snprintf(cmd, sizeof(cmd), "for f in %s/*.log; do echo \"---- $f\"; tail -c ${TALLY_CHAOS_LOG_TAIL:-2500} \"$f\"; done",
                          P.state_dir);
                 char *argv[] = { "/bin/sh", "-c", cmd, NULL }, *tails = NULL;
-                test_run(argv, NULL, &tails);
+                test_run(argv, &tails, NULL);
                 fprintf(stderr, "%s", tails ? tails : "");
                 free(tails);
         }
