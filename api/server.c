@@ -528,6 +528,29 @@ fail:
         return ri;
 }
 
+/* A pooled connection is found broken only when a statement fails on it (a
+ * PostgreSQL restart breaks every one the pool holds, and the pool resets a
+ * connection only once it knows): a read that failed so runs once more, on
+ * the same connection reconnected, rather than answer 5xx to the first
+ * request on each. A write is never repeated: it may have committed. */
+static bool lost_connection(const struct api_req *r, const struct api_reply *out)
+{
+        return !is_write(r->method) && out->status >= 500 && r->db && PQstatus(r->db) == CONNECTION_BAD;
+}
+
+static void reconnect(struct api_req *r)
+{
+        PQreset(r->db);
+        if (PQstatus(r->db) != CONNECTION_OK) {
+                log_warn("could not reconnect to the database", "error=\"%s\"", PQerrorMessage(r->db));
+                return;
+        }
+        /* a new session: the pool's bound on statements again (pool.c does the same) */
+        char sql[64];
+        snprintf(sql, sizeof(sql), "SET statement_timeout = %lld", (long long)r->srv->cfg->statement_timeout_ms);
+        PQclear(db_query(r->db, "bound statements", PGRES_COMMAND_OK, sql, 0, NULL));
+}
+
 static int64_t elapsed_us(const struct timespec *start)
 {
         struct timespec now;
@@ -648,6 +671,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         r.body_len = st->len;
         MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_param, &r);
         size_t ri = run(&r, &out);
+        if (lost_connection(&r, &out)) {
+                log_warn("lost the database connection: running the request again on a new one",
+                         "method=%s path=%s status=%d", method, url, out.status);
+                reconnect(&r);
+                free(out.body);
+                out = (struct api_reply){ 0 };
+                memset(&r.caller, 0, sizeof(r.caller));
+                json_decref(r.json);
+                r.json = NULL;
+                ri = run(&r, &out);
+        }
         req_db_release(&r);
         json_decref(r.json);
         for (int i = 0; i < API_MAX_PARAMS; i++)

@@ -162,6 +162,26 @@ int test_wait_file(const char *path, int timeout_ms)
         return -ETIMEDOUT;
 }
 
+int test_log_port(const char *path, const char *needle, int timeout_ms)
+{
+        for (int waited = 0; waited < timeout_ms; waited += 20) {
+                char *log = test_read_file(path);
+                int port = 0;
+                for (char *q = log; q && (q = strstr(q, needle)) && !port; q += strlen(needle)) {
+                        size_t line = strcspn(q, "\n");
+                        char *p = strstr(q, " port=");
+                        if (p && p < q + line)
+                                port = atoi(p + 6);
+                }
+                free(log);
+                if (port > 0)
+                        return port;
+                struct timespec ts = { 0, 20 * 1000000 };
+                nanosleep(&ts, NULL);
+        }
+        return -ETIMEDOUT;
+}
+
 char *test_read_file(const char *path)
 {
         int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -42,6 +42,11 @@ pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path)
 /* Waits until path exists and is non-empty, up to timeout_ms. Returns 0 or -ETIMEDOUT. */
 int test_wait_file(const char *path, int timeout_ms);
 
+/* Waits until the log at path holds a line with needle followed, on that
+ * line, by " port=N" (a daemon started on port 0 logs where it listens, e.g.
+ * tally-api's msg="listening"), up to timeout_ms. Returns N, or -ETIMEDOUT. */
+int test_log_port(const char *path, const char *needle, int timeout_ms);
+
 /* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
 char *test_read_file(const char *path);
 
