@@ -70,14 +70,11 @@ int main(int argc, char **argv)
                 config_free(settings, &cfg);
                 return 2;
         }
-        daemon_handle_signals();
-        /* Only this thread takes SIGINT and SIGTERM (in sigsuspend): the HTTP
-         * threads, started below, inherit the mask that blocks them. */
-        sigset_t stop, none;
-        sigemptyset(&stop);
-        sigaddset(&stop, SIGINT);
-        sigaddset(&stop, SIGTERM);
-        sigprocmask(SIG_BLOCK, &stop, NULL);
+        /* Only this thread takes SIGINT and SIGTERM (in daemon_wait_stop, which
+         * also trims the heap): the HTTP threads, started below, inherit the
+         * mask that blocks them. */
+        daemon_block_stop_signals();
+        daemon_memory_setup();
         char err[512] = "";
         struct api_server *s = NULL;
         if ((r = api_server_start(&cfg, &s, err, sizeof(err))) < 0) {
@@ -87,9 +84,7 @@ int main(int argc, char **argv)
         }
         log_info("listening", "address=%s port=%d threads=%lld vmm_sockets=%s", cfg.listen_address,
                  api_server_port(s), (long long)cfg.threads, cfg.vmm_sockets);
-        sigemptyset(&none);
-        while (!daemon_stop_requested)
-                sigsuspend(&none);
+        daemon_wait_stop();
         log_info("stopping", NULL);
         api_server_stop(s);
         config_free(settings, &cfg);

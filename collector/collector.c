@@ -7,6 +7,7 @@
 #include "collector.h"
 #include "cgroup.h"
 #include "cgroup_scan.h"
+#include "daemon.h"
 #include "event.h"
 #include "kafka.h"
 #include "log.h"
@@ -1167,6 +1168,7 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
                         rescan(c);
                         next_rescan = now + c->opt.rescan_s * NS_PER_SEC;
                 }
+                daemon_memory_trim(now); /* at most every DAEMON_TRIM_INTERVAL_S */
                 int64_t wait_ms = (next_tick - time_mono_ns()) / NS_PER_MS;
                 if (wait_ms > 100)
                         wait_ms = 100; /* delivery reports are served between waits */

@@ -96,6 +96,7 @@ int main(int argc, char **argv)
                 return 2;
         }
         daemon_handle_signals();
+        daemon_memory_setup(); /* collector_run trims the heap from its loop */
 
         int status = 1;
         char err[1024];

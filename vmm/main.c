@@ -165,6 +165,7 @@ int main(int argc, char **argv)
         };
         /* Before any thread starts, so each inherits it: SIGINT and SIGTERM reach only daemon_wait_stop. */
         daemon_block_stop_signals();
+        daemon_memory_setup(); /* daemon_wait_stop, below, trims the heap while it waits */
         char err[1024];
         struct vmm *v = NULL;
         struct vmm_api *api = NULL;

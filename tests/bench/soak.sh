@@ -4,13 +4,15 @@
 # development broker and PostgreSQL, with SANDBOXES (default 200) sandboxes
 # alive at once, CHURN (default 2) of them stopped and as many created every
 # second, and API load (usage, spend and sandbox lists as the key, about
-# API_RPS requests a second). Every minute each daemon's RSS and open
-# descriptors are sampled. Each stop reads the sandbox's truth from the kernel
+# API_RPS requests a second). Every SAMPLE_S seconds (default 5) each daemon's
+# RSS and open descriptors are sampled; growth is judged on each minute's
+# median (below, "growth and noise"). Each stop reads the sandbox's truth from the kernel
 # (its cgroup's CPU counter once its processes ended); at the end every
 # sandbox is stopped, the pipeline drains, and the ledger's CPU per sandbox
 # must equal that truth to the ns. The last line is JSON:
 #   {"duration_s", "sandboxes_created", "errors", "rss_growth_kib": {daemon: KiB from
-#    minute 2 to the end}, "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
+#    minute 2 to the last minute}, "rss_noise_kib": {...}, "rss_grows": {daemon: growth
+#    beyond noise}, "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
@@ -18,6 +20,7 @@ MINUTES=${1:-10}
 SANDBOXES=${SANDBOXES:-200}
 CHURN=${CHURN:-2}
 API_RPS=${API_RPS:-10}
+SAMPLE_S=${SAMPLE_S:-5}
 WORK=$(mktemp -d /tmp/tally-bench-soak.XXXXXX)
 STATE=$WORK/state
 SOCK=$STATE/vmm.sock
@@ -131,7 +134,7 @@ api_load &
 PIDS+=($!)
 LOAD_PID=$!
 
-sample() { # MINUTE: RSS (KiB) and fds of every daemon
+sample() { # SECONDS since the start: RSS (KiB) and fds of every daemon
   local d
   for d in vmm collector aggregator api; do
     if ! kill -0 "${DPID[$d]}" 2>/dev/null; then err "$d exited: $(tail -2 "$WORK/$d.log")"; continue; fi
@@ -146,7 +149,7 @@ T0=$(date +%s)
 END=$((T0 + MINUTES * 60))
 : >"$WORK/samples"
 sample 0
-next=$((T0 + 60)); minute=1
+next=$((T0 + SAMPLE_S)); next_minute=$((T0 + 60)); minute=1
 while [ "$(date +%s)" -lt "$END" ]; do
   for _ in $(seq "$CHURN"); do
     [ ${#LIVE[@]} -gt 0 ] || break
@@ -155,14 +158,17 @@ while [ "$(date +%s)" -lt "$END" ]; do
     LIVE=("${LIVE[@]:0:$k}" "${LIVE[@]:$((k + 1))}")
     create
   done
-  if [ "$(date +%s)" -ge "$next" ]; then
-    sample $minute
-    say "soak: minute $minute, $CREATED created, $ERRORS errors, $(awk -v m=$minute '$1 == m { printf "%s rss=%sKiB fds=%s  ", $2, $3, $4 }' "$WORK/samples")"
-    minute=$((minute + 1)); next=$((next + 60))
+  now=$(date +%s)
+  if [ "$now" -ge "$next" ] && [ "$now" -lt "$END" ]; then
+    sample $((now - T0))
+    next=$((next + SAMPLE_S))
+  fi
+  if [ "$now" -ge "$next_minute" ] && [ "$now" -lt "$END" ]; then
+    say "soak: minute $minute, $CREATED created, $ERRORS errors, $(tail -4 "$WORK/samples" | awk '{ printf "%s rss=%sKiB fds=%s  ", $2, $3, $4 }')"
+    minute=$((minute + 1)); next_minute=$((next_minute + 60))
   fi
   sleep 1
 done
-sample $minute
 DURATION=$(( $(date +%s) - T0 ))
 kill "$LOAD_PID" 2>/dev/null || true
 
@@ -187,16 +193,48 @@ LEDGER_EXACT=false
 [ "$mismatches" = 0 ] && [ "$TRUTHS" = "$CREATED" ] && LEDGER_EXACT=true
 [ "$TRUTHS" = "$CREATED" ] || err "truth read for $TRUTHS of $CREATED sandboxes"
 
-growth() { # COLUMN (3 rss, 4 fds) -> {"vmm": n, ...}: last minute minus minute 2
-  # (a run shorter than 3 minutes counts from its first sample)
-  awk -v c="$1" -v last="$minute" -v base="$([ "$minute" -ge 3 ] && echo 2 || echo 0)" \
-    '$1 == base { a[$2] = $c } $1 == last { b[$2] = $c }
-    END { s = ""; for (d in b) { s = s sprintf("%s\"%s\": %d", s == "" ? "" : ", ", d, b[d] - a[d]) } print "{" s "}" }' "$WORK/samples"
+# Growth and noise. One sample says little: a daemon's RSS moves within
+# seconds (tally-api's by ~3 MB between heap trims, docs/testing.md), so each
+# minute is summed up by the median of its samples. Growth: the last full
+# minute's median minus minute 2's (a run of under 4 minutes counts from
+# minute 0; minutes 0 and 1 hold the start-up). Noise: the largest change of
+# the median from one minute to the next, between those two minutes. Growth
+# beyond noise is what a leak shows: a steady one of r a minute grows
+# (last - 2) * r while its noise is r; a one-off step (a cache filling once) is
+# its own noise and is not counted, but two are.
+LAST=$((MINUTES - 1))
+BASE=$([ "$MINUTES" -ge 4 ] && echo 2 || echo 0)
+medians() { # COLUMN (3 rss, 4 fds) -> lines "daemon growth noise"
+  awk -v c="$1" -v last="$LAST" '{ m = int($1 / 60); if (m > last) m = last; print $2, m, $c }' "$WORK/samples" |
+    sort -k1,1 -k2,2n -k3,3n |
+    awk -v base="$BASE" -v last="$LAST" '
+      function flush() { if (n) { med[d, m] = n % 2 ? v[(n + 1) / 2] : int((v[n / 2] + v[n / 2 + 1]) / 2); seen[d] = 1 } n = 0 }
+      $1 != d || $2 != m { flush(); d = $1; m = $2 }
+      { v[++n] = $3 }
+      END {
+        flush()
+        for (x in seen) {
+          z = 0; at = base
+          for (k = base + 1; k <= last; k++) { dd = med[x, k] - med[x, k - 1]; if (dd < 0) dd = -dd; if (dd > z) { z = dd; at = k } }
+          print x, med[x, last] - med[x, base], z, at
+        }
+      }'
 }
-say "samples (minute daemon rss_kib fds):"; cat "$WORK/samples" >&2
+json_of() { # FIELD (2 growth, 3 noise, 4 grows) <lines -> {"vmm": n, ...}
+  awk -v f="$1" '{ s = s sprintf("%s\"%s\": %s", s == "" ? "" : ", ", $1, $f) } END { print "{" s "}" }'
+}
+medians 3 | awk '{ print $1, $2, $3, ($2 > $3 ? "true" : "false"), $4 }' | sort >"$WORK/rss"
+medians 4 | sort >"$WORK/fds"
+say "samples (seconds daemon rss_kib fds):"; cat "$WORK/samples" >&2
 printf '%-34s %12s\n' "duration (s)" "$DURATION"
 printf '%-34s %12s\n' "sandboxes created" "$CREATED"
 printf '%-34s %12s\n' "errors" "$ERRORS"
 printf '%-34s %12s\n' "ledger CPU = kernel, every sandbox" "$LEDGER_EXACT ($mismatches mismatches)"
-printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "rss_growth_kib": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
-  "$DURATION" "$CREATED" "$ERRORS" "$(growth 3)" "$(growth 4)" "$LEDGER_EXACT" "$mismatches"
+while read -r d g z grows at; do
+  printf '%-34s %12s\n' "$d RSS, minute $BASE to $LAST (KiB)" \
+    "$g (noise $z, the change into minute $at; $([ "$grows" = true ] && echo "GROWS beyond noise" || echo "within noise"))"
+done <"$WORK/rss"
+while read -r d g _; do printf '%-34s %12s\n' "$d descriptors, minute $BASE to $LAST" "$g"; done <"$WORK/fds"
+printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "rss_growth_kib": %s, "rss_noise_kib": %s, "rss_grows": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
+  "$DURATION" "$CREATED" "$ERRORS" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
+  "$(json_of 2 <"$WORK/fds")" "$LEDGER_EXACT" "$mismatches"
