@@ -1855,7 +1855,9 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                 goto out;
         }
         rd_kafka_conf_t *pconf = rd_kafka_conf_new();
-        if (kafka_conf_set_client(pconf, &cfg->kafka, err, sizeof(err)) < 0) {
+        static const char *const refresh[] = { KAFKA_METADATA_REFRESH, NULL };
+        if (kafka_conf_set_all(pconf, refresh, err, sizeof(err)) < 0 ||
+            kafka_conf_set_client(pconf, &cfg->kafka, err, sizeof(err)) < 0) {
                 rd_kafka_conf_destroy(pconf);
                 log_error("bad kafka_settings", "error=\"%s\"", err);
                 goto out;
@@ -1874,7 +1876,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
          * consumer_settings, applied after, may change it. */
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
-                "queued.min.messages=200000", "topic.metadata.refresh.interval.ms=30000", NULL };
+                "queued.min.messages=200000", KAFKA_METADATA_REFRESH, NULL };
         if (kafka_conf_set_client(conf, &cfg->kafka, err, sizeof(err)) < 0 ||
             kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
             kafka_conf_set_list(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {

@@ -1087,7 +1087,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
         /* Partitions added to usage are produced to within 30 s, not
          * librdkafka's 5 min (docs/kafka.md, "Adding partitions"); set before
          * kafka_settings, which may change it. */
-        static const char *const defaults[] = { "topic.metadata.refresh.interval.ms=30000", NULL };
+        static const char *const defaults[] = { KAFKA_METADATA_REFRESH, NULL };
         if (kafka_conf_set_all(conf, defaults, kerr, sizeof(kerr)) < 0 ||
             kafka_conf_set_client(conf, opt->kafka, kerr, sizeof(kerr)) < 0) {
                 rd_kafka_conf_destroy(conf);

@@ -10,6 +10,10 @@
 
 #define TOPIC_USAGE   "usage"
 #define TOPIC_CONTROL "control"
+/* Every client's default, before kafka_settings (which may change it):
+ * partitions added to a topic are produced to and consumed within 30 s, not
+ * librdkafka's 5 min (docs/kafka.md, "Adding partitions"). */
+#define KAFKA_METADATA_REFRESH "topic.metadata.refresh.interval.ms=30000"
 
 /* Settings every Kafka client of a daemon gets, for production clusters:
  * TLS and SASL (docs/configuration.md, "Kafka security"). Both strings are

@@ -177,7 +177,7 @@ int main(void)
 
         /* A port the user chooses: the relay forwards bootstrap to broker 1. */
         char port[16];
-        snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+        snprintf(port, sizeof(port), "%d", test_free_port());
         struct broker fixed = start_broker(dir, "chosen", port);
         char want[32];
         snprintf(want, sizeof(want), "127.0.0.1:%s", port);

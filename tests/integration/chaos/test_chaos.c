@@ -94,8 +94,8 @@ static int lib(const char *fn, const char *a1, const char *a2, const char *a3, c
 
 static void pg_start_private(void)
 {
-        /* free_port only knows nobody listens: a port an outgoing connection
-         * uses cannot be bound either. Another port then. */
+        /* free_port picks below the ephemeral range, but another program may
+         * still take the port before PostgreSQL binds it: another port then. */
         bool up = false;
         for (int attempt = 0; attempt < 5 && !up; attempt++) {
                 char *port = NULL;
