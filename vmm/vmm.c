@@ -1480,9 +1480,6 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
         conf = rd_kafka_conf_new();
         rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
         rd_kafka_conf_set_opaque(conf, v);
-        /* Partitions added to usage or control are followed within 30 s (a pause
-         * command on a new control partition must not wait 5 min). */
-        static const char *const refresh[] = { KAFKA_METADATA_REFRESH, NULL };
         if (kafka_conf_set_all(conf, refresh, kerr, sizeof(kerr)) < 0 ||
             kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
                 rd_kafka_conf_destroy(conf);
