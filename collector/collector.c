@@ -223,9 +223,9 @@ static int set_str(char **dst, const char *src)
  * just before the counters are read (the walk, then files). */
 static void stamp(struct collector *c)
 {
-        c->stamp_boot = time_boot_ns();
-        c->stamp_mono = time_mono_ns();
-        c->stamp_wall = wall_guard_next(&c->wall, time_wall_ns(), c->stamp_mono);
+        int64_t wall;
+        time_now3(&wall, &c->stamp_mono, &c->stamp_boot); /* a late final's wall time comes from boot's */
+        c->stamp_wall = wall_guard_next(&c->wall, wall, c->stamp_mono);
         M_SET(c, clock_steps_total, c->wall.steps);
 }
 

@@ -17,6 +17,14 @@ int64_t time_mono_ns(void);
  * of the host until it reboots (held time is measured on it). */
 int64_t time_boot_ns(void);
 
+/* The wall, monotonic and boot clocks as of one instant, as near as this
+ * thread can: read one after another, a preemption between two reads puts
+ * them apart by its length (15 ms seen on a loaded host, a moment's wall time
+ * then that far from its boot time), so they are read again (at most 8 times)
+ * while the wall clock moved more than 20 us across them; the closest try is
+ * kept, its wall time at the middle. Any pointer may be NULL. */
+void time_now3(int64_t *wall, int64_t *mono, int64_t *boot);
+
 /* Start of the UTC hour / day holding t (floor, also for t < 0). */
 int64_t time_floor(int64_t t, int64_t unit);
 #define time_hour_start(t) time_floor((t), NS_PER_HOUR)

@@ -43,7 +43,8 @@ struct moment {
 
 static struct moment moment_now(void)
 {
-        struct moment m = { time_wall_ns(), time_mono_ns(), time_boot_ns() };
+        struct moment m;
+        time_now3(&m.wall, &m.mono, &m.boot); /* one instant: a lease's end is worked out across them */
         return m;
 }
 

@@ -146,9 +146,7 @@ void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, 
         r->mem_size_bytes = UINT64_C(4) << 30;
         r->epoch = 1;
         /* Held time as the vmm keeps it: running from this moment, on the boot clock. */
-        sb->created_boot = time_boot_ns();
-        sb->created_mono = time_mono_ns();
-        sb->created_wall = time_wall_ns();
+        time_now3(&sb->created_wall, &sb->created_mono, &sb->created_boot);
         r->created_ns = sb->created_wall;
         r->running_ns = r->paused_ns = 0;
         r->state_since_boot_ns = sb->created_boot;
@@ -185,8 +183,7 @@ void tsb_stop(struct test_sandbox *sb, const char *state_dir)
                 waitpid(sb->child, NULL, 0);
                 sb->child = 0;
         }
-        sb->stopped_boot = time_boot_ns();
-        sb->stopped_wall = time_wall_ns();
+        time_now3(&sb->stopped_wall, NULL, &sb->stopped_boot);
         /* By hand, not with registry_set_state: the time in the state it leaves goes to that state's total. */
         if (sb->rec.state == STATE_PAUSED)
                 sb->rec.paused_ns += (uint64_t)(sb->stopped_boot - sb->rec.state_since_boot_ns);
