@@ -488,14 +488,8 @@ static bool is_zombie(pid_t pid)
 {
         char path[64], buf[512];
         snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
+        if (file_read_small(path, buf, sizeof(buf)) < 0)
                 return false;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-                return false;
-        buf[n] = '\0';
         const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
         return p && p[1] == ' ' && p[2] == 'Z';
 }
