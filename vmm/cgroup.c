@@ -3,6 +3,7 @@
  * in children forked from a threaded daemon before they exec. */
 #include "cgroup.h"
 #include "fileutil.h"
+#include "timeutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -496,9 +497,11 @@ static bool is_zombie(pid_t pid)
 
 int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms, uint64_t *ret)
 {
-        struct timespec ts = { 0, 1000 * 1000 };
-        uint64_t tasks = 0, cpu = 0, last = 0;
-        int r, waited = 0;
+        /* Bounded by the clock, not by a count of sleeps: on a loaded host each
+         * sleep and read takes longer than it asks for. */
+        int64_t until = time_mono_ns() + timeout_ms * NS_PER_MS;
+        uint64_t tasks = 0, cpu = 0, last;
+        int r;
         /* A task leaves cgroup.procs early in its exit, and is charged CPU for
          * the rest of it (and its last slice) until it is released; the pids
          * controller counts it until then. The one exception is the init once
@@ -506,27 +509,27 @@ int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms
          * it waits only for its reaper, which for a sandbox a restarted daemon
          * took over is the host's init (seen taking 1.5 s). */
         bool released = false;
-        while ((r = pids_current(cg, &tasks)) == 0 && waited < timeout_ms) {
+        while (pids_current(cg, &tasks) == 0) {
                 if (tasks == 0 || (tasks == 1 && init > 0 && is_zombie(init))) {
                         released = true;
                         break;
                 }
-                nanosleep(&ts, NULL);
-                waited++;
+                if (time_mono_ns() >= until)
+                        break;
+                time_sleep_ns(NS_PER_MS);
         }
         if ((r = cgroup_cpu_ns(cg, &cpu)) < 0)
                 return r;
         if (!released) {
                 /* No pids controller, or a task never reaped: the counter once it
-                 * holds still for 20 ms, at most timeout_ms. */
-                ts.tv_nsec = 20 * 1000 * 1000;
+                 * holds still for 20 ms, for at most timeout_ms more. */
+                until = time_mono_ns() + timeout_ms * NS_PER_MS;
                 do {
                         last = cpu;
-                        nanosleep(&ts, NULL);
-                        waited += 20;
+                        time_sleep_ns(20 * NS_PER_MS);
                         if ((r = cgroup_cpu_ns(cg, &cpu)) < 0)
                                 return r;
-                } while (cpu != last && waited < 2 * timeout_ms);
+                } while (cpu != last && time_mono_ns() < until);
         }
         *ret = cpu;
         return released ? 0 : -EAGAIN;

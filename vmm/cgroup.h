@@ -77,7 +77,8 @@ int cgroup_pids(const struct sandbox_cgroup *cg, pid_t **ret);
  * charged them all: after every task is released (pids.current 0, or 1 when
  * that one is init, the group's first process, ended and not yet reaped), or,
  * where that cannot be known, once the counter holds still. Waits at most about
- * timeout_ms (twice that without a pids controller). Returns 0; -EAGAIN when
+ * timeout_ms on the monotonic clock (twice that when the release is not
+ * seen). Returns 0; -EAGAIN when
  * the release could not be seen (*ret is then the still counter, or the last
  * read at the bound); or -errno from reading the counter (*ret untouched). */
 int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms, uint64_t *ret);
