@@ -101,3 +101,15 @@ void kt_compare(struct aggtest *t, const struct gen_stream *g, int64_t produced)
         free(dead);
         gen_stream_verify(t, g);
 }
+
+int kt_log_count(struct aggtest *t, int n, const char *what)
+{
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/aggregator.%d.log", t->dir, n);
+        char *text = test_read_file(path);
+        int count = 0;
+        for (const char *s = text; s && (s = strstr(s, what)); s += strlen(what))
+                count++;
+        free(text);
+        return count;
+}

@@ -16,3 +16,6 @@ void kt_print_leaders(struct aggtest *t, const char *when);
 void kt_compare(struct aggtest *t, const struct gen_stream *g, int64_t produced);
 /* Produces messages [from, to) of g in `steps` equal parts, one part every step_ms. */
 void kt_produce_paced(struct aggtest *t, const struct gen_stream *g, size_t from, size_t to, int steps, int step_ms);
+
+/* How many times what occurs in aggregator n's log (t->dir/aggregator.N.log). */
+int kt_log_count(struct aggtest *t, int n, const char *what);

@@ -18,18 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int log_count(struct aggtest *t, int n, const char *what)
-{
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/aggregator.%d.log", t->dir, n);
-        char *text = test_read_file(path);
-        int count = 0;
-        for (const char *s = text; s && (s = strstr(s, what)); s += strlen(what))
-                count++;
-        free(text);
-        return count;
-}
-
 int main(void)
 {
         unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
@@ -44,26 +32,26 @@ int main(void)
         const char *extra[] = { "--batch-messages", "150", "--batch-ms", "30", "--consumer-settings",
                                 "session.timeout.ms=6000,heartbeat.interval.ms=500", NULL };
         pid_t a = aggtest_spawn(&t, extra);
-        for (int i = 0; i < 300 && log_count(&t, 0, "partition assigned") == 0; i++)
+        for (int i = 0; i < 300 && kt_log_count(&t, 0, "partition assigned") == 0; i++)
                 time_sleep_ns(100 * NS_PER_MS);
         size_t third = g.nmessages / 3;
         kt_produce_paced(&t, &g, 0, third, 10, 100);
         for (int i = 0; i < 300 && aggtest_committed(&t) == 0; i++)
                 time_sleep_ns(50 * NS_PER_MS);
 
-        int a_before = log_count(&t, 0, "partition released");
+        int a_before = kt_log_count(&t, 0, "partition released");
         pid_t b = aggtest_spawn(&t, extra);
-        for (int i = 0; i < 300 && log_count(&t, 1, "partition assigned") == 0; i++)
+        for (int i = 0; i < 300 && kt_log_count(&t, 1, "partition assigned") == 0; i++)
                 time_sleep_ns(100 * NS_PER_MS);
         fprintf(stderr, "second aggregator joined: its assignments %d, first's releases %d -> %d\n",
-                log_count(&t, 1, "partition assigned"), a_before, log_count(&t, 0, "partition released"));
-        CHECK(log_count(&t, 1, "partition assigned") > 0, "the second aggregator got no partition");
-        CHECK(log_count(&t, 0, "partition released") > a_before, "the first aggregator gave up no partition");
+                kt_log_count(&t, 1, "partition assigned"), a_before, kt_log_count(&t, 0, "partition released"));
+        CHECK(kt_log_count(&t, 1, "partition assigned") > 0, "the second aggregator got no partition");
+        CHECK(kt_log_count(&t, 0, "partition released") > a_before, "the first aggregator gave up no partition");
         kt_produce_paced(&t, &g, third, 2 * third, 10, 100);
         for (int i = 0; i < 100 && aggtest_committed(&t) < (int64_t)third * 3 / 2; i++)
                 time_sleep_ns(100 * NS_PER_MS);
 
-        int b_before = log_count(&t, 1, "partition assigned");
+        int b_before = kt_log_count(&t, 1, "partition assigned");
         fprintf(stderr, "killing the first aggregator (pid %d) at offset %lld committed\n", (int)a,
                 (long long)aggtest_committed(&t));
         kill(a, SIGKILL);
@@ -71,8 +59,8 @@ int main(void)
         kt_produce_paced(&t, &g, 2 * third, g.nmessages, 10, 100);
         CHECK(aggtest_wait_caught_up(&t, 120) == 0, "the second aggregator did not catch up");
         fprintf(stderr, "second aggregator's assignments %d -> %d after the first died\n", b_before,
-                log_count(&t, 1, "partition assigned"));
-        CHECK(log_count(&t, 1, "partition assigned") > b_before, "the dead aggregator's partitions never moved");
+                kt_log_count(&t, 1, "partition assigned"));
+        CHECK(kt_log_count(&t, 1, "partition assigned") > b_before, "the dead aggregator's partitions never moved");
         char *v = aggtest_query(&t, "SELECT count(*) FROM consumer_offsets WHERE generation > 1");
         fprintf(stderr, "partitions whose offsets were written by a later group generation: %s\n", v ? v : "?");
         CHECK(v && atoi(v) > 0, "no partition changed hands");

@@ -24,6 +24,7 @@
  * growth; every moved account was billed on both sides of it. */
 #include "aggtest.h"
 #include "kafka.h"
+#include "kafkatest.h"
 #include "storetest.h"
 #include "support.h"
 #include "timeutil.h"
@@ -295,18 +296,6 @@ static uint64_t billed_cpu(struct aggtest *t, const char *sb)
         return v > 0 ? (uint64_t)v : 0;
 }
 
-static int log_count(struct aggtest *t, int n, const char *what)
-{
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/aggregator.%d.log", t->dir, n);
-        char *text = test_read_file(path);
-        int count = 0;
-        for (const char *s = text; s && (s = strstr(s, what)); s += strlen(what))
-                count++;
-        free(text);
-        return count;
-}
-
 /* Waits until process pid is stopped (state T in /proc/pid/stat): SIGSTOP has taken hold. */
 static bool wait_stopped(pid_t pid)
 {
@@ -445,7 +434,7 @@ int main(void)
         CHECK(from_count[o] > 0, "no late account moves to the other aggregator");
         for (int i = 0; i < ACCOUNTS; i++)
                 accts[i].billed_growing = billed_cpu(&t, accts[i].sb);
-        int fenced_before = log_count(&t, o, "sandbox fenced");
+        int fenced_before = kt_log_count(&t, o, "sandbox fenced");
         kill(agg[o], SIGSTOP);
         CHECK(wait_stopped(agg[o]), "aggregator %d did not stop on SIGSTOP", o);
         int64_t frozen = time_mono_ns();
@@ -460,7 +449,7 @@ int main(void)
         kill(agg[o], SIGCONT);
         fprintf(stderr, "aggregator %d frozen %" PRId64 " ms\n", o, (time_mono_ns() - frozen) / NS_PER_MS);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the thawed aggregator did not catch up");
-        int fenced = log_count(&t, o, "sandbox fenced") - fenced_before;
+        int fenced = kt_log_count(&t, o, "sandbox fenced") - fenced_before;
         fprintf(stderr, "aggregator %d, thawed: \"sandbox fenced\" %d times\n", o, fenced);
         CHECK(fenced > 0, "the thawed aggregator was not fenced for the sandboxes billed meanwhile elsewhere");
 
