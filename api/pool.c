@@ -72,14 +72,20 @@ PGconn *db_pool_get(struct db_pool *p)
                 pthread_cond_wait(&p->freed, &p->lock);
         PGconn *c = p->conns[--p->nfree];
         pthread_mutex_unlock(&p->lock);
-        if (PQstatus(c) != CONNECTION_OK) {
-                PQreset(c);
-                if (PQstatus(c) != CONNECTION_OK)
-                        log_warn("could not reconnect to the database", "error=\"%s\"", PQerrorMessage(c));
-                else
-                        set_timeout(p, c);
-        }
+        if (PQstatus(c) != CONNECTION_OK)
+                db_pool_reset(p, c);
         return c;
+}
+
+bool db_pool_reset(struct db_pool *p, PGconn *c)
+{
+        PQreset(c);
+        if (PQstatus(c) != CONNECTION_OK) {
+                log_warn("could not reconnect to the database", "error=\"%s\"", PQerrorMessage(c));
+                return false;
+        }
+        set_timeout(p, c);
+        return true;
 }
 
 void db_pool_put(struct db_pool *p, PGconn *c)

@@ -538,19 +538,6 @@ static bool lost_connection(const struct api_req *r, const struct api_reply *out
         return !is_write(r->method) && out->status >= 500 && r->db && PQstatus(r->db) == CONNECTION_BAD;
 }
 
-static void reconnect(struct api_req *r)
-{
-        PQreset(r->db);
-        if (PQstatus(r->db) != CONNECTION_OK) {
-                log_warn("could not reconnect to the database", "error=\"%s\"", PQerrorMessage(r->db));
-                return;
-        }
-        /* a new session: the pool's bound on statements again (pool.c does the same) */
-        char sql[64];
-        snprintf(sql, sizeof(sql), "SET statement_timeout = %lld", (long long)r->srv->cfg->statement_timeout_ms);
-        PQclear(db_query(r->db, "bound statements", PGRES_COMMAND_OK, sql, 0, NULL));
-}
-
 static int64_t elapsed_us(const struct timespec *start)
 {
         struct timespec now;
@@ -674,7 +661,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (lost_connection(&r, &out)) {
                 log_warn("lost the database connection: running the request again on a new one",
                          "method=%s path=%s status=%d", method, url, out.status);
-                reconnect(&r);
+                db_pool_reset(r.srv->pool, r.db);
                 free(out.body);
                 out = (struct api_reply){ 0 };
                 memset(&r.caller, 0, sizeof(r.caller));

@@ -41,6 +41,9 @@ int db_pool_new(const char *url, int size, int64_t statement_timeout_ms, struct 
                 size_t errlen);
 /* Waits for a free connection (reconnecting one that broke). Never NULL. */
 PGconn *db_pool_get(struct db_pool *p);
+/* Reconnects c, a connection of p found broken, as a new session of the pool
+ * (its statement bound set again). Returns whether it is connected. */
+bool db_pool_reset(struct db_pool *p, PGconn *c);
 /* Returns c; a connection left inside a transaction is rolled back first. */
 void db_pool_put(struct db_pool *p, PGconn *c);
 void db_pool_free(struct db_pool *p);
