@@ -5,14 +5,18 @@
 # alive at once, CHURN (default 2) of them stopped and as many created every
 # second, and API load (usage, spend and sandbox lists as the key, about
 # API_RPS requests a second). Every SAMPLE_S seconds (default 5) each daemon's
-# RSS and open descriptors are sampled; growth is judged on each minute's
-# median (below, "growth and noise"). Each stop reads the sandbox's truth from the kernel
+# RSS, heap in use (mallinfo2, from tests/bench/soak/heapstat.c preloaded into
+# it) and open descriptors are sampled; growth is judged on each minute's mean
+# (below, "growth and noise"). Each stop reads the sandbox's truth from the kernel
 # (its cgroup's CPU counter once its processes ended); at the end every
 # sandbox is stopped, the pipeline drains, and the ledger's CPU per sandbox
 # must equal that truth to the ns. The last line is JSON:
 #   {"duration_s", "sandboxes_created", "errors", "rss_growth_kib": {daemon: KiB from
 #    minute 2 to the last minute}, "rss_noise_kib": {...}, "rss_grows": {daemon: growth
-#    beyond noise}, "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
+#    beyond noise}, "heap_growth_kib", "heap_noise_kib", "heap_grows" (the same for
+#    the heap in use), "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
+# LEAK_KIB_PER_MIN (default 0) makes every daemon leak that much on purpose
+# (heapstat.c): the judgement must then say "grows".
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
@@ -21,6 +25,9 @@ SANDBOXES=${SANDBOXES:-200}
 CHURN=${CHURN:-2}
 API_RPS=${API_RPS:-10}
 SAMPLE_S=${SAMPLE_S:-5}
+LEAK_KIB_PER_MIN=${LEAK_KIB_PER_MIN:-0}
+HEAPSTAT=$BUILD/tests/bench/soak/libtally-heapstat.so
+[ -f "$HEAPSTAT" ] || die "no $HEAPSTAT in this build"
 WORK=$(mktemp -d /tmp/tally-bench-soak.XXXXXX)
 STATE=$WORK/state
 SOCK=$STATE/vmm.sock
@@ -49,9 +56,10 @@ INSERT INTO api_keys (id, account_id, key_hash) VALUES ('soak_key', 'soak', sha2
 SQL
 
 declare -A DPID
-start_daemon() { # NAME ARGS...
+start_daemon() { # NAME ARGS...: started with heapstat.c preloaded, writing its heap in use to WORK/NAME.heap
   local name=$1; shift
-  "$@" >>"$WORK/$name.log" 2>&1 &
+  LD_PRELOAD=$HEAPSTAT TALLY_HEAPSTAT_FILE=$WORK/$name.heap TALLY_HEAPSTAT_LEAK_KIB_PER_MIN=$LEAK_KIB_PER_MIN \
+    "$@" >>"$WORK/$name.log" 2>&1 &
   DPID[$name]=$!
   PIDS+=($!)
 }
@@ -134,11 +142,12 @@ api_load &
 PIDS+=($!)
 LOAD_PID=$!
 
-sample() { # SECONDS since the start: RSS (KiB) and fds of every daemon
-  local d
+sample() { # SECONDS since the start: RSS (KiB), fds and heap in use (KiB) of every daemon
+  local d heap
   for d in vmm collector aggregator api; do
     if ! kill -0 "${DPID[$d]}" 2>/dev/null; then err "$d exited: $(tail -2 "$WORK/$d.log")"; continue; fi
-    echo "$1 $d $(awk '/^VmRSS:/ { print $2 }' "/proc/${DPID[$d]}/status") $(ls "/proc/${DPID[$d]}/fd" | wc -l)"
+    heap=$(cat "$WORK/$d.heap" 2>/dev/null) || { err "$d wrote no heap figure"; continue; }
+    echo "$1 $d $(awk '/^VmRSS:/ { print $2 }' "/proc/${DPID[$d]}/status") $(ls "/proc/${DPID[$d]}/fd" | wc -l) $heap"
   done >>"$WORK/samples"
 }
 
@@ -164,7 +173,7 @@ while [ "$(date +%s)" -lt "$END" ]; do
     next=$((next + SAMPLE_S))
   fi
   if [ "$now" -ge "$next_minute" ] && [ "$now" -lt "$END" ]; then
-    say "soak: minute $minute, $CREATED created, $ERRORS errors, $(tail -4 "$WORK/samples" | awk '{ printf "%s rss=%sKiB fds=%s  ", $2, $3, $4 }')"
+    say "soak: minute $minute, $CREATED created, $ERRORS errors, $(tail -4 "$WORK/samples" | awk '{ printf "%s rss=%sKiB heap=%sKiB fds=%s  ", $2, $3, $5, $4 }')"
     minute=$((minute + 1)); next_minute=$((next_minute + 60))
   fi
   sleep 1
@@ -195,46 +204,60 @@ LEDGER_EXACT=false
 
 # Growth and noise. One sample says little: a daemon's RSS moves within
 # seconds (tally-api's by ~3 MB between heap trims, docs/testing.md), so each
-# minute is summed up by the median of its samples. Growth: the last full
-# minute's median minus minute 2's (a run of under 4 minutes counts from
-# minute 0; minutes 0 and 1 hold the start-up). Noise: the largest change of
-# the median from one minute to the next, between those two minutes. Growth
-# beyond noise is what a leak shows: a steady one of r a minute grows
-# (last - 2) * r while its noise is r; a one-off step (a cache filling once) is
-# its own noise and is not counted, but two are.
+# minute is summed up by the mean of its samples (RSS and heap; of
+# descriptors, the median). The mean, not the median: sampled every 5 s
+# against trims every 10 s, tally-api's RSS alternates between two levels ~2 MB
+# apart, and the median of such a minute jumps between them. Growth: the last
+# full minute's figure minus minute 2's (a run of under 4 minutes counts from
+# minute 0; minutes 0 and 1 hold the start-up). Noise: twice the largest
+# change from one minute to the next in between. A steady leak of r a minute
+# grows (last - 2) * r against a noise of 2 * (r + the minutes' own jitter);
+# a one-off step (a cache filling once) or two are not called growth. The
+# noise was once the largest change itself: three 10-minute runs each called
+# one daemon growing, a different one each time, with no trend in its samples
+# (docs/testing.md). LEAK_KIB_PER_MIN shows what the rule calls.
 LAST=$((MINUTES - 1))
 BASE=$([ "$MINUTES" -ge 4 ] && echo 2 || echo 0)
-medians() { # COLUMN (3 rss, 4 fds) -> lines "daemon growth noise"
+minutes() { # COLUMN (3 rss, 4 fds, 5 heap) STAT (mean or median) -> lines "daemon growth noise grows minute"
   awk -v c="$1" -v last="$LAST" '{ m = int($1 / 60); if (m > last) m = last; print $2, m, $c }' "$WORK/samples" |
     sort -k1,1 -k2,2n -k3,3n |
-    awk -v base="$BASE" -v last="$LAST" '
-      function flush() { if (n) { med[d, m] = n % 2 ? v[(n + 1) / 2] : int((v[n / 2] + v[n / 2 + 1]) / 2); seen[d] = 1 } n = 0 }
+    awk -v base="$BASE" -v last="$LAST" -v stat="$2" '
+      function flush() {
+        if (n) { fig[d, m] = stat == "mean" ? int(sum / n + 0.5) : n % 2 ? v[(n + 1) / 2] : int((v[n / 2] + v[n / 2 + 1]) / 2); seen[d] = 1 }
+        n = 0; sum = 0
+      }
       $1 != d || $2 != m { flush(); d = $1; m = $2 }
-      { v[++n] = $3 }
+      { v[++n] = $3; sum += $3 }
       END {
         flush()
         for (x in seen) {
           z = 0; at = base
-          for (k = base + 1; k <= last; k++) { dd = med[x, k] - med[x, k - 1]; if (dd < 0) dd = -dd; if (dd > z) { z = dd; at = k } }
-          print x, med[x, last] - med[x, base], z, at
+          for (k = base + 1; k <= last; k++) { dd = fig[x, k] - fig[x, k - 1]; if (dd < 0) dd = -dd; if (dd > z) { z = dd; at = k } }
+          g = fig[x, last] - fig[x, base]
+          print x, g, 2 * z, (g > 2 * z ? "true" : "false"), at
         }
-      }'
+      }' | sort
 }
 json_of() { # FIELD (2 growth, 3 noise, 4 grows) <lines -> {"vmm": n, ...}
   awk -v f="$1" '{ s = s sprintf("%s\"%s\": %s", s == "" ? "" : ", ", $1, $f) } END { print "{" s "}" }'
 }
-medians 3 | awk '{ print $1, $2, $3, ($2 > $3 ? "true" : "false"), $4 }' | sort >"$WORK/rss"
-medians 4 | sort >"$WORK/fds"
-say "samples (seconds daemon rss_kib fds):"; cat "$WORK/samples" >&2
+minutes 3 mean >"$WORK/rss"
+minutes 5 mean >"$WORK/heap"
+minutes 4 median >"$WORK/fds"
+say "samples (seconds daemon rss_kib fds heap_kib):"; cat "$WORK/samples" >&2
 printf '%-34s %12s\n' "duration (s)" "$DURATION"
 printf '%-34s %12s\n' "sandboxes created" "$CREATED"
 printf '%-34s %12s\n' "errors" "$ERRORS"
 printf '%-34s %12s\n' "ledger CPU = kernel, every sandbox" "$LEDGER_EXACT ($mismatches mismatches)"
-while read -r d g z grows at; do
-  printf '%-34s %12s\n' "$d RSS, minute $BASE to $LAST (KiB)" \
-    "$g (noise $z, the change into minute $at; $([ "$grows" = true ] && echo "GROWS beyond noise" || echo "within noise"))"
-done <"$WORK/rss"
+[ "$LEAK_KIB_PER_MIN" = 0 ] || printf '%-34s %12s\n' "leaked on purpose, every daemon" "$LEAK_KIB_PER_MIN KiB/min"
+for what in rss heap; do
+  while read -r d g z grows at; do
+    printf '%-34s %12s\n' "$d $([ $what = rss ] && echo RSS || echo "heap in use"), minute $BASE to $LAST (KiB)" \
+      "$g (noise $z, twice the change into minute $at; $([ "$grows" = true ] && echo "GROWS beyond noise" || echo "within noise"))"
+  done <"$WORK/$what"
+done
 while read -r d g _; do printf '%-34s %12s\n' "$d descriptors, minute $BASE to $LAST" "$g"; done <"$WORK/fds"
-printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "rss_growth_kib": %s, "rss_noise_kib": %s, "rss_grows": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
-  "$DURATION" "$CREATED" "$ERRORS" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
+printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "leak_kib_per_min": %d, "rss_growth_kib": %s, "rss_noise_kib": %s, "rss_grows": %s, "heap_growth_kib": %s, "heap_noise_kib": %s, "heap_grows": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
+  "$DURATION" "$CREATED" "$ERRORS" "$LEAK_KIB_PER_MIN" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
+  "$(json_of 2 <"$WORK/heap")" "$(json_of 3 <"$WORK/heap")" "$(json_of 4 <"$WORK/heap")" \
   "$(json_of 2 <"$WORK/fds")" "$LEDGER_EXACT" "$mismatches"
