@@ -219,14 +219,25 @@ broker_start() {
 }
 
 # stop_pidfile FILE [TENTHS]: SIGTERM, wait up to TENTHS/10 s (default 10 s), then SIGKILL.
+# pid_alive PID: the process runs. A zombie does not: it has ended and waits for its
+# parent to reap it — for a daemon that outlived the script that started it, that
+# parent is PID 1, which may take its time (on a loaded CI machine, seconds), and
+# kill -0 still succeeds on it meanwhile.
+pid_alive() {
+  [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
 stop_pidfile() {
   local f=$1 tenths=${2:-100} pid i
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_alive "$pid"; then
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 "$tenths"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    for i in $(seq 1 "$tenths"); do pid_alive "$pid" || break; sleep 0.1; done
+    if pid_alive "$pid"; then
+      kill -KILL "$pid" 2>/dev/null || true
+      for i in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
+    fi
   fi
   rm -f "$f"
 }
@@ -381,7 +392,7 @@ kafka_kill_node() {
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
   kill -KILL "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  while pid_alive "$pid"; do sleep 0.05; done
 }
 
 # kafka_stop DIR: SIGTERM to every node at once (a controlled shutdown), SIGKILL after 15 s.
@@ -393,7 +404,7 @@ kafka_stop() {
   for f in "$dir"/node.*/pid; do
     [ -f "$f" ] || continue
     pid=$(cat "$f")
-    for i in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for i in $(seq 1 150); do pid_alive "$pid" || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$f"
   done

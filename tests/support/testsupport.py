@@ -61,3 +61,14 @@ def wait_out_utc_day(run_s):
         return
     print(f"the UTC day ends in {left:.0f} s, within this test's {run_s} s: waiting for the next", flush=True)
     time.sleep(left + 1)
+
+
+def pid_alive(pid):
+    """The process runs. A zombie does not: it has ended and waits for its parent
+    to reap it, which for a daemon that outlived the script that started it is
+    PID 1 — on a loaded machine that can take seconds (scripts/lib.sh pid_alive)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False

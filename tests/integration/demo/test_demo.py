@@ -33,7 +33,7 @@ TRIAL_DEADLINE_S = 150
 RUN_S = 300
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
-from testsupport import free_port, wait_out_utc_day  # noqa: E402
+from testsupport import free_port, pid_alive, wait_out_utc_day  # noqa: E402
 
 # The state folder of the instance under test, once there is one: fail() shows its logs.
 STATE = [None]
@@ -240,7 +240,7 @@ def main():
                 if f.endswith(".pid")]
         up(state, env, "stop")
         started = False
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        alive = [p for p in pids if pid_alive(p)]
         if alive:
             fail(f"processes still alive after stop: {alive}")
         left = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "2", "-name", instance],
