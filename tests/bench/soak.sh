@@ -15,6 +15,11 @@
 #    minute 2 to the last minute}, "rss_noise_kib": {...}, "rss_grows": {daemon: growth
 #    beyond noise}, "heap_growth_kib", "heap_noise_kib", "heap_grows" (the same for
 #    the heap in use), "fd_growth": {...}, "ledger_exact", "ledger_mismatches"}
+# The daemons run without glibc's per-thread cache (GLIBC_TUNABLES
+# glibc.malloc.tcache_count=0; SOAK_TCACHE=1 keeps it): mallinfo2 counts the
+# chunks it holds as in use, so tally-api's heap rose 1,230 -> 1,344 KiB in 7
+# minutes while the program's own heap was flat (valgrind's massif, API_WRAPPER
+# below: 686,350 B at 37 s and at 484 s), and flat at 746 KiB without it.
 # LEAK_KIB_PER_MIN (default 0) makes every daemon leak that much on purpose
 # (heapstat.c): the judgement must then say "grows". API_WRAPPER (e.g.
 # "valgrind --tool=massif --massif-out-file=/tmp/api.massif") is put before
@@ -28,6 +33,9 @@ CHURN=${CHURN:-2}
 API_RPS=${API_RPS:-10}
 SAMPLE_S=${SAMPLE_S:-1}
 LEAK_KIB_PER_MIN=${LEAK_KIB_PER_MIN:-0}
+SOAK_TCACHE=${SOAK_TCACHE:-0}
+TUNABLES=${GLIBC_TUNABLES:-}
+[ "$SOAK_TCACHE" = 1 ] || TUNABLES=${TUNABLES:+$TUNABLES:}glibc.malloc.tcache_count=0
 HEAPSTAT=$BUILD/tests/bench/soak/libtally-heapstat.so
 [ -f "$HEAPSTAT" ] || die "no $HEAPSTAT in this build"
 WORK=$(mktemp -d /tmp/tally-bench-soak.XXXXXX)
@@ -60,8 +68,8 @@ SQL
 declare -A DPID
 start_daemon() { # NAME ARGS...: started with heapstat.c preloaded, writing its heap in use to WORK/NAME.heap
   local name=$1; shift
-  LD_PRELOAD=$HEAPSTAT TALLY_HEAPSTAT_FILE=$WORK/$name.heap TALLY_HEAPSTAT_LEAK_KIB_PER_MIN=$LEAK_KIB_PER_MIN \
-    "$@" >>"$WORK/$name.log" 2>&1 &
+  GLIBC_TUNABLES=$TUNABLES LD_PRELOAD=$HEAPSTAT TALLY_HEAPSTAT_FILE=$WORK/$name.heap \
+    TALLY_HEAPSTAT_LEAK_KIB_PER_MIN=$LEAK_KIB_PER_MIN "$@" >>"$WORK/$name.log" 2>&1 &
   DPID[$name]=$!
   PIDS+=($!)
 }
@@ -257,6 +265,7 @@ printf '%-34s %12s\n' "sandboxes created" "$CREATED"
 printf '%-34s %12s\n' "errors" "$ERRORS"
 printf '%-34s %12s\n' "ledger CPU = kernel, every sandbox" "$LEDGER_EXACT ($mismatches mismatches)"
 [ "$LEAK_KIB_PER_MIN" = 0 ] || printf '%-34s %12s\n' "leaked on purpose, every daemon" "$LEAK_KIB_PER_MIN KiB/min"
+printf '%-34s %12s\n' "glibc per-thread cache" "$([ "$SOAK_TCACHE" = 1 ] && echo on || echo "off (SOAK_TCACHE=1 keeps it)")"
 for what in rss heap; do
   while read -r d g z grows at; do
     printf '%-34s %12s\n' "$d $([ $what = rss ] && echo RSS || echo "heap in use"), minute $BASE to $LAST (KiB)" \
@@ -264,7 +273,7 @@ for what in rss heap; do
   done <"$WORK/$what"
 done
 while read -r d g _; do printf '%-34s %12s\n' "$d descriptors, minute $BASE to $LAST" "$g"; done <"$WORK/fds"
-printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "leak_kib_per_min": %d, "rss_growth_kib": %s, "rss_noise_kib": %s, "rss_grows": %s, "heap_growth_kib": %s, "heap_noise_kib": %s, "heap_grows": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
-  "$DURATION" "$CREATED" "$ERRORS" "$LEAK_KIB_PER_MIN" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
+printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "leak_kib_per_min": %d, "tcache": %s, "rss_growth_kib": %s, "rss_noise_kib": %s, "rss_grows": %s, "heap_growth_kib": %s, "heap_noise_kib": %s, "heap_grows": %s, "fd_growth": %s, "ledger_exact": %s, "ledger_mismatches": %s}\n' \
+  "$DURATION" "$CREATED" "$ERRORS" "$LEAK_KIB_PER_MIN" "$([ "$SOAK_TCACHE" = 1 ] && echo true || echo false)" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
   "$(json_of 2 <"$WORK/heap")" "$(json_of 3 <"$WORK/heap")" "$(json_of 4 <"$WORK/heap")" \
   "$(json_of 2 <"$WORK/fds")" "$LEDGER_EXACT" "$mismatches"
