@@ -47,6 +47,13 @@ cleanup() {
   local p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  # Sandboxes outlive tally-vmm by design: a soak that ended early leaves its
+  # sandboxes running unless their processes are killed here.
+  for d in /sys/fs/cgroup/*/"$CG" /sys/fs/cgroup/"$CG"; do
+    [ -d "$d" ] || continue
+    find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | xargs -r kill -KILL 2>/dev/null || true
+  done
+  sleep 0.5
   for d in /sys/fs/cgroup/*/"$CG" /sys/fs/cgroup/"$CG"; do
     [ -d "$d" ] || continue
     find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
