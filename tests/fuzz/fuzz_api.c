@@ -106,6 +106,8 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         const char *p = req;
         while (len > 0) {
                 ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break; /* the server may answer (400, 413) and close before it read all */
                 p += n;
@@ -118,6 +120,10 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         size_t got = 0;
         while (got < cap) {
                 ssize_t n = recv(fd, out + got, cap - got, 0);
+                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
+                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break;
                 got += (size_t)n;

@@ -29,8 +29,9 @@
  * No limits database: the spend-limit check is off (limits_database_url "").
  *
  * Checked beyond "no crash, no sanitizer report": every answer is an HTTP/1.x
- * status line, GET /v1/status still answers 200 after each input, and the
- * sandboxes an input made are gone before the next. */
+ * status line, a whole request without a body gets one, GET /v1/status still
+ * answers 200 after each input, and the sandboxes an input made are gone
+ * before the next. */
 #include "api.h"
 #include "log.h"
 #include "support.h"
@@ -46,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -67,7 +69,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 static struct vmm *vmm;
 static struct vmm_api *api;
-static char work[PATH_MAX], state[PATH_MAX + 8], sock[PATH_MAX + 16], parent[96], host[96];
+static char work[PATH_MAX], state[PATH_MAX + 8], sock[sizeof(((struct sockaddr_un *)0)->sun_path)], parent[96],
+        host[96];
 static char resident[EVENT_ID_MAX + 1];
 static int cgroup_version;
 
@@ -104,7 +107,7 @@ static void stop(void)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
         (void)argc, (void)argv;
-        log_set_level(LOG_LEVEL_ERROR);
+        log_set_level(LOG_LEVEL_WARN);
         const char *brokers = test_env("TALLY_TEST_BROKERS");
         /* Before any thread: unshare(CLONE_NEWNS) refuses a threaded process. */
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -120,7 +123,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         if (mount("tally-fuzz-vmm", work, "tmpfs", MS_NOSUID | MS_NODEV, STATE_TMPFS_OPTS) < 0)
                 FAIL("could not mount a tmpfs on %s: %s", work, strerror(errno));
         snprintf(state, sizeof(state), "%s/state", work);
-        snprintf(sock, sizeof(sock), "%s/vmm.sock", work);
+        if (snprintf(sock, sizeof(sock), "%s/vmm.sock", work) >= (int)sizeof(sock))
+                FAIL("the work folder's path %s is too long for a unix socket", work);
         /* scripts/fuzz names it, to remove it after a run that crashed. */
         const char *named = getenv("TALLY_FUZZ_VMM_CGROUP");
         if (named && *named)
@@ -244,7 +248,7 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
 {
         size_t len0 = len;
         struct sockaddr_un a = { .sun_family = AF_UNIX };
-        snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+        memcpy(a.sun_path, sock, sizeof(sock));
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
                 if (fd >= 0)
@@ -257,6 +261,8 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         const char *p = req;
         while (len > 0) {
                 ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break; /* the server may answer (400, 413) and close before it read all */
                 p += n;
@@ -267,6 +273,10 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         size_t got = 0;
         while (got < cap) {
                 ssize_t n = recv(fd, out + got, cap - got, 0);
+                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
+                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break;
                 got += (size_t)n;
@@ -275,6 +285,44 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         }
         close(fd);
         return (ssize_t)got;
+}
+
+/* Whether req starts with a plain, whole request head that announces no
+ * body: "METHOD /path HTTP/1.x", then "Name: value" lines up to a blank line,
+ * neither Content-Length nor Transfer-Encoding among them. libmicrohttpd
+ * hands every such request to the handler, so no answer at all means the
+ * handler refused to make one (it returned MHD_NO). Anything odder may be
+ * dropped by libmicrohttpd itself, and a head with a body may end unanswered:
+ * the input can stop short of the body it announced. */
+static bool answer_due(const char *req, size_t len)
+{
+        const char *end = memmem(req, len, "\r\n\r\n", 4);
+        if (!end || memchr(req, '\0', (size_t)(end - req)))
+                return false;
+        const char *eol = memchr(req, '\r', (size_t)(end - req) + 1), *p = req;
+        while (p < eol && *p >= 'A' && *p <= 'Z')
+                p++;
+        if (p == req || p >= eol || *p++ != ' ' || *p != '/')
+                return false;
+        while (p < eol && *p > ' ' && *p < 0x7f)
+                p++;
+        if (eol[1] != '\n' || eol - p != 9 || (memcmp(p, " HTTP/1.1", 9) != 0 && memcmp(p, " HTTP/1.0", 9) != 0))
+                return false;
+        for (const char *l = eol + 2; l < end + 2; l = memchr(l, '\n', (size_t)(end + 2 - l)) + 1) {
+                const char *le = memchr(l, '\r', (size_t)(end + 2 - l));
+                const char *colon = memchr(l, ':', (size_t)(le - l));
+                if (!colon || colon == l || le[1] != '\n')
+                        return false;
+                for (const char *c = l; c < le; c++)
+                        if ((unsigned char)*c < ' ' || (unsigned char)*c >= 0x7f)
+                                return false;
+                for (const char *c = l; c < colon; c++)
+                        if (*c == ' ' || *c == '\t')
+                                return false;
+                if (strncasecmp(l, "Content-Length:", 15) == 0 || strncasecmp(l, "Transfer-Encoding:", 18) == 0)
+                        return false;
+        }
+        return true;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -286,9 +334,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t len;
         char *req = with_ids(data, size, &len);
         ssize_t n = exchange(req, len, out, sizeof(out) - 1);
+        bool due = answer_due(req, len);
         free(req);
         if (n < 0)
                 FAIL("could not connect to the API");
+        if (n == 0 && due)
+                FAIL("a whole request without a body got no answer");
         out[n] = '\0';
         if (n > 0 && strncmp(out, "HTTP/1.", 7) != 0)
                 FAIL("an answer that is not HTTP: %.80s", out);
