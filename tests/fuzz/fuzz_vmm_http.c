@@ -23,9 +23,12 @@
  *   - after each input every sandbox but the running resident is stopped,
  *     and the input is done only once tally-vmm has removed them: at most the
  *     resident plus what one request makes (a create, or a fork's 10 copies)
- *     are ever alive at once;
+ *     are ever alive at once; the resident itself is replaced every
+ *     RESIDENT_AGE_MAX_S, so nothing an exec left in it outlives that long;
  *   - exec'd commands run as the sandboxes' unprivileged users in their own
- *     namespaces without network, on their sandbox's disk.
+ *     pid, mount, ipc and uts namespaces, on their sandbox's disk, niced as
+ *     this process is; without network unless a create asks for it
+ *     ("network": true shares the host's, as for any client of tally-vmm).
  * No limits database: the spend-limit check is off (limits_database_url "").
  *
  * Checked beyond "no crash, no sanitizer report": every answer is an HTTP/1.x
@@ -58,6 +61,7 @@
 
 #define STATE_TMPFS_OPTS  "size=256m,mode=0755"
 #define TIMEOUT_MAX_S     10
+#define RESIDENT_AGE_MAX_S 8                    /* under TIMEOUT_MAX_S: its own lease rarely ends it mid-input */
 #define PARENT_PIDS_MAX   "512"
 #define PARENT_MEM_BYTES  "2147483648"
 #define ANSWER_WAIT_S     (TIMEOUT_MAX_S + 10)  /* an exec lasts at most its sandbox's lease, plus the stop */
@@ -156,22 +160,25 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         return 0;
 }
 
-/* A running resident sandbox with a whole lease ahead of it: resumed if an
- * input paused it, made anew if an input stopped it. */
+/* A running resident sandbox: made anew once it is RESIDENT_AGE_MAX_S old
+ * (what an exec left running in the background in it, a CPU burner say,
+ * goes with it), or once an input stopped or paused it (remove_others). */
 static void ensure_resident(void)
 {
+        static int64_t born;
         char why[512] = "";
         json_t *sb = NULL;
-        if (*resident && vmm_show(vmm, resident, &sb, why, sizeof(why)) == 0) {
-                const char *st = test_jstr(sb, "state");
-                bool keep = strcmp(st, "running") == 0 ||
-                            (strcmp(st, "paused") == 0 && vmm_resume(vmm, resident, why, sizeof(why)) == 0);
+        if (*resident && time_mono_ns() - born < RESIDENT_AGE_MAX_S * NS_PER_SEC &&
+            vmm_show(vmm, resident, &sb, why, sizeof(why)) == 0) {
+                bool running = strcmp(test_jstr(sb, "state"), "running") == 0;
                 json_decref(sb);
-                if (keep && vmm_set_timeout(vmm, resident, TIMEOUT_MAX_S, why, sizeof(why)) == 0)
+                if (running)
                         return;
-                vmm_stop(vmm, resident, "fuzz", why, sizeof(why));
         }
+        if (*resident)
+                vmm_stop(vmm, resident, "fuzz", why, sizeof(why)); /* removed with the input's own (remove_others) */
         *resident = '\0';
+        born = time_mono_ns();
         /* Small: a tmpfs disk (under the 8 MiB that makes an ext4 image), few processes. */
         json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:{s:s}}", "account", "fuzz", "key", "fuzz",
                                  "memory_mib", 64, "disk_mib", 4, "pids_max", 64, "timeout_s", TIMEOUT_MAX_S,
