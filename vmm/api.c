@@ -79,9 +79,21 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned int status, 
         return r;
 }
 
+/* why may hold the client's own bytes (a sandbox id from the URL, jansson's
+ * excerpt of a bad body), cut anywhere by a %.64s: where they are not UTF-8
+ * jansson refuses the string, and the client got no answer at all. */
 static enum MHD_Result send_error(struct MHD_Connection *c, unsigned int status, const char *why)
 {
-        return send_json(c, status, json_pack("{s:s}", "error", why));
+        json_t *text = json_string(why);
+        if (!text) {
+                char ascii[512];
+                size_t i = 0;
+                for (; why[i] && i < sizeof(ascii) - 1; i++)
+                        ascii[i] = (unsigned char)why[i] < 0x80 ? why[i] : '?';
+                ascii[i] = '\0';
+                text = json_string(ascii);
+        }
+        return send_json(c, status, json_pack("{s:o}", "error", text));
 }
 
 static unsigned int status_for(int r)

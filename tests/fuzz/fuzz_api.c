@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -88,38 +87,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         return 0;
 }
 
-/* Whether buf holds one whole HTTP answer (after any 100 Continue). */
-static bool answer_complete(const char *buf, size_t len, bool head)
-{
-        const char *p = buf, *end = buf + len;
-        for (;;) {
-                const char *hdr_end = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
-                if (!hdr_end)
-                        return false;
-                const char *body = hdr_end + 4;
-                if (end - p >= 12 && memcmp(p + 9, "100", 3) == 0) {
-                        p = body;
-                        continue;
-                }
-                if (head)
-                        return true;
-                long long clen = -1;
-                bool chunked = false;
-                for (const char *l = memchr(p, '\n', (size_t)(hdr_end - p)); l && l < hdr_end;
-                     l = memchr(l + 1, '\n', (size_t)(hdr_end - l - 1))) {
-                        if (strncasecmp(l + 1, "Content-Length:", 15) == 0)
-                                clen = strtoll(l + 16, NULL, 10);
-                        else if (strncasecmp(l + 1, "Transfer-Encoding: chunked", 26) == 0)
-                                chunked = true;
-                }
-                if (chunked)
-                        return memmem(body, (size_t)(end - body), "0\r\n\r\n", 5) != NULL;
-                if (clen >= 0)
-                        return end - body >= clen;
-                return false; /* until the server closes */
-        }
-}
-
 /* Sends req on a fresh connection, reads the answer to the end (at most cap
  * bytes kept) into out; returns its length, or -1 if the connection failed. */
 static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
@@ -139,6 +106,8 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         const char *p = req;
         while (len > 0) {
                 ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break; /* the server may answer (400, 413) and close before it read all */
                 p += n;
@@ -151,10 +120,14 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         size_t got = 0;
         while (got < cap) {
                 ssize_t n = recv(fd, out + got, cap - got, 0);
+                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
+                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
+                if (n < 0 && errno == EINTR)
+                        continue;
                 if (n <= 0)
                         break;
                 got += (size_t)n;
-                if (answer_complete(out, got, head))
+                if (test_http_answer_complete(out, got, head))
                         break;
         }
         close(fd);

@@ -4,9 +4,10 @@
  * create_request_parse (POST /v1/sandboxes) and command_parse (exec's
  * "command"), both in vmm/spec.c.
  *
- * Not reached: route() and do_exec() themselves, which take a libmicrohttpd
- * connection and a running vmm (cgroups, a Kafka producer) and are static in
- * vmm/api.c. Checked beyond "no crash": an accepted create request holds
+ * The parsers alone, fast and with no service behind them; route(), do_exec()
+ * and the vmm behind them get the same bodies inside whole HTTP requests from
+ * the target vmm-http (fuzz_vmm_http.c: a real vmm and its API in the
+ * fuzzer's process). Checked beyond "no crash": an accepted create request holds
  * what create_request_parse promises (ids valid, sizes inside the limits,
  * a NULL-terminated argv of strings). */
 #include "spec.h"

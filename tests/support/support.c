@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -218,4 +219,35 @@ void test_wait_out_utc_day(int run_s)
         d.tv_sec += 1;
         while (nanosleep(&d, &d) < 0 && errno == EINTR)
                 ;
+}
+
+bool test_http_answer_complete(const char *buf, size_t len, bool head)
+{
+        const char *p = buf, *end = buf + len;
+        for (;;) {
+                const char *hdr_end = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
+                if (!hdr_end)
+                        return false;
+                const char *body = hdr_end + 4;
+                if (end - p >= 12 && memcmp(p + 9, "100", 3) == 0) {
+                        p = body;
+                        continue;
+                }
+                if (head)
+                        return true;
+                long long clen = -1;
+                bool chunked = false;
+                for (const char *l = memchr(p, '\n', (size_t)(hdr_end - p)); l && l < hdr_end;
+                     l = memchr(l + 1, '\n', (size_t)(hdr_end - l - 1))) {
+                        if (strncasecmp(l + 1, "Content-Length:", 15) == 0)
+                                clen = strtoll(l + 16, NULL, 10);
+                        else if (strncasecmp(l + 1, "Transfer-Encoding: chunked", 26) == 0)
+                                chunked = true;
+                }
+                if (chunked)
+                        return memmem(body, (size_t)(end - body), "0\r\n\r\n", 5) != NULL;
+                if (clen >= 0)
+                        return end - body >= clen;
+                return false; /* until the server closes */
+        }
 }

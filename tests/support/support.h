@@ -4,6 +4,7 @@
  * not pass. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -49,6 +50,13 @@ int test_log_port(const char *path, const char *needle, int timeout_ms);
 
 /* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
 char *test_read_file(const char *path);
+
+/* Whether buf holds one whole HTTP answer (after any 100 Continue): the
+ * headers and the body their Content-Length or chunked framing promise
+ * (head: an answer to HEAD, headers alone). For a client that must stop
+ * reading once the answer is in, since a kept-alive connection would
+ * otherwise idle until the server's timeout. */
+bool test_http_answer_complete(const char *buf, size_t len, bool head);
 
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
