@@ -119,5 +119,5 @@ pid_t test_kafka_node_pid(struct test_kafka *k, int node)
         char *s = test_read_file(path);
         pid_t pid = s ? (pid_t)atoi(s) : 0;
         free(s);
-        return pid > 0 && kill(pid, 0) == 0 ? pid : 0;
+        return test_pid_running(pid) ? pid : 0;
 }

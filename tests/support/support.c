@@ -251,3 +251,19 @@ bool test_http_answer_complete(const char *buf, size_t len, bool head)
                 return false; /* until the server closes */
         }
 }
+
+bool test_pid_running(pid_t pid)
+{
+        if (pid <= 0 || kill(pid, 0) != 0)
+                return false;
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+        char *s = test_read_file(path);
+        const char *state = s ? strstr(s, "\nState:") : NULL;
+        if (state)
+                for (state += 7; *state == ' ' || *state == '\t'; state++)
+                        ;
+        bool running = s && !(state && *state == 'Z');
+        free(s);
+        return running;
+}

@@ -51,6 +51,11 @@ int test_log_port(const char *path, const char *needle, int timeout_ms);
 /* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
 char *test_read_file(const char *path);
 
+/* The process runs: it exists and is not a zombie (one that ended and waits
+ * for its parent — PID 1, for a daemon a script started — to reap it, which
+ * kill(pid, 0) still finds; scripts/lib.sh pid_alive is the same rule). */
+bool test_pid_running(pid_t pid);
+
 /* Whether buf holds one whole HTTP answer (after any 100 Continue): the
  * headers and the body their Content-Length or chunked framing promise
  * (head: an answer to HEAD, headers alone). For a client that must stop
