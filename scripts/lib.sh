@@ -218,7 +218,6 @@ broker_start() {
   die "tally-broker did not become ready"
 }
 
-# stop_pidfile FILE [TENTHS]: SIGTERM, wait up to TENTHS/10 s (default 10 s), then SIGKILL.
 # pid_alive PID: the process runs. A zombie does not: it has ended and waits for its
 # parent to reap it — for a daemon that outlived the script that started it, that
 # parent is PID 1, which may take its time (on a loaded CI machine, seconds), and
@@ -227,6 +226,8 @@ pid_alive() {
   [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 
+# stop_pidfile FILE [TENTHS]: SIGTERM, wait up to TENTHS/10 s (default 10 s), then SIGKILL and
+# wait up to 5 s more for it to end.
 stop_pidfile() {
   local f=$1 tenths=${2:-100} pid i
   [ -f "$f" ] || return 0
