@@ -27,7 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, "fuzz_api: " __VA_ARGS__); fputc('\n', stderr); abort(); } while (0)
@@ -91,47 +90,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
  * bytes kept) into out; returns its length, or -1 if the connection failed. */
 static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
 {
-        size_t len0 = len;
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        struct timeval tv = { .tv_sec = 10 };
         if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
                 if (fd >= 0)
                         close(fd);
                 return -1;
         }
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        const char *p = req;
-        while (len > 0) {
-                ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        break; /* the server may answer (400, 413) and close before it read all */
-                p += n;
-                len -= (size_t)n;
-        }
-        shutdown(fd, SHUT_WR);
-        /* Read until the server closes, or until one whole answer is in (a
-         * kept-alive connection would otherwise idle until its timeout). */
-        bool head = len0 >= 5 && memcmp(req, "HEAD ", 5) == 0;
-        size_t got = 0;
-        while (got < cap) {
-                ssize_t n = recv(fd, out + got, cap - got, 0);
-                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
-                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        break;
-                got += (size_t)n;
-                if (test_http_answer_complete(out, got, head))
-                        break;
-        }
-        close(fd);
-        return (ssize_t)got;
+        return (ssize_t)test_http_exchange(fd, req, len, out, cap, 10);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

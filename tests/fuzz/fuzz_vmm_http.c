@@ -53,7 +53,6 @@
 #include <strings.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -253,7 +252,6 @@ static char *with_ids(const uint8_t *data, size_t size, size_t *len)
  * connection failed. */
 static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
 {
-        size_t len0 = len;
         struct sockaddr_un a = { .sun_family = AF_UNIX };
         memcpy(a.sun_path, sock, sizeof(sock));
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -262,36 +260,7 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
                         close(fd);
                 return -1;
         }
-        struct timeval tv = { .tv_sec = ANSWER_WAIT_S };
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        const char *p = req;
-        while (len > 0) {
-                ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        break; /* the server may answer (400, 413) and close before it read all */
-                p += n;
-                len -= (size_t)n;
-        }
-        shutdown(fd, SHUT_WR);
-        bool head = len0 >= 5 && memcmp(req, "HEAD ", 5) == 0;
-        size_t got = 0;
-        while (got < cap) {
-                ssize_t n = recv(fd, out + got, cap - got, 0);
-                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
-                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        break;
-                got += (size_t)n;
-                if (test_http_answer_complete(out, got, head))
-                        break;
-        }
-        close(fd);
-        return (ssize_t)got;
+        return (ssize_t)test_http_exchange(fd, req, len, out, cap, ANSWER_WAIT_S);
 }
 
 /* Whether req starts with a plain, whole request head that announces no

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -266,4 +268,38 @@ bool test_pid_running(pid_t pid)
         bool running = s && !(state && *state == 'Z');
         free(s);
         return running;
+}
+
+size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s)
+{
+        struct timeval tv = { .tv_sec = timeout_s };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        bool head = len >= 5 && memcmp(req, "HEAD ", 5) == 0;
+        const char *p = req;
+        while (len > 0) {
+                ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        break; /* the server may answer (400, 413) and close before it read all */
+                p += n;
+                len -= (size_t)n;
+        }
+        shutdown(fd, SHUT_WR);
+        size_t got = 0;
+        while (got < cap) {
+                ssize_t n = recv(fd, out + got, cap - got, 0);
+                /* libFuzzer's timer (SIGALRM, for -timeout) interrupts a recv with
+                 * SO_RCVTIMEO even under SA_RESTART: that is not the answer's end. */
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        break;
+                got += (size_t)n;
+                if (test_http_answer_complete(out, got, head))
+                        break;
+        }
+        close(fd);
+        return got;
 }

@@ -63,6 +63,15 @@ bool test_pid_running(pid_t pid);
  * otherwise idle until the server's timeout. */
 bool test_http_answer_complete(const char *buf, size_t len, bool head);
 
+/* One HTTP exchange on a connected socket fd, which it closes: sends all of
+ * req (stopping early if the server closes: it may answer 400 or 413 before
+ * reading everything), shuts the sending side, and reads until the server
+ * closes or one whole answer is in (test_http_answer_complete), keeping at
+ * most cap bytes in out. Sends and reads time out after timeout_s; a read
+ * interrupted by a signal (libFuzzer's SIGALRM) is retried. Returns the
+ * bytes read. */
+size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s);
+
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
 
