@@ -14,6 +14,7 @@
 
 #include "control.h"
 #include "db.h"
+#include "schema_version.h"
 #include "event.h"
 #include "fold.h"
 #include "kafka.h"
@@ -34,7 +35,7 @@
 
 /* Schema this aggregator writes: 002_ledger and up to what it knows. */
 #define SCHEMA_NEED  3
-#define SCHEMA_KNOWN 9
+#define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 
 #define LAG_BUCKETS 60000 /* 1 ms each: commit latency histogram up to 60 s */
 

@@ -9,6 +9,7 @@
  * It must never mark a row delivered that it did not see answered 2xx. */
 #include "notifier.h"
 #include "db.h"
+#include "schema_version.h"
 #include "log.h"
 #include "metrics_http.h"
 
@@ -25,10 +26,10 @@
 #include <sys/random.h>
 #include <time.h>
 
-/* The migrations this notifier understands (sql/009 made the outbox); like
+/* The migrations this notifier understands (sql/009 made the outbox) up to the newest in sql/ at build time; like
  * the aggregator it stays off a database newer than it knows. */
 #define SCHEMA_NEED 9
-#define SCHEMA_KNOWN 9
+#define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 /* The shortest sleep of a worker that found nothing to claim. */
 #define IDLE_MIN_MS 50
 
