@@ -5,6 +5,7 @@
  * block. A sandbox's op mutex serialises its lifecycle changes (pause, resume,
  * stop, fork); exec takes a reference and runs beside them. */
 #include "vmm.h"
+#include "beneath.h"
 #include "kafka.h"
 #include "log.h"
 #include "registry.h"
@@ -13,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <openssl/rand.h>
@@ -215,18 +215,13 @@ static int new_id(char *buf, size_t size)
         return 0;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
+/* The sandbox's folder may hold what a jailed QEMU made: removed by
+ * descriptor, never following a link or leaving its file system. */
 static void remove_tree(const char *path)
 {
-        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        int r = beneath_remove_tree(path);
+        if (r < 0 && r != -ENOENT)
+                log_warn("could not remove a sandbox's folder", "path=%s error=\"%s\"", path, strerror(-r));
 }
 
 static void sandbox_dir(const struct vmm *v, const char *id, char *buf, size_t size)
