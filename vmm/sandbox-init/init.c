@@ -578,35 +578,34 @@ static void copy_folder(int sfd, int dfd, int depth)
 }
 
 /* The source sandbox's /work, opened through its init (pid) without trusting
- * the pid: it must be in the source's cgroup (id) and still be the same
- * process once its root is open (a pidfd taken first), or another process
- * could have taken the number (the host's own root behind it). */
+ * the number: everything is read through one descriptor of /proc/PID (which
+ * stays that process's, ESRCH once it is gone, whoever takes the number
+ * next), and that process must be in the source's cgroup (id), or another
+ * process could have taken the number (the host's own root behind it). This
+ * init is in a pid namespace of its own: a pidfd cannot name a host pid. */
 static int open_source_work(const char *pid_text, const char *id)
 {
-        pid_t pid = (pid_t)strtol(pid_text, NULL, 10);
-        int pidfd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
         char p[64], buf[4096], needle[160];
-        snprintf(p, sizeof(p), "/proc/%d/cgroup", (int)pid);
+        snprintf(p, sizeof(p), "/proc/%d", (int)strtol(pid_text, NULL, 10));
         snprintf(needle, sizeof(needle), "/%s\n", id ? id : "");
-        int fd = pidfd >= 0 && id && *id ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+        int proc = id && *id ? open(p, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        int fd = proc >= 0 ? openat(proc, "cgroup", O_RDONLY | O_CLOEXEC) : -1;
         ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
         if (fd >= 0)
                 close(fd);
         if (n > 0)
                 buf[n] = '\0';
-        snprintf(p, sizeof(p), "/proc/%d/root", (int)pid);
-        int root = n > 0 && strstr(buf, needle) ? open(p, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        int root = n > 0 && strstr(buf, needle) ? openat(proc, "root", O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
         /* /work is the disk's mount point in the source's root: the one step that enters a mount */
         struct open_how how = { .flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
                                 .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
         int work = root >= 0 ? (int)syscall(SYS_openat2, root, "work", &how, sizeof(how)) : -1;
         struct stat rst, wst;
-        bool ok = work >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0 && fstat(root, &rst) == 0 &&
-                  fstat(work, &wst) == 0 && rst.st_dev != wst.st_dev;
+        bool ok = work >= 0 && fstat(root, &rst) == 0 && fstat(work, &wst) == 0 && rst.st_dev != wst.st_dev;
         if (root >= 0)
                 close(root);
-        if (pidfd >= 0)
-                close(pidfd);
+        if (proc >= 0)
+                close(proc);
         if (!ok) {
                 if (work >= 0)
                         close(work);
