@@ -42,6 +42,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1604,6 +1605,111 @@ out:
         free(secret);
 }
 
+/* ---- admission: what one key can make this host promise ---- */
+
+static uint64_t host_mem_mib(void)
+{
+        char *t = test_read_file("/proc/meminfo"), *m = t ? strstr(t, "MemTotal:") : NULL;
+        uint64_t kib = m ? strtoull(m + 9, NULL, 10) : 0;
+        free(t);
+        return kib / 1024;
+}
+
+/* A create through the daemon's API; status, and the sandbox in *sb on 201. */
+static int api_create(struct sandbox *sb, uint64_t memory_mib, uint64_t disk_mib, char **ret_body)
+{
+        char *body = fmt("{\"account\":\"%s\",\"key\":\"key-escape\",\"vcpus\":1,\"memory_mib\":%" PRIu64
+                         ",\"disk_mib\":%" PRIu64 ",\"timeout_s\":300,\"labels\":{\"attack\":\"admission\"}}",
+                         account, memory_mib, disk_mib);
+        int status = api("POST", "/v1/sandboxes", body, ret_body);
+        free(body);
+        if (status == 201) {
+                json_t *j = json_loads(*ret_body, 0, NULL);
+                adopt(sb, j);
+                json_decref(j);
+        }
+        return status;
+}
+
+/* How many of the account's sandboxes the daemon lists as not stopped. */
+static int live_sandboxes(void)
+{
+        char *path = fmt("/v1/sandboxes?account=%s", account), *answer = NULL;
+        api("GET", path, "", &answer);
+        json_t *j = json_loads(answer, 0, NULL), *sb;
+        size_t i;
+        int n = 0;
+        json_array_foreach(json_object_get(j, "sandboxes"), i, sb)
+                n += strcmp(test_jstr(sb, "state"), "stopped") != 0;
+        json_decref(j);
+        free(answer);
+        free(path);
+        return n;
+}
+
+/* 14. One key asks this host for more than it has: a sandbox with 90 % of the
+ * host's memory (MemTotal, read here), forked 10 times at once and then once;
+ * a 1 TiB disk. Each refusal is a 507 naming what is short, and nothing is
+ * made; an honest create still works. */
+static void attack_admission(void)
+{
+        uint64_t mem = host_mem_mib();
+        struct statvfs fs;
+        CTL(mem > 1024 && statvfs(state, &fs) == 0, "admission: could not read the host's memory or free space");
+        uint64_t free_mib = (uint64_t)fs.f_bavail * fs.f_frsize >> 20;
+        CTL(free_mib < 1024 * 1024, "admission: the host has %" PRIu64 " MiB free: a 1 TiB disk would fit", free_mib);
+        struct sandbox big, small, copies[10];
+        char *answer = NULL;
+        uint64_t ninety = mem * 9 / 10;
+        int status = api_create(&big, ninety, DISK_MIB, &answer);
+        CHECK(status == 201, "admission: a sandbox of %" PRIu64 " of %" PRIu64 " MiB was refused: %d %s", ninety, mem,
+              status, answer);
+        free(answer);
+        if (status != 201)
+                return;
+        int ncopies = 0;
+        answer = NULL;
+        status = fork_sandbox(&big, 10, copies, &ncopies, &answer);
+        fprintf(stderr, "    admission: fork of 10 answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507 || !strstr(answer, "memory"))
+                ESCAPED("admission: 10 copies of a sandbox with 90 %% of the host's memory answered %d (%d made), "
+                        "not 507 naming memory: %s", status, ncopies, answer);
+        for (int i = 0; i < ncopies; i++)
+                stop(&copies[i], "admission");
+        free(answer);
+        answer = NULL;
+        ncopies = 0;
+        status = fork_sandbox(&big, 1, copies, &ncopies, &answer);
+        fprintf(stderr, "    admission: fork of 1 answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507)
+                ESCAPED("admission: a copy of a sandbox with 90 %% of the host's memory answered %d: %s", status,
+                        answer);
+        for (int i = 0; i < ncopies; i++)
+                stop(&copies[i], "admission");
+        free(answer);
+        int live = live_sandboxes();
+        if (live != 1)
+                ESCAPED("admission: %d sandboxes of the account live after the refused forks, not 1", live);
+        answer = NULL;
+        status = api_create(&small, 128, DISK_MIB, &answer);
+        CHECK(status == 201, "admission: an honest 128 MiB sandbox was refused beside the big one: %d %s", status,
+              answer);
+        free(answer);
+        if (status == 201)
+                stop(&small, "admission");
+        struct sandbox huge;
+        answer = NULL;
+        status = api_create(&huge, 128, 1024 * 1024, &answer);
+        fprintf(stderr, "    admission: a 1 TiB disk answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507 || !strstr(answer, "disk"))
+                ESCAPED("admission: a 1 TiB disk on a host with %" PRIu64 " MiB free answered %d, not 507 naming "
+                        "the disk: %s", free_mib, status, answer);
+        if (status == 201)
+                stop(&huge, "admission");
+        free(answer);
+        stop(&big, "admission");
+}
+
 /* Two host processes: markers for the host-proc attack (argv[0] escmark<token>a|b)
  * and targets of the ptrace one. */
 static void start_victims(void)
@@ -1758,7 +1864,7 @@ int main(void)
                 { "setns", attack_setns },               { "release-agent", attack_release_agent },
                 { "forkbomb", attack_forkbomb },         { "disk-fill", attack_disk_fill },
                 { "ptrace", attack_ptrace },             { "fork-tmp", attack_fork_tmp },
-                { "fork-race", attack_fork_race },
+                { "fork-race", attack_fork_race },       { "admission", attack_admission },
         };
         enum { N = sizeof(cases) / sizeof(cases[0]) };
         bool escaped[N], other[N], ctl_failed[N];
