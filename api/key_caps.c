@@ -46,7 +46,8 @@ int h_key_caps_get(struct api_req *r, struct api_reply *out, struct api_error *e
 {
         const char *p[] = { r->id, r->caller.account };
         PGresult *res = db_query(req_db(r), "read a key's caps", PGRES_TUPLES_OK,
-                                 "SELECT id, max_sandboxes, max_memory_mib FROM api_keys WHERE id = $1 AND account_id = $2",
+                                 "SELECT id, max_sandboxes, max_memory_mib FROM api_keys "
+                                 "WHERE id = $1 AND account_id = $2",
                                  2, p);
         if (!res)
                 return api_fail(err, 503, "database_unavailable", NULL, "could not read the key's caps");
@@ -79,7 +80,8 @@ int h_key_caps_put(struct api_req *r, struct api_reply *out, struct api_error *e
         char sb[24], mem[24], actor[EVENT_ID_MAX + 8];
         int rc;
         if ((rc = body_check_fields(r->json, allowed, err)) < 0 ||
-            (rc = parse_cap(json_object_get(r->json, "max_sandboxes"), "max_sandboxes", CAP_SANDBOXES_MAX, sb, err)) < 0 ||
+            (rc = parse_cap(json_object_get(r->json, "max_sandboxes"), "max_sandboxes", CAP_SANDBOXES_MAX, sb,
+                            err)) < 0 ||
             (rc = parse_cap(json_object_get(r->json, "max_memory_mib"), "max_memory_mib", CAP_MEMORY_MIB_MAX, mem,
                             err)) < 0)
                 return rc;
@@ -97,7 +99,8 @@ int h_key_caps_put(struct api_req *r, struct api_reply *out, struct api_error *e
                       : db_query(db, "set a key's caps", PGRES_TUPLES_OK,
                                  "WITH old AS (SELECT max_sandboxes AS s, max_memory_mib AS m FROM api_keys "
                                  "             WHERE id = $1 AND account_id = $2), "
-                                 "     upd AS (UPDATE api_keys SET max_sandboxes = $3::int, max_memory_mib = $4::bigint "
+                                 "     upd AS (UPDATE api_keys SET max_sandboxes = $3::int, "
+                                 "             max_memory_mib = $4::bigint "
                                  "             WHERE id = $1 AND account_id = $2 "
                                  "             RETURNING id, max_sandboxes, max_memory_mib), "
                                  "     aud AS (INSERT INTO audit_log (account_id, actor, action, object_id, old_value, "

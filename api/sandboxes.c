@@ -6,8 +6,9 @@
  * sandbox of another account answers 404 exactly like one that does not
  * exist. Create, fork and resume are refused with 402 while the key is
  * blocked today (key_blocks); create and fork with 409 past the key's caps
- * (key_caps.c), and 507 when the host's capacity is short (its tally-vmm says). vmm_sockets is a list: a create goes to the
- * next host in turn, a sandbox is found by asking the hosts in order. */
+ * (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
+ * says). vmm_sockets is a list: a create goes to the next host in turn, a
+ * sandbox is found by asking the hosts in order. */
 #include "log.h"
 #include "server.h"
 

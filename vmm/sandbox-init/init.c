@@ -627,8 +627,10 @@ static void copy_disk(int workfd, uint64_t disk_bytes, const char *from_pid, con
                 nofile.rlim_cur = nofile.rlim_max;
                 setrlimit(RLIMIT_NOFILE, &nofile);
         }
-        cp.from = st.st_uid >= JAIL_UID_BASE ? JAIL_UID_BASE + (st.st_uid - JAIL_UID_BASE) / JAIL_UID_COUNT * JAIL_UID_COUNT
-                                             : st.st_uid;
+        /* the source's range: its /work's owner rounded down to a range's start */
+        cp.from = st.st_uid >= JAIL_UID_BASE
+                          ? JAIL_UID_BASE + (st.st_uid - JAIL_UID_BASE) / JAIL_UID_COUNT * JAIL_UID_COUNT
+                          : st.st_uid;
         cp.to = base;
         cp.bytes_left = disk_bytes;
         cp.entries_left = disk_bytes / 256 + 4096;

@@ -628,7 +628,8 @@ static void test_key_caps(void)
         r = http("PUT", path, NULL, &sess_a, "{\"max_sandboxes\":100}");
         CHECK(r.status == 404, "account A's person set B's key's caps: %ld %s", r.status, r.body);
         resp_free(&r);
-        const char *body = "{\"vcpus\":1,\"memory_mib\":300,\"disk_mib\":16,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}";
+        const char *body =
+                "{\"vcpus\":1,\"memory_mib\":300,\"disk_mib\":16,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}";
         for (int i = 0; i < 2; i++) {
                 r = http("POST", "/v1/sandboxes", capped.secret, NULL, body);
                 CHECK(r.status == 201, "create %d within the caps: %ld %s", i + 1, r.status, r.body);

@@ -317,27 +317,6 @@ static bool put_helper(struct sandbox *sb)
         return ok;
 }
 
-static void adopt(struct sandbox *sb, json_t *j);
-
-static bool create(struct sandbox *sb, const char *name)
-{
-        memset(sb, 0, sizeof(*sb));
-        int rc;
-        char disk[16];
-        snprintf(disk, sizeof(disk), "%d", DISK_MIB);
-        json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
-                        "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
-                        name, NULL);
-        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
-        if (rc != 0 || !*test_jstr(j, "id")) {
-                json_decref(j);
-                return false;
-        }
-        adopt(sb, j);
-        json_decref(j);
-        return put_helper(sb);
-}
-
 /* Fills sb from the daemon's description of a sandbox (create's answer, or one
  * of fork's copies). */
 static void adopt(struct sandbox *sb, json_t *j)
@@ -362,6 +341,25 @@ static void adopt(struct sandbox *sb, json_t *j)
                 free(d);
         }
         sb->last_cpu = cpu_counter(sb->cpu_dir);
+}
+
+static bool create(struct sandbox *sb, const char *name)
+{
+        memset(sb, 0, sizeof(*sb));
+        int rc;
+        char disk[16];
+        snprintf(disk, sizeof(disk), "%d", DISK_MIB);
+        json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
+                        "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
+                        name, NULL);
+        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
+        if (rc != 0 || !*test_jstr(j, "id")) {
+                json_decref(j);
+                return false;
+        }
+        adopt(sb, j);
+        json_decref(j);
+        return put_helper(sb);
 }
 
 static int count_ns(ino_t ns);
@@ -1452,8 +1450,8 @@ static void check_private_tmp(const char *what, struct sandbox *copy, const char
         if (have && stat(target, &h) == 0 && t.st_dev == h.st_dev && t.st_ino == h.st_ino)
                 ESCAPED("%s: the copy's /tmp is the host's %s", what, target);
         else if (have && t.st_dev != w.st_dev)
-                ESCAPED("%s: the copy's /tmp (device %lu) is not on its disk (device %lu)", what, (unsigned long)t.st_dev,
-                        (unsigned long)w.st_dev);
+                ESCAPED("%s: the copy's /tmp (device %lu) is not on its disk (device %lu)", what,
+                        (unsigned long)t.st_dev, (unsigned long)w.st_dev);
         free(tmp);
         free(wk);
 }
