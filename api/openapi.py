@@ -32,7 +32,7 @@ def errors(*codes):
     for c in codes:
         out[c] = {"$ref": "#/components/responses/" + {
             "402": "OverLimit", "403": "Forbidden", "404": "NotFound", "409": "Conflict",
-            "413": "TooLarge", "422": "Unprocessable"}[c]}
+            "413": "TooLarge", "422": "Unprocessable", "507": "NoCapacity"}[c]}
     return out
 
 
@@ -118,15 +118,25 @@ paths = {
         "delete": write("Remove a key's daily limit (person only).", PERSON, {"200": resp("Key", ref("Key"))}, [ID],
                         opid="deleteKeyLimit", extra=("403",)),
     },
+    "/v1/keys/{id}/caps": {
+        "get": op("A key's caps (person only).", PERSON,
+                  dict({"200": resp("Caps", ref("KeyCaps"))}, **errors("403", "404")), [ID], opid="getKeyCaps"),
+        "put": write("Set a key's caps on what it may hold at once (person only; never an API key).", PERSON,
+                     {"200": resp("Caps", ref("KeyCaps"))}, [ID], ref("KeyCapsSet"), opid="setKeyCaps",
+                     extra=("403",),
+                     desc="max_sandboxes: its sandboxes not stopped; max_memory_mib: their memory summed. null: no "
+                          "cap. Creates and forks past a cap get 409 cap_reached; sandboxes already running stay."),
+    },
     "/v1/sandboxes": {
         "get": op("List sandboxes (an API key sees those it created).", ANY,
                   dict({"200": resp("A page of sandboxes", ref("SandboxPage"))}, **errors()),
                   [qparam("state", "Filter by state (several: comma-separated).", {"type": "string"}),
                    qparam("label", "Filter by label, NAME=VALUE (several: comma-separated).", {"type": "string"}),
                    CURSOR, LIMIT], opid="listSandboxes"),
-        "post": write("Create a sandbox for the calling key (402 while the key is over its daily limit).", KEY,
+        "post": write("Create a sandbox for the calling key (402 while the key is over its daily limit, 409 past "
+                      "its caps, 507 when the host has no room).", KEY,
                       {"201": resp("Created", ref("Sandbox"))}, body=ref("SandboxCreate"), opid="createSandbox",
-                      extra=("402", "403")),
+                      extra=("402", "403", "507")),
     },
     "/v1/sandboxes/{id}": {
         "get": op("One sandbox, with its cost so far.", ANY,
@@ -142,9 +152,10 @@ paths = {
     "/v1/sandboxes/{id}/resume": {"post": write("Resume a sandbox (402 while its key is over its daily limit).",
                                                 ANY, {"200": resp("Running", ref("Sandbox"))}, [ID], None,
                                                 opid="resumeSandbox", extra=("402",))},
-    "/v1/sandboxes/{id}/fork": {"post": write("Fork a sandbox into a new one.", ANY,
+    "/v1/sandboxes/{id}/fork": {"post": write("Fork a sandbox into a new one (409 past its key's caps, 507 when "
+                                              "the host has no room).", ANY,
                                               {"201": resp("The copy", ref("Sandbox"))}, [ID], None,
-                                              opid="forkSandbox", extra=("402",))},
+                                              opid="forkSandbox", extra=("402", "507"))},
     "/v1/sandboxes/{id}/timeout": {"post": write("Set a sandbox's timeout.", ANY,
                                                  {"200": resp("Sandbox", ref("Sandbox"))}, [ID],
                                                  {"type": "object"}, opid="setSandboxTimeout")},
@@ -233,6 +244,10 @@ schemas = {
         "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]}}},
     "KeyPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Key")},
                                                  "next_cursor": nullable_str}},
+    "KeyCaps": {"type": "object", "properties": {"id": ref("Id"), "max_sandboxes": nullable_int,
+                                                 "max_memory_mib": nullable_int}},
+    "KeyCapsSet": {"type": "object", "additionalProperties": False,
+                   "properties": {"max_sandboxes": nullable_int, "max_memory_mib": nullable_int}},
     "LimitSet": {"type": "object", "additionalProperties": False, "required": ["daily_limit_nanodollars"],
                  "properties": {"daily_limit_nanodollars": nullable_int,
                                 "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]}}},
@@ -396,7 +411,10 @@ doc = {
             "OverLimit": err_resp("The key is over its daily spend limit today."),
             "Forbidden": err_resp("Not allowed to this caller (e.g. an API key on a person-only route)."),
             "NotFound": err_resp("No such object in the caller's account."),
-            "Conflict": err_resp("The same Idempotency-Key is still running."),
+            "Conflict": err_resp("The same Idempotency-Key is still running; or (code cap_reached, field "
+                                 "max_sandboxes or max_memory_mib) a create or fork past a cap a person set on the key."),
+            "NoCapacity": err_resp("The sandbox host cannot take the sandbox (code insufficient_capacity): the "
+                                   "message names what is short (memory, vCPUs, disk)."),
             "TooLarge": err_resp("The body is over the size limit."),
             "Unprocessable": err_resp("Idempotency-Key reused with another request, or too many rows."),
             "TooManyRequests": err_resp("Over the request rate (Retry-After says when to retry)."),

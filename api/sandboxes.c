@@ -5,13 +5,16 @@
  * account and key of a create come from the caller, never the body, and a
  * sandbox of another account answers 404 exactly like one that does not
  * exist. Create, fork and resume are refused with 402 while the key is
- * blocked today (key_blocks). vmm_sockets is a list: a create goes to the
- * next host in turn, a sandbox is found by asking the hosts in order. */
+ * blocked today (key_blocks); create and fork with 409 past the key's caps
+ * (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
+ * says). vmm_sockets is a list: a create goes to the next host in turn, a
+ * sandbox is found by asking the hosts in order. */
 #include "log.h"
 #include "server.h"
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +120,7 @@ static int vmm_error(long status, json_t *j, struct api_error *err)
         case 409: return api_fail(err, 409, "conflict", NULL, "%s", why);
         case 422: return api_fail(err, 422, "unprocessable", NULL, "%s", why);
         case 503: return api_fail(err, 503, "unavailable", NULL, "%s", why);
+        case 507: return api_fail(err, 507, "insufficient_capacity", NULL, "%s", why);
         default:
                 if (status < 0)
                         return api_fail(err, 502, "vmm_unavailable", NULL, "the sandbox host does not answer");
@@ -174,6 +178,84 @@ static int check_block(struct api_req *r, const char *key, struct api_error *err
                               key, PQgetisnull(res, 0, 0) ? "(removed)" : PQgetvalue(res, 0, 0),
                               PQgetvalue(res, 0, 2));
         PQclear(res);
+        return rc;
+}
+
+/* ---- per-key caps (key_caps.c): sandboxes not stopped, and their memory ---- */
+
+/* A key's check and its create or fork run under one of these, so two requests
+ * of one key cannot both take its last place. (Several tally-api instances
+ * each have their own: a key's requests spread over N of them at the same
+ * instant can pass a cap by at most N - 1 sandboxes.) */
+#define CAP_STRIPES 64
+static pthread_mutex_t cap_locks[CAP_STRIPES] = { [0 ... CAP_STRIPES - 1] = PTHREAD_MUTEX_INITIALIZER };
+
+static pthread_mutex_t *cap_lock(const char *key)
+{
+        unsigned h = 2166136261u;
+        for (const char *p = key; *p; p++)
+                h = (h ^ (unsigned char)*p) * 16777619u;
+        return &cap_locks[h % CAP_STRIPES];
+}
+
+static int count_against_caps(struct api_req *r, const char *key, int64_t max_n, int64_t max_mem, int64_t add_n,
+                              int64_t add_mem_mib, struct api_error *err)
+{
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", r->caller.account);
+        int64_t n = 0, mem = 0;
+        for (int h = 0; h < nhosts; h++) {
+                json_t *j = NULL, *sb;
+                long st = vmm_call(h, "GET", path, NULL, &j);
+                if (st != 200) {
+                        json_decref(j);
+                        return api_fail(err, 502, "vmm_unavailable", NULL,
+                                        "a sandbox host does not answer: the key's caps cannot be checked");
+                }
+                size_t i;
+                json_array_foreach(json_object_get(j, "sandboxes"), i, sb) {
+                        const char *k = json_string_value(json_object_get(sb, "key"));
+                        const char *state = json_string_value(json_object_get(sb, "state"));
+                        if (!k || strcmp(k, key) != 0 || !state || strcmp(state, "stopped") == 0)
+                                continue;
+                        n++;
+                        mem += json_integer_value(json_object_get(sb, "memory_mib"));
+                }
+                json_decref(j);
+        }
+        if (max_n >= 0 && n + add_n > max_n)
+                return api_fail(err, 409, "cap_reached", "max_sandboxes",
+                                "key %s may hold at most %lld sandboxes at once (a cap a person of the account set); "
+                                "it holds %lld, and this asks for %lld more",
+                                key, (long long)max_n, (long long)n, (long long)add_n);
+        if (max_mem >= 0 && mem + add_mem_mib > max_mem)
+                return api_fail(err, 409, "cap_reached", "max_memory_mib",
+                                "key %s may hold at most %lld MiB of sandbox memory at once (a cap a person of the "
+                                "account set); it holds %lld MiB, and this asks for %lld MiB more",
+                                key, (long long)max_mem, (long long)mem, (long long)add_mem_mib);
+        return 0;
+}
+
+/* 409 when the key's sandboxes not stopped (on every host), plus add_n more of
+ * add_mem_mib memory in all, would pass a cap a person set. A key with a cap
+ * gets its cap_lock in *ret_lock, held: the caller unlocks it once the create
+ * or fork has answered (NULL for a key without caps). */
+static int check_caps(struct api_req *r, const char *key, int64_t add_n, int64_t add_mem_mib,
+                      pthread_mutex_t **ret_lock, struct api_error *err)
+{
+        int64_t max_n, max_mem;
+        *ret_lock = NULL;
+        if (key_caps_read(req_db(r), r->caller.account, key, &max_n, &max_mem) < 0)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not read the key's caps");
+        if (max_n < 0 && max_mem < 0)
+                return 0;
+        pthread_mutex_t *lock = cap_lock(key);
+        pthread_mutex_lock(lock);
+        int rc = count_against_caps(r, key, max_n, max_mem, add_n, add_mem_mib, err);
+        if (rc < 0)
+                pthread_mutex_unlock(lock);
+        else
+                *ret_lock = lock;
         return rc;
 }
 
@@ -240,6 +322,11 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         }
         if ((rc = check_block(r, r->caller.key, err)) < 0)
                 return rc;
+        /* the vmm's default size when none is asked (the most it gives) */
+        json_t *m = json_object_get(r->json, "memory_mib");
+        pthread_mutex_t *lock;
+        if ((rc = check_caps(r, r->caller.key, 1, m ? json_integer_value(m) : 512, &lock, err)) < 0)
+                return rc;
         req_db_release(r); /* a create may take a while: no connection held meanwhile */
         json_t *spec = r->json ? json_deep_copy(r->json) : json_object();
         json_object_set_new(spec, "account", json_string(r->caller.account));
@@ -247,6 +334,8 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         int h = (int)(atomic_fetch_add(&next_host, 1) % (unsigned)nhosts);
         json_t *j = NULL;
         long st = vmm_call(h, "POST", "/v1/sandboxes", spec, &j);
+        if (lock)
+                pthread_mutex_unlock(lock);
         json_decref(spec);
         if (st == 201)
                 log_info("sandbox created", "sandbox=%s account=%s key=%s",
@@ -389,21 +478,27 @@ int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *er
         return reply_json(out, 200, sb);
 }
 
-/* Finds the sandbox, then runs an action on its host. */
+/* Finds the sandbox, then runs an action on its host. check: refused while its
+ * key is blocked today; copies: a fork of that many copies, within its key's caps. */
 static int act(struct api_req *r, const char *method, const char *action, json_t *body, int ok, bool check,
-               struct api_reply *out, struct api_error *err)
+               int copies, struct api_reply *out, struct api_error *err)
 {
         int h, rc;
         json_t *sb;
         if ((rc = find(r, &h, &sb, err)) < 0)
                 return rc;
-        if (check) {
-                char key[EVENT_ID_MAX + 1];
-                snprintf(key, sizeof(key), "%s", json_string_value(json_object_get(sb, "key")) ?: "");
-                if ((rc = check_block(r, key, err)) < 0) {
-                        json_decref(sb);
-                        return rc;
-                }
+        char key[EVENT_ID_MAX + 1];
+        snprintf(key, sizeof(key), "%s", json_string_value(json_object_get(sb, "key")) ?: "");
+        if (check && (rc = check_block(r, key, err)) < 0) {
+                json_decref(sb);
+                return rc;
+        }
+        pthread_mutex_t *lock = NULL;
+        if (copies > 0 &&
+            (rc = check_caps(r, key, copies, copies * json_integer_value(json_object_get(sb, "memory_mib")), &lock,
+                             err)) < 0) {
+                json_decref(sb);
+                return rc;
         }
         json_decref(sb);
         req_db_release(r);
@@ -411,6 +506,8 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
         snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", r->id, *action ? "/" : "", action);
         json_t *j = NULL;
         long st = vmm_call(h, method, path, body, &j);
+        if (lock)
+                pthread_mutex_unlock(lock);
         return forward(st, j, ok, out, err);
 }
 
@@ -418,21 +515,21 @@ int h_sandbox_delete(struct api_req *r, struct api_reply *out, struct api_error 
 {
         if (r->json)
                 return api_fail(err, 400, "unknown_field", "body", "DELETE takes no body");
-        return act(r, "DELETE", "", NULL, 200, false, out, err);
+        return act(r, "DELETE", "", NULL, 200, false, 0, out, err);
 }
 
 int h_sandbox_pause(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         static const char *const allowed[] = { NULL };
         int rc = body_check_fields(r->json, allowed, err);
-        return rc < 0 ? rc : act(r, "POST", "pause", NULL, 200, false, out, err);
+        return rc < 0 ? rc : act(r, "POST", "pause", NULL, 200, false, 0, out, err);
 }
 
 int h_sandbox_resume(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         static const char *const allowed[] = { NULL };
         int rc = body_check_fields(r->json, allowed, err);
-        return rc < 0 ? rc : act(r, "POST", "resume", NULL, 200, true, out, err);
+        return rc < 0 ? rc : act(r, "POST", "resume", NULL, 200, true, 0, out, err);
 }
 
 int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -449,7 +546,7 @@ int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *e
         json_t *cmd = json_object_get(r->json, "command");
         if (!cmd || (!json_is_string(cmd) && !json_is_array(cmd)))
                 return api_fail(err, 400, "invalid_field", "command", "command must be a string or an array of strings");
-        return act(r, "POST", "exec", r->json, 200, false, out, err);
+        return act(r, "POST", "exec", r->json, 200, false, 0, out, err);
 }
 
 int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -461,7 +558,7 @@ int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *e
         json_t *c = json_object_get(r->json, "count");
         if (c && (!json_is_integer(c) || json_integer_value(c) < 1 || json_integer_value(c) > 10))
                 return api_fail(err, 400, "invalid_field", "count", "count must be an integer from 1 to 10");
-        return act(r, "POST", "fork", r->json, 201, true, out, err);
+        return act(r, "POST", "fork", r->json, 201, true, c ? (int)json_integer_value(c) : 1, out, err);
 }
 
 int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -473,5 +570,5 @@ int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error
         json_t *t = json_object_get(r->json, "timeout_s");
         if (!t || !json_is_integer(t) || json_integer_value(t) < 1 || json_integer_value(t) > 31536000)
                 return api_fail(err, 400, "invalid_field", "timeout_s", "timeout_s must be an integer from 1 to 31536000");
-        return act(r, "POST", "timeout", r->json, 200, false, out, err);
+        return act(r, "POST", "timeout", r->json, 200, false, 0, out, err);
 }

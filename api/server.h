@@ -159,6 +159,11 @@ int h_key_get(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_limit_delete(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_caps_get(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_caps_put(struct api_req *r, struct api_reply *out, struct api_error *err);
+/* key_caps.c: a key's caps (-1 for none): sandboxes not stopped, their memory
+ * summed. Returns 0, or -EAGAIN when the database cannot answer. */
+int key_caps_read(PGconn *db, const char *account, const char *key, int64_t *ret_sandboxes, int64_t *ret_memory_mib);
 
 /* ---- sandboxes.c ---- */
 /* Splits the comma-separated socket list into hosts; call once at start. */

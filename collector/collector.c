@@ -5,6 +5,7 @@
  * registry work (reading records, opening files, taking final samples) happens
  * outside it, when inotify says a record changed. */
 #include "collector.h"
+#include "beneath.h"
 #include "cgroup.h"
 #include "cgroup_scan.h"
 #include "daemon.h"
@@ -19,7 +20,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
@@ -181,30 +181,6 @@ static void remove_sandbox(struct collector *c, struct sandbox *s, const char *w
         close_files(c, s);
         sandbox_free(s);
         M_SET(c, sandboxes, c->n);
-}
-
-/* Bytes a sandbox's disk uses: blocks of a file, or of every file under a folder. */
-static uint64_t disk_total;
-static int add_blocks(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-        (void)path, (void)ftw;
-        if (type == FTW_F)
-                disk_total += (uint64_t)st->st_blocks * 512;
-        return 0;
-}
-
-static uint64_t disk_used(const char *path)
-{
-        struct stat st;
-        if (!path || !*path || lstat(path, &st) < 0)
-                return 0;
-        if (S_ISREG(st.st_mode))
-                return (uint64_t)st.st_blocks * 512;
-        if (!S_ISDIR(st.st_mode))
-                return 0;
-        disk_total = 0;
-        nftw(path, add_blocks, 16, FTW_PHYS);
-        return disk_total;
 }
 
 static int set_str(char **dst, const char *src)
@@ -738,7 +714,9 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         int moved = set_str(&s->cpu_dir, rec->cgroup_cpu) | set_str(&s->mem_dir, rec->cgroup_memory);
         if (moved < 0 || set_str(&s->disk_path, rec->disk_path) < 0)
                 return -ENOMEM;
-        s->disk_bytes = disk_used(s->disk_path);
+        /* Its image file's blocks (or every file's under a folder), walked as root by descriptor
+         * without following a link or entering another file system: only what is on the disk counts. */
+        s->disk_bytes = beneath_usage(s->disk_path);
         if (moved || s->cgroup_version != rec->cgroup_version)
                 close_files(c, s);
         s->cgroup_version = rec->cgroup_version;

@@ -105,6 +105,7 @@ static unsigned int status_for(int r)
         case EBUSY: return 409;
         case EOPNOTSUPP: return 422;
         case EAGAIN: return 503;
+        case ENOSPC: return 507; /* this host's capacity: the sentence names what is short */
         case ECANCELED: return 503;
         default: return 500;
         }

@@ -35,6 +35,7 @@ struct vmm_config {
         int64_t api_idle_timeout_s;
         int64_t api_connections_max;
         int64_t api_connections_per_client;
+        struct capacity_settings capacity;
         char *log_level;
 };
 
@@ -85,6 +86,21 @@ static const struct setting settings[] = {
         { "api_connections_per_client", SETTING_INT, "16", false,
           offsetof(struct vmm_config, api_connections_per_client), 1, 4096,
           "Connections one client (a root process, or any other user id) may hold open" },
+        { "capacity_memory_mib", SETTING_INT, "0", false, offsetof(struct vmm_config, capacity.memory_mib), 0,
+          INT64_C(1) << 40, "Memory this host gives sandboxes, MiB (0: the host's MemTotal)" },
+        { "capacity_vcpus", SETTING_INT, "0", false, offsetof(struct vmm_config, capacity.vcpus), 0, 1 << 20,
+          "vCPUs this host gives sandboxes (0: its online CPUs)" },
+        { "capacity_disk_mib", SETTING_INT, "0", false, offsetof(struct vmm_config, capacity.disk_mib), 0,
+          INT64_C(1) << 40, "Disk this host gives sandboxes, MiB (0: the free space under state_dir at start)" },
+        { "memory_overcommit_percent", SETTING_INT, "100", false,
+          offsetof(struct vmm_config, capacity.memory_overcommit_pct), 1, 10000,
+          "Memory the live sandboxes (running and paused) may be promised, percent of capacity_memory_mib" },
+        { "vcpu_overcommit_percent", SETTING_INT, "1600", false,
+          offsetof(struct vmm_config, capacity.vcpu_overcommit_pct), 1, 10000,
+          "vCPUs the running sandboxes may be promised, percent of capacity_vcpus (billed by use, capped by quota)" },
+        { "disk_overcommit_percent", SETTING_INT, "100", false,
+          offsetof(struct vmm_config, capacity.disk_overcommit_pct), 1, 10000,
+          "Disk the live sandboxes (running and paused) may be promised, percent of capacity_disk_mib" },
         SETTING_LOG_LEVEL(struct vmm_config, log_level),
         SETTINGS_END,
 };
@@ -161,7 +177,7 @@ int main(int argc, char **argv)
                 .kafka_brokers = cfg.kafka_brokers, .kafka = &cfg.kafka, .limits_database_url = cfg.limits_database_url,
                 .blocked_key_query = cfg.blocked_key_query, .timeout_max_s = cfg.timeout_max_s,
                 .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
-                .exec_output_cap_default = cfg.exec_output_cap,
+                .exec_output_cap_default = cfg.exec_output_cap, .capacity = cfg.capacity,
         };
         /* Before any thread starts, so each inherits it: SIGINT and SIGTERM reach only daemon_wait_stop. */
         daemon_block_stop_signals();

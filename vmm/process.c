@@ -369,10 +369,11 @@ static int64_t start_deadline(const struct sandbox_spec *spec, const char *dir)
         return deadline;
 }
 
-/* Starts an init for spec; copy_from is a running sandbox's init whose disk
- * is copied in (fork), or 0. */
+/* Starts an init for spec; copy_from is a running sandbox whose disk is
+ * copied in (fork), or NULL. */
 static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
-                      pid_t copy_from, struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
+                      const struct backend_sandbox *copy_from, struct backend_sandbox **ret, pid_t *ret_pid,
+                      char *why, size_t whylen)
 {
         struct backend_sandbox *sb = calloc(1, sizeof(*sb));
         char *stack = NULL;
@@ -413,13 +414,15 @@ static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgro
                 goto fail;
         }
         char k_id[EVENT_ID_MAX + 8], k_dir[PATH_MAX + 8], k_disk[48], k_net[16], k_copy[32];
+        char k_copy_id[EVENT_ID_MAX + 16];
         snprintf(k_id, sizeof(k_id), "id=%s", spec->id);
         snprintf(k_dir, sizeof(k_dir), "dir=%s", dir);
         snprintf(k_disk, sizeof(k_disk), "disk_bytes=%" PRIu64, spec->disk_bytes);
         snprintf(k_net, sizeof(k_net), "network=%d", spec->network ? 1 : 0);
-        snprintf(k_copy, sizeof(k_copy), "copy_from=%d", (int)copy_from);
-        const char *keys[] = { k_id, k_dir, k_disk, k_net, k_copy };
-        if ((config = make_config(keys, 5, spec->command)) < 0) {
+        snprintf(k_copy, sizeof(k_copy), "copy_from=%d", copy_from ? (int)copy_from->init : 0);
+        snprintf(k_copy_id, sizeof(k_copy_id), "copy_from_id=%s", copy_from ? copy_from->id : "");
+        const char *keys[] = { k_id, k_dir, k_disk, k_net, k_copy, k_copy_id };
+        if ((config = make_config(keys, 6, spec->command)) < 0) {
                 r = config;
                 snprintf(why, whylen, "could not pass the jail's configuration: %s", strerror(-r));
                 goto fail;
@@ -509,7 +512,7 @@ fail:
 static int process_start(const struct sandbox_spec *spec, const struct sandbox_cgroup *cg, const char *dir,
                          struct backend_sandbox **ret, pid_t *ret_pid, char *why, size_t whylen)
 {
-        return start_init(spec, cg, dir, 0, ret, ret_pid, why, whylen);
+        return start_init(spec, cg, dir, NULL, ret, ret_pid, why, whylen);
 }
 
 
@@ -797,7 +800,7 @@ static int process_fork(struct backend_sandbox *src, const struct sandbox_spec *
         }
         struct sandbox_spec copy = *spec;
         copy.command = command;
-        r = start_init(&copy, cg, dir, src->init, ret, ret_pid, why, whylen);
+        r = start_init(&copy, cg, dir, src, ret, ret_pid, why, whylen);
         if (command) {
                 free(command[0]);
                 free(command);

@@ -5,6 +5,7 @@
  * block. A sandbox's op mutex serialises its lifecycle changes (pause, resume,
  * stop, fork); exec takes a reference and runs beside them. */
 #include "vmm.h"
+#include "beneath.h"
 #include "kafka.h"
 #include "log.h"
 #include "registry.h"
@@ -13,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <openssl/rand.h>
@@ -126,6 +126,8 @@ struct vmm {
         bool control_ready;
         pthread_mutex_t db_lock;
         PGconn *db;
+        struct capacity capacity;
+        struct capacity_use reserved;    /* creates and fork copies under way (under lock) */
 };
 
 /* ---- sandboxes ---- */
@@ -215,18 +217,13 @@ static int new_id(char *buf, size_t size)
         return 0;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
+/* The sandbox's folder may hold what a jailed QEMU made: removed by
+ * descriptor, never following a link or leaving its file system. */
 static void remove_tree(const char *path)
 {
-        nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        int r = beneath_remove_tree(path);
+        if (r < 0 && r != -ENOENT)
+                log_warn("could not remove a sandbox's folder", "path=%s error=\"%s\"", path, strerror(-r));
 }
 
 static void sandbox_dir(const struct vmm *v, const char *id, char *buf, size_t size)
@@ -533,17 +530,69 @@ static json_t *describe(struct vmm *v, struct sandbox *sb)
         return j;
 }
 
+/* ---- admission ---- */
+
+/* Reserves what req asks of this host's capacity, or refuses it (-ENOSPC,
+ * why names what is short). Promised = the live sandboxes' (memory and disk of
+ * running and paused ones, vCPUs of running ones) + the reservations of
+ * creates under way, so two creates at once cannot both take the last room.
+ * The caller releases the reservation once the sandbox is in the list (or
+ * failed). */
+static int admit(struct vmm *v, const struct create_request *req, char *why, size_t whylen)
+{
+        int r = capacity_check_free(v->s.state_dir, req->disk_bytes, why, whylen);
+        if (r < 0) {
+                if (r != -ENOSPC)
+                        snprintf(why, whylen, "could not read the free space for sandboxes' disks");
+                return r;
+        }
+        struct capacity_use want = { req->mem_bytes, req->vcpus, req->disk_bytes };
+        pthread_mutex_lock(&v->lock);
+        struct capacity_use promised = v->reserved;
+        for (struct sandbox *sb = v->list; sb; sb = sb->next) {
+                if (sb->rec.state == STATE_STOPPED)
+                        continue;
+                promised.mem_bytes += sb->rec.mem_size_bytes;
+                promised.disk_bytes += sb->rec.disk_size_bytes;
+                if (sb->rec.state == STATE_RUNNING)
+                        promised.vcpus += sb->rec.vcpus;
+        }
+        r = capacity_check(&v->capacity, &promised, &want, why, whylen);
+        if (r == 0) {
+                v->reserved.mem_bytes += want.mem_bytes;
+                v->reserved.vcpus += want.vcpus;
+                v->reserved.disk_bytes += want.disk_bytes;
+        }
+        pthread_mutex_unlock(&v->lock);
+        if (r < 0)
+                log_info("sandbox refused", "account=%s key=%s reason=\"%s\"", req->account, req->key, why);
+        return r;
+}
+
+static void admit_release(struct vmm *v, const struct create_request *req)
+{
+        pthread_mutex_lock(&v->lock);
+        v->reserved.mem_bytes -= req->mem_bytes;
+        v->reserved.vcpus -= req->vcpus;
+        v->reserved.disk_bytes -= req->disk_bytes;
+        pthread_mutex_unlock(&v->lock);
+}
+
 /* Creates one sandbox: cgroup, record, backend start (or fork of src), and its created event.
  * *ret_sb holds a reference. */
 static int start_sandbox(struct vmm *v, const struct create_request *req, const struct backend_ops *ops,
                          struct sandbox *src, bool *ret_copied, struct sandbox **ret_sb, char *why, size_t whylen)
 {
-        struct sandbox *sb = sandbox_new();
         struct sandbox_spec spec = { 0 };
         bool cgroup_made = false, dir_made = false, record_made = false;
-        int r;
-        if (!sb)
+        int r = admit(v, req, why, whylen);
+        if (r < 0)
+                return r;
+        struct sandbox *sb = sandbox_new();
+        if (!sb) {
+                admit_release(v, req);
                 return -ENOMEM;
+        }
         struct sandbox_record *rec = &sb->rec;
         if ((r = new_id(rec->id, sizeof(rec->id))) < 0)
                 goto fail;
@@ -649,6 +698,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         sb->refs++; /* the list's and the caller's */
         watch_main(sb);
         sandbox_insert(v, sb);
+        admit_release(v, req); /* it is in the list now: counted there */
         publish_created(v, sb);
         log_info("sandbox created", "sandbox=%s account=%s key=%s backend=%s vcpus=%u memory_mib=%" PRIu64
                  " pid=%d parent=%s start_us=%lld", rec->id, rec->account, rec->key, rec->backend, rec->vcpus,
@@ -671,6 +721,7 @@ fail:
         if (dir_made)
                 remove_tree(sb->dir);
         sandbox_unref(v, sb);
+        admit_release(v, req);
         return r;
 }
 
@@ -1455,6 +1506,12 @@ int vmm_open(const struct vmm_settings *s, struct vmm **ret, char *err, size_t e
                         goto fail;
                 }
         }
+        if ((r = capacity_init(&v->capacity, &s->capacity, s->state_dir, err, errlen)) < 0)
+                goto fail;
+        log_info("capacity", "memory_mib=%" PRIu64 " vcpus=%" PRIu64 " disk_mib=%" PRIu64 " memory_promise_mib=%" PRIu64
+                 " vcpu_promise=%" PRIu64 " disk_promise_mib=%" PRIu64,
+                 v->capacity.host.mem_bytes >> 20, v->capacity.host.vcpus, v->capacity.host.disk_bytes >> 20,
+                 v->capacity.limit.mem_bytes >> 20, v->capacity.limit.vcpus, v->capacity.limit.disk_bytes >> 20);
         char kerr[512];
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);

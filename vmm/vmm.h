@@ -13,6 +13,7 @@
 #include "kafka.h"
 
 #include "backend.h"
+#include "capacity.h"
 #include "control.h"
 #include "spec.h"
 
@@ -34,6 +35,7 @@ struct vmm_settings {
         int64_t final_wait_ms;           /* how long a stopped cgroup waits for the collector's <id>.final */
         int64_t exec_timeout_default_ms;
         int64_t exec_output_cap_default;
+        struct capacity_settings capacity; /* admission: what this host may promise its sandboxes */
 };
 
 struct vmm;
@@ -61,7 +63,8 @@ void vmm_flush(struct vmm *v, int64_t timeout_ms);
  *   -EINVAL bad input, -ENOENT no such sandbox, -EBUSY the sandbox's state
  *   forbids it (exec in a stopped or paused sandbox), -EACCES the key is
  *   blocked for today, -EOPNOTSUPP the backend cannot, -EAGAIN a dependency
- *   (database) is unavailable, others: the host failed. */
+ *   (database) is unavailable, -ENOSPC this host cannot take it (its
+ *   capacity, capacity.h: why names what is short), others: the host failed. */
 
 /* Creates and starts a sandbox; *ret is its description (see vmm_show). */
 int vmm_create(struct vmm *v, const struct create_request *req, json_t **ret, char *why, size_t whylen);

@@ -81,7 +81,8 @@ start_daemon() { # NAME ARGS...: started with heapstat.c preloaded, writing its 
   PIDS+=($!)
 }
 start_daemon vmm "$BUILD/vmm/tally-vmm" --state-dir "$STATE" --kafka-brokers "$BROKERS" --cgroup-parent "$CG" \
-  --backend process --limits-database-url "$DB" --timeout-max-s 86400 --log-level warn
+  --backend process --limits-database-url "$DB" --timeout-max-s 86400 --log-level warn \
+  --vcpu-overcommit-percent 10000
 start_daemon collector "$BUILD/collector/tally-collector" --state-dir "$STATE" --kafka-brokers "$BROKERS" \
   --tick-ms 1000 --metrics-port 0 --log-level warn
 start_daemon aggregator "$BUILD/aggregator/tally-aggregator" --database-url "$DB" --kafka-brokers "$BROKERS" \
@@ -110,7 +111,8 @@ declare -A CPU_DIR          # live sandbox -> its CPU cgroup folder
 LIVE=()
 CREATED=0
 : >"$WORK/truth"            # "id cpu_ns" of every stopped sandbox
-BODY='{"account": "soak", "key": "soak_key", "vcpus": 1, "memory_mib": 64, "timeout_s": 86400, "command": ["sh", "-c", "while :; do i=0; while [ $i -lt 200 ]; do i=$((i+1)); done; sleep 2; done"]}'
+# small disks: admission counts each disk_mib against the free space (SANDBOXES x 1 GiB would not fit)
+BODY='{"account": "soak", "key": "soak_key", "vcpus": 1, "memory_mib": 64, "disk_mib": 16, "timeout_s": 86400, "command": ["sh", "-c", "while :; do i=0; while [ $i -lt 200 ]; do i=$((i+1)); done; sleep 2; done"]}'
 create() {
   local out id dir
   out=$(vmm_api POST /v1/sandboxes "$BODY")

@@ -6,6 +6,7 @@
  * KVM or TCG is decided once per daemon, by booting one small KVM guest
  * (qemu_kvm_boots): a /dev/kvm that opens is not proof that KVM works. */
 #include "backend.h"
+#include "beneath.h"
 #include "log.h"
 #include "qemu.h"
 
@@ -51,28 +52,6 @@ static bool use_kvm(const char *dir)
         return kvm;
 }
 
-/* Removes the probe's scratch folder: its files and QEMU's folders in it
- * (qemu/ with the console log, the jail's empty mount point). */
-static void remove_scratch(const char *dir, int depth)
-{
-        DIR *d = opendir(dir);
-        struct dirent *de;
-        while (d && (de = readdir(d))) {
-                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                        continue;
-                if (de->d_type == DT_DIR && depth < 2) {
-                        char sub[4096];
-                        if (snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name) < (int)sizeof(sub))
-                                remove_scratch(sub, depth + 1);
-                } else {
-                        unlinkat(dirfd(d), de->d_name, 0);
-                }
-        }
-        if (d)
-                closedir(d);
-        rmdir(dir);
-}
-
 /* For "auto": probes KVM once, in a scratch folder removed afterwards. */
 static bool qemu_backend_accelerated(void)
 {
@@ -82,7 +61,7 @@ static bool qemu_backend_accelerated(void)
         if (!mkdtemp(dir))
                 return false;
         bool kvm = use_kvm(dir);
-        remove_scratch(dir, 0);
+        beneath_remove_tree(dir); /* QEMU's folder in it is the jailed QEMU's to write */
         return kvm;
 }
 

@@ -7,6 +7,7 @@
  * QEMU or its guest runs outside the cgroup. The child only makes
  * async-signal-safe calls: the daemon that calls us has threads. */
 #include "qemu.h"
+#include "beneath.h"
 #include "jail.h"
 #include "protocol.h"
 
@@ -841,10 +842,10 @@ int qemu_vm_attach(const char *workdir, pid_t pid, struct qemu_vm **ret, char *w
                 set_why(why, whylen, "could not listen in %s: %s", workdir, strerror(-r));
                 goto out;
         }
-        /* The jailed QEMU connects as its own uid, to sockets only it (and root) may use. */
-        if (uid != 0 && (chown(vm->qmp_path, uid, gid) < 0 || chmod(vm->qmp_path, 0600) < 0 ||
-                         chown(vm->agent_path, uid, gid) < 0 || chmod(vm->agent_path, 0600) < 0)) {
-                r = -errno;
+        /* The jailed QEMU connects as its own uid, to sockets only it (and root) may use. It
+         * runs, and its folder is its own: a link it put in a socket's place is never followed. */
+        if (uid != 0 && ((r = beneath_give(vm->qmp_path, uid, gid, 0600)) < 0 ||
+                         (r = beneath_give(vm->agent_path, uid, gid, 0600)) < 0)) {
                 set_why(why, whylen, "could not give QEMU %d its sockets: %s", (int)pid, strerror(-r));
                 goto out;
         }

@@ -23,6 +23,7 @@
  * up or not. */
 
 #include "jail.h"
+#include "beneath.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -30,13 +31,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
+#include <dirent.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/loop.h>
+#include <linux/openat2.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
@@ -54,6 +56,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -84,7 +87,7 @@ static struct sock_fprog filter;    /* the seccomp filter, exported once */
 
 static char config[CONFIG_MAX];
 static struct {
-        const char *id, *dir, *disk_bytes, *network, *copy_from, *pid;
+        const char *id, *dir, *disk_bytes, *network, *copy_from, *copy_from_id, *pid;
         const char *cgroups[CGROUPS_MAX];
         int ncgroups;
         char *argv[ARGS_MAX + 1];
@@ -153,6 +156,8 @@ static void read_config(void)
                         cfg.network = v;
                 else if (strcmp(s, "copy_from") == 0)
                         cfg.copy_from = v;
+                else if (strcmp(s, "copy_from_id") == 0)
+                        cfg.copy_from_id = v;
                 else if (strcmp(s, "pid") == 0)
                         cfg.pid = v;
                 else if (strcmp(s, "cgroup") == 0 && cfg.ncgroups < CGROUPS_MAX)
@@ -326,44 +331,358 @@ static void make_disk(const char *work, uint64_t bytes, uint32_t base)
         rmdir(lf);
 }
 
-/* fork: the source's /work, copied and moved into this sandbox's uid range. */
-static uint32_t shift_from, shift_to;
+/* fork: the source's /work, copied file by file into this sandbox's disk
+ * and moved into this sandbox's uid range.
+ *
+ * This runs as host root while the source sandbox runs and may rename,
+ * replace and link anything in its /work meanwhile. So the copy never
+ * resolves a path string of the source's tree: it walks descriptors, opening
+ * each entry by its one name beneath its parent's descriptor (beneath_open:
+ * no link followed, no mount crossed, no ".."), decides what an entry is from
+ * the descriptor it opened, copies a link as a link (readlinkat/symlinkat, its
+ * target never resolved), and skips device nodes and sockets. A rename race can
+ * only move what the copy sees within the source's own disk; a link the
+ * source planted (to "/", to /proc, to a cgroup folder) is copied as the link
+ * it is. The copy is bounded by the new disk (its size, its entries).
+ *
+ * Why not copy inside the source's user namespace as its root: the
+ * destination would have to be reachable from the source's namespaces, the
+ * files would still need a second pass as host root to move them into the
+ * copy's uid range, and the copier would be a process the source's root may
+ * ptrace (the same uid in its namespace). */
 
-static int shift_owner(const char *p, const struct stat *st, int flag, struct FTW *f)
+#define COPY_LINKS_MAX 128 /* files with several names whose first copy is remembered */
+
+static struct {
+        uint32_t from, to;     /* the source's uid base, this sandbox's */
+        uint64_t bytes_left;   /* data the copy may still write (the disk's size) */
+        uint64_t entries_left; /* entries it may still make */
+        int err;               /* why it stopped: -ENOSPC (too big), -ELOOP (too deep), -EIO */
+        struct {
+                dev_t dev;
+                ino_t ino;
+                int fd; /* O_PATH of its copy, for linkat */
+        } links[COPY_LINKS_MAX];
+        int nlinks;
+} cp;
+
+static uint32_t shift_id(uint32_t id)
 {
-        (void)flag;
-        (void)f;
-        uid_t u = st->st_uid;
-        gid_t g = st->st_gid;
-        if (u >= shift_from && u - shift_from < JAIL_UID_COUNT)
-                u = u - shift_from + shift_to;
-        if (g >= shift_from && g - shift_from < JAIL_UID_COUNT)
-                g = g - shift_from + shift_to;
-        if ((u != st->st_uid || g != st->st_gid) && lchown(p, u, g) == 0 && !S_ISLNK(st->st_mode) &&
-            (st->st_mode & (S_ISUID | S_ISGID)))
-                chmod(p, st->st_mode & 07777);
-        return 0;
+        /* Whatever lies outside the source's range becomes the copy's root. */
+        return id >= cp.from && id - cp.from < JAIL_UID_COUNT ? id - cp.from + cp.to : cp.to;
 }
 
-static void copy_disk(const char *work, const char *from_pid, uint32_t base)
+static void copy_stop(int err)
 {
-        char src[PATH_MAX];
-        snprintf(src, sizeof(src), "/proc/%s/root/work", from_pid);
-        struct stat st;
-        if (stat(src, &st) < 0)
-                fail("could not find the source sandbox's disk");
-        char from[PATH_MAX + 4], to[PATH_MAX + 4];
-        snprintf(from, sizeof(from), "%s/.", src);
-        snprintf(to, sizeof(to), "%s/", work);
-        char *const cp[] = { "/bin/cp", "-a", "--reflink=auto", from, to, NULL };
-        if (run_program(cp) < 0) {
-                errno = 0;
-                fail("could not copy the source sandbox's disk");
+        if (!cp.err)
+                cp.err = err;
+}
+
+/* Owner, mode and times of a copied file or folder (fd is the copy's). */
+static void copy_meta(int fd, const struct stat *st)
+{
+        const struct timespec ts[2] = { st->st_atim, st->st_mtim };
+        /* chown first: it clears set-id bits that fchmod then restores (the disk is nosuid) */
+        if (fchown(fd, shift_id(st->st_uid), shift_id(st->st_gid)) < 0 || fchmod(fd, st->st_mode & 07777) < 0 ||
+            futimens(fd, ts) < 0)
+                copy_stop(-EIO);
+}
+
+/* The data of in (a regular file of st's size) into out: only its data
+ * extents (holes stay holes), within what the disk has left. */
+static void copy_data(int in, int out, const struct stat *st)
+{
+        static char buf[128 * 1024];
+        off_t off = 0, size = st->st_size;
+        while (off < size && !cp.err) {
+                off_t data = lseek(in, off, SEEK_DATA);
+                if (data < 0) {
+                        if (errno != ENXIO)
+                                copy_stop(-EIO);
+                        break; /* ENXIO: only a hole is left */
+                }
+                off_t hole = lseek(in, data, SEEK_HOLE);
+                if (hole < 0 || hole > size)
+                        hole = size;
+                for (off = data; off < hole && !cp.err;) {
+                        size_t want = (size_t)(hole - off) < sizeof(buf) ? (size_t)(hole - off) : sizeof(buf);
+                        if (want > cp.bytes_left) {
+                                copy_stop(-ENOSPC);
+                                break;
+                        }
+                        ssize_t n = pread(in, buf, want, off);
+                        if (n <= 0) {
+                                if (n < 0)
+                                        copy_stop(-EIO);
+                                off = size; /* the file shrank meanwhile */
+                                break;
+                        }
+                        ssize_t w = pwrite(out, buf, (size_t)n, off);
+                        if (w != n) {
+                                copy_stop(w < 0 && (errno == ENOSPC || errno == EDQUOT) ? -ENOSPC : -EIO);
+                                break;
+                        }
+                        cp.bytes_left -= (uint64_t)n;
+                        off += n;
+                }
         }
-        shift_from = st.st_uid;
-        shift_to = base;
-        if (shift_from != shift_to)
-                nftw(work, shift_owner, 32, FTW_PHYS | FTW_MOUNT);
+        if (!cp.err && ftruncate(out, size) < 0)
+                copy_stop(errno == ENOSPC ? -ENOSPC : -EIO);
+}
+
+/* A file with several names: linked to its first copy when there is one. */
+static bool copy_as_link(const struct stat *st, int dfd, const char *name)
+{
+        for (int i = 0; i < cp.nlinks; i++)
+                if (cp.links[i].dev == st->st_dev && cp.links[i].ino == st->st_ino)
+                        return linkat(cp.links[i].fd, "", dfd, name, AT_EMPTY_PATH) == 0 || errno == EEXIST;
+        return false;
+}
+
+static void copy_file(int in, const struct stat *st, int dfd, const char *name)
+{
+        if (st->st_nlink > 1 && copy_as_link(st, dfd, name))
+                return;
+        int out = beneath_open(dfd, name, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (out < 0) {
+                if (out != -EEXIST) /* the same name twice (a rename meanwhile): the first stays */
+                        copy_stop(out == -ENOSPC || out == -EDQUOT ? -ENOSPC : -EIO);
+                return;
+        }
+        copy_data(in, out, st);
+        copy_meta(out, st);
+        if (st->st_nlink > 1 && cp.nlinks < COPY_LINKS_MAX && !cp.err) {
+                int p = beneath_open(dfd, name, O_PATH, 0);
+                if (p >= 0) {
+                        cp.links[cp.nlinks].dev = st->st_dev;
+                        cp.links[cp.nlinks].ino = st->st_ino;
+                        cp.links[cp.nlinks++].fd = p;
+                }
+        }
+        close(out);
+}
+
+static void copy_link(int sfd, const struct stat *st, int dfd, const char *name)
+{
+        char target[PATH_MAX];
+        ssize_t n = readlinkat(sfd, name, target, sizeof(target) - 1);
+        if (n < 0)
+                return; /* no longer a link (a rename meanwhile): skipped */
+        target[n] = '\0';
+        if (symlinkat(target, dfd, name) < 0) {
+                if (errno != EEXIST)
+                        copy_stop(errno == ENOSPC || errno == EDQUOT ? -ENOSPC : -EIO);
+                return;
+        }
+        const struct timespec ts[2] = { st->st_atim, st->st_mtim };
+        if (fchownat(dfd, name, shift_id(st->st_uid), shift_id(st->st_gid), AT_SYMLINK_NOFOLLOW) < 0 ||
+            utimensat(dfd, name, ts, AT_SYMLINK_NOFOLLOW) < 0)
+                copy_stop(-EIO);
+}
+
+static void copy_fifo(const struct stat *st, int dfd, const char *name)
+{
+        if (mknodat(dfd, name, S_IFIFO | 0600, 0) < 0) {
+                if (errno != EEXIST)
+                        copy_stop(errno == ENOSPC || errno == EDQUOT ? -ENOSPC : -EIO);
+                return;
+        }
+        int fd = beneath_open(dfd, name, O_PATH, 0);
+        const struct timespec ts[2] = { st->st_atim, st->st_mtim };
+        char self[64];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+        if (fd < 0 || fchownat(fd, "", shift_id(st->st_uid), shift_id(st->st_gid), AT_EMPTY_PATH) < 0 ||
+            chmod(self, st->st_mode & 07777) < 0 || utimensat(AT_FDCWD, self, ts, 0) < 0)
+                copy_stop(-EIO);
+        if (fd >= 0)
+                close(fd);
+}
+
+static void copy_folder(int sfd, int dfd, int depth);
+
+/* One entry of the source's folder sfd, into the copy's folder dfd. */
+static void copy_entry(int sfd, int dfd, const char *name, int depth)
+{
+        if (cp.entries_left == 0) {
+                copy_stop(-ENOSPC);
+                return;
+        }
+        cp.entries_left--;
+        struct stat st;
+        if (fstatat(sfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return; /* gone meanwhile */
+        if (S_ISLNK(st.st_mode)) {
+                copy_link(sfd, &st, dfd, name);
+                return;
+        }
+        if (S_ISFIFO(st.st_mode)) {
+                copy_fifo(&st, dfd, name);
+                return;
+        }
+        if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+                return; /* device nodes and sockets are not copied */
+        /* What is copied is what this descriptor holds, whatever the name meant a moment ago. */
+        int in = beneath_open(sfd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
+        if (in < 0)
+                return; /* gone, or a link or a mount now: skipped */
+        if (fstat(in, &st) < 0) {
+                close(in);
+                copy_stop(-EIO);
+                return;
+        }
+        if (S_ISREG(st.st_mode)) {
+                copy_file(in, &st, dfd, name);
+                close(in);
+                return;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+                close(in);
+                return;
+        }
+        if (depth >= BENEATH_DEPTH_MAX) {
+                close(in);
+                copy_stop(-ELOOP);
+                return;
+        }
+        if (mkdirat(dfd, name, 0700) < 0) {
+                close(in);
+                if (errno != EEXIST)
+                        copy_stop(errno == ENOSPC || errno == EDQUOT ? -ENOSPC : -EIO);
+                return;
+        }
+        int out = beneath_open(dfd, name, O_RDONLY | O_DIRECTORY, 0);
+        if (out < 0) {
+                close(in);
+                copy_stop(-EIO);
+                return;
+        }
+        copy_folder(in, out, depth + 1);
+        copy_meta(out, &st); /* after its entries: they changed its times */
+        close(out);
+}
+
+/* Copies what the folder sfd holds into dfd. sfd is taken (closed here). */
+static void copy_folder(int sfd, int dfd, int depth)
+{
+        DIR *d = fdopendir(sfd);
+        if (!d) {
+                close(sfd);
+                copy_stop(-EIO);
+                return;
+        }
+        struct dirent *de;
+        while (!cp.err && (de = readdir(d)))
+                if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+                        copy_entry(dirfd(d), dfd, de->d_name, depth);
+        closedir(d);
+}
+
+/* The source sandbox's /work, opened through its init (pid) without trusting
+ * the number: everything is read through one descriptor of /proc/PID (which
+ * stays that process's, ESRCH once it is gone, whoever takes the number
+ * next), and that process must be in the source's cgroup (id), or another
+ * process could have taken the number (the host's own root behind it). This
+ * init is in a pid namespace of its own: a pidfd cannot name a host pid. */
+static int open_source_work(const char *pid_text, const char *id)
+{
+        char p[64], buf[4096], needle[160];
+        snprintf(p, sizeof(p), "/proc/%d", (int)strtol(pid_text, NULL, 10));
+        snprintf(needle, sizeof(needle), "/%s\n", id ? id : "");
+        int proc = id && *id ? open(p, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        int fd = proc >= 0 ? openat(proc, "cgroup", O_RDONLY | O_CLOEXEC) : -1;
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+        if (fd >= 0)
+                close(fd);
+        if (n > 0)
+                buf[n] = '\0';
+        int root = n > 0 && strstr(buf, needle) ? openat(proc, "root", O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        /* /work is the disk's mount point in the source's root: the one step that enters a mount */
+        struct open_how how = { .flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+        int work = root >= 0 ? (int)syscall(SYS_openat2, root, "work", &how, sizeof(how)) : -1;
+        struct stat rst, wst;
+        bool ok = work >= 0 && fstat(root, &rst) == 0 && fstat(work, &wst) == 0 && rst.st_dev != wst.st_dev;
+        if (root >= 0)
+                close(root);
+        if (proc >= 0)
+                close(proc);
+        if (!ok) {
+                if (work >= 0)
+                        close(work);
+                errno = 0;
+                fail("could not find the source sandbox's disk");
+        }
+        return work;
+}
+
+static void copy_disk(int workfd, uint64_t disk_bytes, const char *from_pid, const char *from_id, uint32_t base)
+{
+        int src = open_source_work(from_pid, from_id);
+        struct stat st;
+        if (fstat(src, &st) < 0)
+                fail("could not read the source sandbox's disk");
+        /* Each level of the walk holds two descriptors. */
+        struct rlimit nofile;
+        if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+                nofile.rlim_cur = nofile.rlim_max;
+                setrlimit(RLIMIT_NOFILE, &nofile);
+        }
+        /* the source's range: its /work's owner rounded down to a range's start */
+        cp.from = st.st_uid >= JAIL_UID_BASE
+                          ? JAIL_UID_BASE + (st.st_uid - JAIL_UID_BASE) / JAIL_UID_COUNT * JAIL_UID_COUNT
+                          : st.st_uid;
+        cp.to = base;
+        cp.bytes_left = disk_bytes;
+        cp.entries_left = disk_bytes / 256 + 4096;
+        copy_folder(src, workfd, 0);
+        if (!cp.err)
+                copy_meta(workfd, &st);
+        for (int i = 0; i < cp.nlinks; i++)
+                close(cp.links[i].fd);
+        /* Fixed sentences: nothing of the host (an errno, a path) goes back to the caller. */
+        errno = 0;
+        if (cp.err == -ENOSPC)
+                fail("could not copy the source sandbox's disk: its files do not fit the copy's disk");
+        if (cp.err == -ELOOP)
+                fail("could not copy the source sandbox's disk: its folders nest deeper than %d", BENEATH_DEPTH_MAX);
+        if (cp.err)
+                fail("could not copy the source sandbox's disk");
+}
+
+/* /tmp is the disk's .tmp, bound from a descriptor: a folder of the disk's
+ * own file system, opened beneath the disk's root without following a link.
+ * Anything else in its place (a link to "/", to /proc, a file) is removed
+ * and a fresh folder made: never followed. */
+static void make_tmp(int workfd, const char *tmp, uint32_t base)
+{
+        struct stat wst, st;
+        if (fstat(workfd, &wst) < 0)
+                fail("could not set up /tmp");
+        int fd = beneath_open(workfd, ".tmp", O_RDONLY | O_DIRECTORY, 0);
+        if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_dev != wst.st_dev)) {
+                close(fd);
+                fd = -1;
+        }
+        if (fd < 0) {
+                if (unlinkat(workfd, ".tmp", 0) < 0 && errno != ENOENT) {
+                        errno = 0;
+                        fail("could not set up /tmp");
+                }
+                if (mkdirat(workfd, ".tmp", 01777) < 0 ||
+                    (fd = beneath_open(workfd, ".tmp", O_RDONLY | O_DIRECTORY, 0)) < 0 || fchown(fd, base, base) < 0 ||
+                    fchmod(fd, 01777) < 0) {
+                        errno = 0;
+                        fail("could not set up /tmp");
+                }
+        }
+        make_dir(tmp, 01777);
+        int tree = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        if (tree < 0 || move_mount(tree, "", AT_FDCWD, tmp, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+                errno = 0;
+                fail("could not bind /tmp");
+        }
+        close(tree);
+        close(fd);
 }
 
 /* ---- the root ---- */
@@ -501,24 +820,20 @@ static void make_root(const char *root, uint64_t disk_bytes, uint32_t base, bool
         make_dev(root);
         make_proc(root, network);
 
-        char work[PATH_MAX], tmp[PATH_MAX], wtmp[PATH_MAX];
+        char work[PATH_MAX], tmp[PATH_MAX];
         path(work, sizeof(work), root, "work");
         make_dir(work, 0755);
         make_disk(work, disk_bytes, base);
+        /* From here the disk is walked by descriptor only (it may hold what a source sandbox made). */
+        int workfd = open(work, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (workfd < 0)
+                fail("could not open the disk");
         if (cfg.copy_from && *cfg.copy_from && strcmp(cfg.copy_from, "0") != 0)
-                copy_disk(work, cfg.copy_from, base);
+                copy_disk(workfd, disk_bytes, cfg.copy_from, cfg.copy_from_id, base);
         /* /tmp lives on the disk, so it counts against disk_mib too. */
-        path(wtmp, sizeof(wtmp), work, ".tmp");
-        if (mkdir(wtmp, 01777) == 0) {
-                if (chown(wtmp, base, base) < 0 || chmod(wtmp, 01777) < 0)
-                        fail("could not set up /tmp");
-        } else if (errno != EEXIST) {
-                fail("could not create /tmp");
-        }
         path(tmp, sizeof(tmp), root, "tmp");
-        make_dir(tmp, 01777);
-        if (mount(wtmp, tmp, NULL, MS_BIND, NULL) < 0)
-                fail("could not bind /tmp");
+        make_tmp(workfd, tmp, base);
+        close(workfd);
         path(p, sizeof(p), root, "var");
         make_dir(p, 0755);
         path(p, sizeof(p), root, "var/tmp");

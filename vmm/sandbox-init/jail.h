@@ -15,7 +15,8 @@
  * closed), JAIL_FD_CONFIG (a memfd holding the configuration: NUL-terminated
  * "key=value" strings, then "--", then the main program's argv, if any).
  * Keys: id, dir, disk_bytes, network (0/1), copy_from (a running sandbox's
- * init pid whose /work is copied: fork).
+ * init pid whose /work is copied: fork) and copy_from_id (that sandbox's id:
+ * the init checks the pid is still in its cgroup before it trusts it).
  *
  * "--join" mode, for exec without the init's socket: descriptors 0-2 are the
  * command's, JAIL_FD_STATUS receives the command's pid then its wait status

@@ -601,6 +601,93 @@ static void test_limit_block(void)
         resp_free(&r);
 }
 
+/* Per-key caps: only a person sets them; a key's creates and forks past its cap
+ * on sandboxes or memory are refused with 409 naming the cap, honest ones pass;
+ * a disk the host cannot hold is the vmm's 507, passed through. */
+static void test_key_caps(void)
+{
+        struct key capped = { 0 };
+        make_key(acct_b, "capped", &capped);
+        char path[320], ids[4][64] = { "" };
+        snprintf(path, sizeof(path), "/v1/keys/%s/caps", capped.id);
+        /* an API key cannot set caps, not even its own */
+        struct resp r = http("PUT", path, capped.secret, NULL, "{\"max_sandboxes\":100,\"max_memory_mib\":null}");
+        CHECK(r.status == 403 && strcmp(err_code(&r), "person_required") == 0, "a key set caps: %ld %s", r.status,
+              r.body);
+        resp_free(&r);
+        r = http("PUT", path, NULL, &sess_b, "{\"max_sandboxes\":2,\"max_memory_mib\":1000}");
+        CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "max_sandboxes")) == 2 &&
+                      json_integer_value(json_object_get(r.json, "max_memory_mib")) == 1000,
+              "the person sets caps: %ld %s", r.status, r.body);
+        resp_free(&r);
+        r = http("GET", path, NULL, &sess_b, NULL);
+        CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "max_sandboxes")) == 2, "caps read: %s",
+              r.body);
+        resp_free(&r);
+        /* another account's person cannot */
+        r = http("PUT", path, NULL, &sess_a, "{\"max_sandboxes\":100}");
+        CHECK(r.status == 404, "account A's person set B's key's caps: %ld %s", r.status, r.body);
+        resp_free(&r);
+        const char *body =
+                "{\"vcpus\":1,\"memory_mib\":300,\"disk_mib\":16,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}";
+        for (int i = 0; i < 2; i++) {
+                r = http("POST", "/v1/sandboxes", capped.secret, NULL, body);
+                CHECK(r.status == 201, "create %d within the caps: %ld %s", i + 1, r.status, r.body);
+                snprintf(ids[i], sizeof(ids[i]), "%s", test_jstr(r.json, "id"));
+                resp_free(&r);
+        }
+        r = http("POST", "/v1/sandboxes", capped.secret, NULL, body);
+        CHECK(r.status == 409 && strcmp(err_code(&r), "cap_reached") == 0 &&
+                      strcmp(err_field(&r), "max_sandboxes") == 0,
+              "a third sandbox past max_sandboxes 2: %ld %s", r.status, r.body);
+        resp_free(&r);
+        char fork[256];
+        snprintf(fork, sizeof(fork), "/v1/sandboxes/%s/fork", ids[0]);
+        r = http("POST", fork, capped.secret, NULL, "{\"count\":1}");
+        CHECK(r.status == 409 && strcmp(err_field(&r), "max_sandboxes") == 0, "a fork past max_sandboxes 2: %ld %s",
+              r.status, r.body);
+        resp_free(&r);
+        /* room for sandboxes, not for memory: 600 MiB held + 300 > 1000 */
+        r = http("PUT", path, NULL, &sess_b, "{\"max_sandboxes\":10,\"max_memory_mib\":800}");
+        CHECK(r.status == 200, "caps raised: %ld %s", r.status, r.body);
+        resp_free(&r);
+        r = http("POST", "/v1/sandboxes", capped.secret, NULL, body);
+        CHECK(r.status == 409 && strcmp(err_field(&r), "max_memory_mib") == 0 && strstr(r.body, "800 MiB"),
+              "a sandbox past max_memory_mib 800: %ld %s", r.status, r.body);
+        resp_free(&r);
+        r = http("POST", fork, capped.secret, NULL, "{\"count\":1}");
+        CHECK(r.status == 409 && strcmp(err_field(&r), "max_memory_mib") == 0, "a fork past max_memory_mib: %ld %s",
+              r.status, r.body);
+        resp_free(&r);
+        /* an honest one fits: 600 + 128 <= 800 */
+        r = http("POST", "/v1/sandboxes", capped.secret, NULL,
+                 "{\"vcpus\":1,\"memory_mib\":128,\"disk_mib\":16,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}");
+        CHECK(r.status == 201, "an honest sandbox within the caps: %ld %s", r.status, r.body);
+        snprintf(ids[2], sizeof(ids[2]), "%s", test_jstr(r.json, "id"));
+        resp_free(&r);
+        long long audited = sql_int("SELECT count(*) FROM audit_log WHERE action = 'key.caps' AND object_id = $1",
+                                    capped.id);
+        CHECK(audited == 2, "the caps' 2 changes were audited %lld times", audited);
+        /* the host's capacity: a 1 TiB disk on a host with less free is the vmm's 507, passed through */
+        r = http("POST", "/v1/sandboxes", capped.secret, NULL,
+                 "{\"vcpus\":1,\"memory_mib\":16,\"disk_mib\":1048576,\"timeout_s\":600}");
+        CHECK(r.status == 507 && strcmp(err_code(&r), "insufficient_capacity") == 0 && strstr(r.body, "disk"),
+              "a 1 TiB disk: %ld %s", r.status, r.body);
+        resp_free(&r);
+        /* no caps: nothing counted */
+        r = http("PUT", path, NULL, &sess_b, "{\"max_sandboxes\":null,\"max_memory_mib\":null}");
+        CHECK(r.status == 200 && json_is_null(json_object_get(r.json, "max_sandboxes")), "caps removed: %s", r.body);
+        resp_free(&r);
+        for (int i = 0; i < 3; i++) {
+                if (!*ids[i])
+                        continue;
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s", ids[i]);
+                r = http("DELETE", path, capped.secret, NULL, NULL);
+                CHECK(r.status == 200, "delete %s: %ld %s", ids[i], r.status, r.body);
+                resp_free(&r);
+        }
+}
+
 /* The lifecycle through the API: exec, fork, timeout, list filters, delete. */
 static void test_lifecycle(void)
 {
@@ -1087,6 +1174,7 @@ int main(void)
                 { "keys_person_only", test_keys_person_only },
                 { "limit_block", test_limit_block },
                 { "lifecycle", test_lifecycle },
+                { "key_caps", test_key_caps },
                 { "idempotency", test_idempotency },
                 { "tenancy", test_tenancy },
                 { "bad_input", test_bad_input },

@@ -34,6 +34,7 @@
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -831,6 +832,61 @@ static int mode_disk_fill(const char *dir, long long bytes)
         return 0;
 }
 
+/* fork: /work/.tmp (the folder a sandbox's /tmp is) replaced by a link to
+ * target, for a fork's init to follow as host root. */
+static int mode_plant_tmp(const char *target)
+{
+        step("remove-.tmp", rmdir("/work/.tmp") < 0 ? -errno : 0); /* a fresh sandbox's /tmp is empty */
+        step("link-.tmp", symlink(target, "/work/.tmp") < 0 ? -errno : 0);
+        char back[512];
+        ssize_t n = readlink("/work/.tmp", back, sizeof(back) - 1);
+        if (n > 0) {
+                back[n] = '\0';
+                printf("/work/.tmp -> %s\n", back);
+        }
+        return 0;
+}
+
+/* fork: while a fork copies /work, folders that flip with links to target
+ * (renameat2 RENAME_EXCHANGE: each name is a folder one moment, a link the
+ * next) for a copier that looks at a name, then opens it again. */
+static int mode_race(int n, const char *target, int ms)
+{
+        if (n > 64)
+                n = 64;
+        for (int i = 0; i < n; i++) {
+                char d[32], f[48], l[32];
+                snprintf(d, sizeof(d), "race%d", i);
+                snprintf(l, sizeof(l), "race%d.l", i);
+                mkdir(d, 0755);
+                for (int k = 0; k < 8; k++) {
+                        snprintf(f, sizeof(f), "%s/file%d", d, k);
+                        int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                        if (fd >= 0) {
+                                ssize_t w = write(fd, "sandbox's own file\n", 19);
+                                (void)w;
+                                close(fd);
+                        }
+                }
+                unlink(l);
+                step(l, symlink(target, l) < 0 ? -errno : 0);
+        }
+        printf("racing\n");
+        fflush(stdout);
+        long flips = 0;
+        int64_t until = now_ms() + ms;
+        while (now_ms() < until)
+                for (int i = 0; i < n; i++) {
+                        char d[32], l[32];
+                        snprintf(d, sizeof(d), "race%d", i);
+                        snprintf(l, sizeof(l), "race%d.l", i);
+                        if (syscall(SYS_renameat2, AT_FDCWD, d, AT_FDCWD, l, RENAME_EXCHANGE) == 0)
+                                flips++;
+                }
+        printf("flips %ld\n", flips);
+        return 0;
+}
+
 /* Reads what only a ptrace-capable caller may read of the daemon: its environment. */
 static void read_daemon_environ(int daemon)
 {
@@ -946,6 +1002,10 @@ int main(int argc, char **argv)
                 return mode_forkbomb(atoi(argv[2]), atoi(argv[3]));
         if (strcmp(m, "disk-fill") == 0 && argc == 4)
                 return mode_disk_fill(argv[2], atoll(argv[3]));
+        if (strcmp(m, "plant-tmp") == 0 && argc == 3)
+                return mode_plant_tmp(argv[2]);
+        if (strcmp(m, "race") == 0 && argc == 5)
+                return mode_race(atoi(argv[2]), argv[3], atoi(argv[4]));
         if (strcmp(m, "ptrace") == 0 && argc == 5)
                 return mode_ptrace(atoi(argv[2]), strtoull(argv[3], NULL, 16), atoi(argv[4]));
         fprintf(stderr, "escape-helper: unknown mode or arguments\n");

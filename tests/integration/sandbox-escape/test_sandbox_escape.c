@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -41,6 +42,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -315,25 +317,15 @@ static bool put_helper(struct sandbox *sb)
         return ok;
 }
 
-static bool create(struct sandbox *sb, const char *name)
+/* Fills sb from the daemon's description of a sandbox (create's answer, or one
+ * of fork's copies). */
+static void adopt(struct sandbox *sb, json_t *j)
 {
         memset(sb, 0, sizeof(*sb));
-        int rc;
-        char disk[16];
-        snprintf(disk, sizeof(disk), "%d", DISK_MIB);
-        json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
-                        "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
-                        name, NULL);
-        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
-        if (rc != 0 || !*test_jstr(j, "id")) {
-                json_decref(j);
-                return false;
-        }
         snprintf(sb->id, sizeof(sb->id), "%s", test_jstr(j, "id"));
         snprintf(sb->dir, sizeof(sb->dir), "%s", test_jstr(j, "dir"));
         snprintf(sb->cpu_dir, sizeof(sb->cpu_dir), "%s", test_jstr(j, "cgroup_cpu"));
         sb->init = (pid_t)json_integer_value(json_object_get(j, "pid"));
-        json_decref(j);
         sb->pidns = pidns_of(sb->init);
         if (ninits < 64) {
                 init_ns[ninits] = sb->pidns;
@@ -349,6 +341,24 @@ static bool create(struct sandbox *sb, const char *name)
                 free(d);
         }
         sb->last_cpu = cpu_counter(sb->cpu_dir);
+}
+
+static bool create(struct sandbox *sb, const char *name)
+{
+        memset(sb, 0, sizeof(*sb));
+        int rc;
+        char disk[16];
+        snprintf(disk, sizeof(disk), "%d", DISK_MIB);
+        json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
+                        "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
+                        name, NULL);
+        CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
+        if (rc != 0 || !*test_jstr(j, "id")) {
+                json_decref(j);
+                return false;
+        }
+        adopt(sb, j);
+        json_decref(j);
         return put_helper(sb);
 }
 
@@ -1401,6 +1411,303 @@ static void attack_ptrace(void)
         stop(&sb, "ptrace");
 }
 
+/* ---- fork: host-root work on the source's files ---- */
+
+/* Asks the daemon for count copies of sb; returns the HTTP status, the copies in
+ * copies[] (adopted, their inits known for the cleanup) and the answer in *ret_body. */
+static int fork_sandbox(struct sandbox *sb, int count, struct sandbox *copies, int *ret_n, char **ret_body)
+{
+        char *path = fmt("/v1/sandboxes/%s/fork", sb->id), *body = fmt("{\"count\":%d}", count);
+        int status = api("POST", path, body, ret_body);
+        json_t *j = status == 201 ? json_loads(*ret_body, 0, NULL) : NULL;
+        json_t *list = json_object_get(j, "sandboxes");
+        int n = 0;
+        for (size_t i = 0; i < json_array_size(list) && n < count; i++)
+                adopt(&copies[n++], json_array_get(list, i));
+        *ret_n = n;
+        json_decref(j);
+        free(path);
+        free(body);
+        return status;
+}
+
+/* A refusal must be a fixed sentence: no errno text, which for a host path the
+ * sandbox named would say whether that path exists. */
+static void check_no_errno(const char *what, const char *answer)
+{
+        for (int e = 1; e < 134 && answer; e++)
+                if (strstr(answer, strerror(e)))
+                        ESCAPED("%s: the fork's error carries a host errno (\"%s\"): %s", what, strerror(e), answer);
+}
+
+/* The copy's /tmp, seen from the host: a folder on the copy's own disk, never target. */
+static void check_private_tmp(const char *what, struct sandbox *copy, const char *target)
+{
+        char *tmp = fmt("/proc/%d/root/tmp", (int)copy->init), *wk = fmt("/proc/%d/root/work", (int)copy->init);
+        struct stat t, w, h;
+        bool have = stat(tmp, &t) == 0 && stat(wk, &w) == 0;
+        CHECK(have, "%s: could not read the copy's /tmp and /work from the host: %s", what, strerror(errno));
+        if (have && stat(target, &h) == 0 && t.st_dev == h.st_dev && t.st_ino == h.st_ino)
+                ESCAPED("%s: the copy's /tmp is the host's %s", what, target);
+        else if (have && t.st_dev != w.st_dev)
+                ESCAPED("%s: the copy's /tmp (device %lu) is not on its disk (device %lu)", what,
+                        (unsigned long)t.st_dev, (unsigned long)w.st_dev);
+        free(tmp);
+        free(wk);
+}
+
+/* 12. /work/.tmp replaced by a link to a host path, then fork: the copy's init
+ * (host root) must not bind the link's target as the copy's /tmp. */
+static void attack_fork_tmp_to(const char *label, const char *target)
+{
+        struct sandbox sb;
+        char *name = fmt("attack=fork-tmp-%s", label), *what = fmt("fork-tmp-%s", label);
+        if (!create(&sb, name)) {
+                free(name);
+                free(what);
+                return;
+        }
+        char *out = NULL;
+        in_sandbox(&sb, &out, "plant-tmp", target, NULL);
+        free(out);
+        /* the attack is in place: the host reads the link in the source's disk */
+        char *link = fmt("/proc/%d/root/work/.tmp", (int)sb.init), back[1024] = "";
+        ssize_t n = readlink(link, back, sizeof(back) - 1);
+        if (n > 0)
+                back[n] = '\0';
+        CTL(n > 0 && strcmp(back, target) == 0, "%s: the link was not planted (%s -> %s)", what, link, back);
+        struct sandbox copy;
+        int ncopies = 0;
+        char *answer = NULL;
+        int status = fork_sandbox(&sb, 1, &copy, &ncopies, &answer);
+        fprintf(stderr, "    %s: fork answered %d: %.300s\n", what, status, answer ? answer : "");
+        if (status == 201 && ncopies == 1)
+                check_private_tmp(what, &copy, target);
+        else
+                CHECK(status == 409 || status == 500 || status == 503 || status == 400,
+                      "%s: the fork answered %d: %s", what, status, answer ? answer : "");
+        check_no_errno(what, answer);
+        if (ncopies == 1)
+                stop(&copy, what);
+        free(answer);
+        free(link);
+        stop(&sb, what);
+        free(name);
+        free(what);
+}
+
+static void attack_fork_tmp(void)
+{
+        attack_fork_tmp_to("root", "/");
+        attack_fork_tmp_to("proc", "/proc");
+        /* the daemon's own cgroup parent: every tenant's counters */
+        char *rel = fmt("%s", parent), *cg = cg_dir("cpuacct", rel);
+        attack_fork_tmp_to("cgroup", cg);
+        free(rel);
+        free(cg);
+}
+
+static const char *marker_secret;
+static int marker_hits;
+static int find_host_marker(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+        (void)st, (void)ftw;
+        char *t = type == FTW_F ? test_read_file(path) : NULL;
+        if (t && strstr(t, marker_secret)) {
+                fprintf(stderr, "    host file in the copy: %s\n", path);
+                marker_hits++;
+        }
+        free(t);
+        return 0;
+}
+
+/* 13. A rename race during the copy: folders of the source flip with links to a
+ * host folder (renameat2 exchange) while the fork copies them. The host folder
+ * holds files of the same names as the sandbox's folders (so a copier that
+ * follows a flipped name finds every file it expects), each with a secret only
+ * the host has. The copy must hold no file with that secret: its disk is read
+ * from the host. Three forks, one copy each, during one race. */
+static void attack_fork_race(void)
+{
+        char *host = fmt("%s/host-marker", work), *secret = fmt("host-secret-%s", token);
+        mkdir(host, 0755);
+        for (int k = 0; k < 8; k++) {
+                char *f = fmt("%s/file%d", host, k);
+                int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                CHECK(fd >= 0 && write(fd, secret, strlen(secret)) > 0, "could not write %s", f);
+                if (fd >= 0)
+                        close(fd);
+                free(f);
+        }
+        struct sandbox sb;
+        if (!create(&sb, "attack=fork-race"))
+                goto out;
+        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--socket", sock, "exec", sb.id, "--timeout-ms", "40000",
+                         "--", "./escape-helper", "race", "8", host, "8000", NULL };
+        char *rout = fmt("%s/race.out", work), *rerr = fmt("%s/race.err", work);
+        pid_t racer = test_spawn(argv, rout, rerr);
+        /* the race runs (exec answers only at the end): seen from the host, a contested
+         * name is a link at times and a folder at others */
+        char *name0 = fmt("/proc/%d/root/work/race0", (int)sb.init);
+        int links = 0, dirs = 0;
+        int64_t until = test_now_ms() + 20000;
+        while (test_now_ms() < until && (links < 3 || dirs < 3)) {
+                struct stat st;
+                if (lstat(name0, &st) == 0)
+                        S_ISLNK(st.st_mode) ? links++ : dirs++;
+                test_sleep_ms(1);
+        }
+        CTL(links > 0 && dirs > 0, "fork-race: the source's folder never flipped (%d links, %d folders seen)", links,
+            dirs);
+        marker_secret = secret;
+        int made = 0;
+        for (int f = 0; f < 3; f++) {
+                struct sandbox copy;
+                int ncopies = 0;
+                char *answer = NULL;
+                int status = fork_sandbox(&sb, 1, &copy, &ncopies, &answer);
+                fprintf(stderr, "    fork-race: fork %d answered %d during the race: %.200s\n", f + 1, status,
+                        answer ? answer : "");
+                check_no_errno("fork-race", answer);
+                free(answer);
+                if (status != 201 || ncopies != 1)
+                        continue;
+                made++;
+                char *wk = fmt("/proc/%d/root/work", (int)copy.init);
+                marker_hits = 0;
+                nftw(wk, find_host_marker, 16, FTW_PHYS | FTW_MOUNT);
+                if (marker_hits)
+                        ESCAPED("fork-race: copy %s holds %d file(s) of the host's %s", copy.id, marker_hits, host);
+                free(wk);
+                stop(&copy, "fork-race");
+        }
+        CHECK(made == 3, "fork-race: %d of 3 forks made a copy during the race", made);
+        int status_r = 0;
+        waitpid(racer, &status_r, 0);
+        char *rt = test_read_file(rout);
+        fprintf(stderr, "--- inside %s: race (exit %d)\n%s\n", sb.id, WIFEXITED(status_r) ? WEXITSTATUS(status_r) : -1,
+                rt ? rt : "");
+        free(rt);
+        free(name0);
+        free(rout);
+        free(rerr);
+        stop(&sb, "fork-race");
+out:
+        for (int k = 0; k < 8; k++) {
+                char *f = fmt("%s/file%d", host, k);
+                unlink(f);
+                free(f);
+        }
+        rmdir(host);
+        free(host);
+        free(secret);
+}
+
+/* ---- admission: what one key can make this host promise ---- */
+
+static uint64_t host_mem_mib(void)
+{
+        char *t = test_read_file("/proc/meminfo"), *m = t ? strstr(t, "MemTotal:") : NULL;
+        uint64_t kib = m ? strtoull(m + 9, NULL, 10) : 0;
+        free(t);
+        return kib / 1024;
+}
+
+/* A create through the daemon's API; status, and the sandbox in *sb on 201. */
+static int api_create(struct sandbox *sb, uint64_t memory_mib, uint64_t disk_mib, char **ret_body)
+{
+        char *body = fmt("{\"account\":\"%s\",\"key\":\"key-escape\",\"vcpus\":1,\"memory_mib\":%" PRIu64
+                         ",\"disk_mib\":%" PRIu64 ",\"timeout_s\":300,\"labels\":{\"attack\":\"admission\"}}",
+                         account, memory_mib, disk_mib);
+        int status = api("POST", "/v1/sandboxes", body, ret_body);
+        free(body);
+        if (status == 201) {
+                json_t *j = json_loads(*ret_body, 0, NULL);
+                adopt(sb, j);
+                json_decref(j);
+        }
+        return status;
+}
+
+/* How many of the account's sandboxes the daemon lists as not stopped. */
+static int live_sandboxes(void)
+{
+        char *path = fmt("/v1/sandboxes?account=%s", account), *answer = NULL;
+        api("GET", path, "", &answer);
+        json_t *j = json_loads(answer, 0, NULL), *sb;
+        size_t i;
+        int n = 0;
+        json_array_foreach(json_object_get(j, "sandboxes"), i, sb)
+                n += strcmp(test_jstr(sb, "state"), "stopped") != 0;
+        json_decref(j);
+        free(answer);
+        free(path);
+        return n;
+}
+
+/* 14. One key asks this host for more than it has: a sandbox with 90 % of the
+ * host's memory (MemTotal, read here), forked 10 times at once and then once;
+ * a 1 TiB disk. Each refusal is a 507 naming what is short, and nothing is
+ * made; an honest create still works. */
+static void attack_admission(void)
+{
+        uint64_t mem = host_mem_mib();
+        struct statvfs fs;
+        CTL(mem > 1024 && statvfs(state, &fs) == 0, "admission: could not read the host's memory or free space");
+        uint64_t free_mib = (uint64_t)fs.f_bavail * fs.f_frsize >> 20;
+        CTL(free_mib < 1024 * 1024, "admission: the host has %" PRIu64 " MiB free: a 1 TiB disk would fit", free_mib);
+        struct sandbox big, small, copies[10];
+        char *answer = NULL;
+        uint64_t ninety = mem * 9 / 10;
+        int status = api_create(&big, ninety, DISK_MIB, &answer);
+        CHECK(status == 201, "admission: a sandbox of %" PRIu64 " of %" PRIu64 " MiB was refused: %d %s", ninety, mem,
+              status, answer);
+        free(answer);
+        if (status != 201)
+                return;
+        int ncopies = 0;
+        answer = NULL;
+        status = fork_sandbox(&big, 10, copies, &ncopies, &answer);
+        fprintf(stderr, "    admission: fork of 10 answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507 || !strstr(answer, "memory"))
+                ESCAPED("admission: 10 copies of a sandbox with 90 %% of the host's memory answered %d (%d made), "
+                        "not 507 naming memory: %s", status, ncopies, answer);
+        for (int i = 0; i < ncopies; i++)
+                stop(&copies[i], "admission");
+        free(answer);
+        answer = NULL;
+        ncopies = 0;
+        status = fork_sandbox(&big, 1, copies, &ncopies, &answer);
+        fprintf(stderr, "    admission: fork of 1 answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507)
+                ESCAPED("admission: a copy of a sandbox with 90 %% of the host's memory answered %d: %s", status,
+                        answer);
+        for (int i = 0; i < ncopies; i++)
+                stop(&copies[i], "admission");
+        free(answer);
+        int live = live_sandboxes();
+        if (live != 1)
+                ESCAPED("admission: %d sandboxes of the account live after the refused forks, not 1", live);
+        answer = NULL;
+        status = api_create(&small, 128, DISK_MIB, &answer);
+        CHECK(status == 201, "admission: an honest 128 MiB sandbox was refused beside the big one: %d %s", status,
+              answer);
+        free(answer);
+        if (status == 201)
+                stop(&small, "admission");
+        struct sandbox huge;
+        answer = NULL;
+        status = api_create(&huge, 128, 1024 * 1024, &answer);
+        fprintf(stderr, "    admission: a 1 TiB disk answered %d: %.300s\n", status, answer ? answer : "");
+        if (status != 507 || !strstr(answer, "disk"))
+                ESCAPED("admission: a 1 TiB disk on a host with %" PRIu64 " MiB free answered %d, not 507 naming "
+                        "the disk: %s", free_mib, status, answer);
+        if (status == 201)
+                stop(&huge, "admission");
+        free(answer);
+        stop(&big, "admission");
+}
+
 /* Two host processes: markers for the host-proc attack (argv[0] escmark<token>a|b)
  * and targets of the ptrace one. */
 static void start_victims(void)
@@ -1554,12 +1861,22 @@ int main(void)
                 { "vmm-socket", attack_vmm_socket },     { "host-proc", attack_host_proc },
                 { "setns", attack_setns },               { "release-agent", attack_release_agent },
                 { "forkbomb", attack_forkbomb },         { "disk-fill", attack_disk_fill },
-                { "ptrace", attack_ptrace },
+                { "ptrace", attack_ptrace },             { "fork-tmp", attack_fork_tmp },
+                { "fork-race", attack_fork_race },       { "admission", attack_admission },
         };
         enum { N = sizeof(cases) / sizeof(cases[0]) };
         bool escaped[N], other[N], ctl_failed[N];
         int64_t took[N];
+        /* TALLY_ESCAPE_ONLY=name,name: only those attacks (while working on one) */
+        const char *only = getenv("TALLY_ESCAPE_ONLY");
+        bool skipped[N];
         for (size_t i = 0; i < N; i++) {
+                char *want = only && *only ? fmt(",%s,", only) : NULL, *me = fmt(",%s,", cases[i].name);
+                skipped[i] = want && !strstr(want, me);
+                free(want);
+                free(me);
+                if (skipped[i])
+                        continue;
                 int before = test_failures, esc = attack_failures, ctl = control_failures;
                 int64_t t0 = test_now_ms();
                 fprintf(stderr, "=== attack %s\n", cases[i].name);
@@ -1573,6 +1890,10 @@ int main(void)
         check_ledger();
         fprintf(stderr, "=== sandbox-escape summary (attack: outcome inside a real sandbox)\n");
         for (size_t i = 0; i < N; i++) {
+                if (skipped[i]) {
+                        fprintf(stderr, "%-14s not run (TALLY_ESCAPE_ONLY)\n", cases[i].name);
+                        continue;
+                }
                 bool ledger = false;
                 for (int k = 0; k < 32; k++)
                         ledger |= strcmp(ledger_bad[k], cases[i].name) == 0;
@@ -1585,5 +1906,9 @@ int main(void)
         kill(daemon_pid, SIGTERM);
         waitpid(daemon_pid, NULL, 0);
         daemon_pid = -1;
-        return test_result();
+        int rc = test_result();
+        for (size_t i = 0; i < N && rc == 0; i++)
+                if (skipped[i])
+                        rc = 77; /* a part of the suite passed: not a pass (meson: skipped) */
+        return rc;
 }
