@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "control.h"
+#include "egress.h"
 #include "spec.h"
 
 #include <jansson.h>
@@ -34,6 +35,7 @@ struct vmm_settings {
         int64_t final_wait_ms;           /* how long a stopped cgroup waits for the collector's <id>.final */
         int64_t exec_timeout_default_ms;
         int64_t exec_output_cap_default;
+        struct egress_settings egress;   /* the egress proxy of sandboxes with internet */
 };
 
 struct vmm;
