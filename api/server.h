@@ -159,6 +159,7 @@ int h_key_get(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_limit_delete(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 /* ---- sandboxes.c ---- */
 /* Splits the comma-separated socket list into hosts; call once at start. */

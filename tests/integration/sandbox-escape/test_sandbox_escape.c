@@ -1445,6 +1445,9 @@ static char netns_name[64], veth_host[16], veth_ns[16];
 static char host_ip[32], inet_ip[32], bench_ip[32];
 static char *inet_log;
 static pid_t inet_server = -1;
+/* net-allow's sandbox and the bytes the test server counted, for the ledger's check */
+static char net_allow_id[64];
+static long net_allow_rx = -1, net_allow_tx = -1;
 /* Wildcard listeners on the host (every address of it, IPv4 and IPv6): they
  * stand for its loopback services (tally-api, /metrics, PostgreSQL, Kafka). */
 static int lis4 = -1, lis6 = -1, lport4, lport6;
@@ -1597,7 +1600,10 @@ static void setup_internet(void)
                          "::1 loop6.test loop6.inet.test\n%2$s host.test host.inet.test\n"
                          "%3$s bench.test bench.inet.test\n169.254.169.254 meta.inet.test\n",
                          inet_ip, host_ip, bench_ip);
-        CHECK(write_text(hosts_file, pins) == 0, "could not write %s", hosts_file);
+        int hf = open(hosts_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        CHECK(hf >= 0 && write(hf, pins, strlen(pins)) == (ssize_t)strlen(pins), "could not write %s", hosts_file);
+        if (hf >= 0)
+                close(hf);
         free(pins);
         lis4 = listen_any(AF_INET, &lport4);
         lis6 = listen_any(AF_INET6, &lport6);
@@ -1861,6 +1867,9 @@ static void attack_net_allow(void)
                         break;
                 test_sleep_ms(50);
         }
+        snprintf(net_allow_id, sizeof(net_allow_id), "%s", sb.id);
+        net_allow_rx = out_c + out_g;
+        net_allow_tx = in_c + in_g;
         CHECK(rx == out_c + out_g && tx == in_c + in_g,
               "net-allow: the sandbox's counters say %ld bytes in, %ld out; the server sent %ld and got %ld", rx, tx,
               out_c + out_g, in_c + in_g);
@@ -1996,6 +2005,25 @@ static void check_ledger(void)
                 free(got[i]);
         }
         free(want);
+        /* The network counters reached the ledger (recorded, not priced): what the test server counted. */
+        if (*net_allow_id) {
+                char *q = fmt("SELECT net_rx_bytes || ' ' || net_tx_bytes FROM sandboxes WHERE id = '%s'", net_allow_id);
+                char *net = NULL, *expect = fmt("%ld %ld", net_allow_rx, net_allow_tx);
+                for (int64_t end = test_now_ms() + 20000; test_now_ms() < end; test_sleep_ms(250)) {
+                        free(net);
+                        net = query1(q);
+                        if (net && strcmp(net, expect) == 0)
+                                break;
+                }
+                fprintf(stderr, "ledger: net-allow      %s net_rx_bytes net_tx_bytes %s, the test server's %s\n",
+                        net_allow_id, net ? net : "none", expect);
+                CHECK(net && strcmp(net, expect) == 0,
+                      "net-allow: the ledger records network bytes %s, the test server counted %s", net ? net : "none",
+                      expect);
+                free(net);
+                free(expect);
+                free(q);
+        }
 }
 
 int main(void)
