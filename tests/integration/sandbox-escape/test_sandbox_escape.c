@@ -181,8 +181,11 @@ static void start_daemon(void)
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state, "--socket", sock,
                          "--kafka-brokers", brokers, "--cgroup-parent", parent,
                          "--host-id", "test-escape-host", "--backend", "process", "--final-wait-ms", "3000",
-                         "--log-level", "debug", "--egress-hosts-file", hosts_file, NULL };
+                         "--log-level", "debug", NULL };
+        /* the names of the test's own internet (the egress_hosts_file setting, as its TALLY_ variable) */
+        setenv("TALLY_EGRESS_HOSTS_FILE", hosts_file, 1);
         daemon_pid = test_spawn(argv, NULL, log);
+        unsetenv("TALLY_EGRESS_HOSTS_FILE");
         if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0) {
                 free(log);
                 return;
