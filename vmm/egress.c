@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HEAD_MAX       8192     /* a request's line and headers */
@@ -40,6 +41,7 @@
 #define ADDRS_MAX      16       /* answers tried for one name */
 #define THREAD_STACK   (256 * 1024)
 #define COUNT_WRITE_MS 200      /* the counters file is rewritten at most this often while bytes flow */
+#define CLOSE_WAIT_MS  2000     /* how long egress_close waits for its connection threads */
 
 struct conn {
         struct egress *e;
@@ -59,6 +61,8 @@ struct egress {
         pthread_mutex_t lock;
         pthread_cond_t idle;     /* signalled when a connection ends */
         int active;
+        int refs;                /* the owner's (until egress_close) and one per connection thread */
+        atomic_bool stopping;    /* egress_close began: relays end */
         struct conn **conns;     /* connections_max slots */
         _Atomic uint64_t rx, tx;
         uint64_t written_rx, written_tx;
@@ -401,11 +405,15 @@ static void relay(struct conn *c)
         struct egress *e = c->e;
         char buf[RELAY_CHUNK];
         bool open_in = true, open_out = true;
-        while (open_in || open_out) {
+        int64_t last = mono_ms();
+        while ((open_in || open_out) && !atomic_load(&e->stopping)) {
                 struct pollfd p[2] = { { open_in ? c->fd : -1, POLLIN, 0 }, { open_out ? c->up : -1, POLLIN, 0 } };
-                int pr = poll(p, 2, (int)e->s.idle_timeout_ms);
-                if (pr == 0)
+                int pr = poll(p, 2, 1000);
+                if (pr == 0 && mono_ms() - last >= e->s.idle_timeout_ms)
                         return;
+                if (pr == 0)
+                        continue;
+                last = mono_ms();
                 if (pr < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -533,6 +541,14 @@ static void serve(struct conn *c)
         relay(c);
 }
 
+static void egress_free(struct egress *e)
+{
+        free(e->conns);
+        pthread_mutex_destroy(&e->lock);
+        pthread_cond_destroy(&e->idle);
+        free(e);
+}
+
 static void *conn_main(void *arg)
 {
         struct conn *c = arg;
@@ -544,9 +560,12 @@ static void *conn_main(void *arg)
         close(c->fd);
         if (c->up >= 0)
                 close(c->up);
+        bool last = --e->refs == 0;
         pthread_cond_broadcast(&e->idle);
         pthread_mutex_unlock(&e->lock);
         free(c);
+        if (last)
+                egress_free(e); /* egress_close gave up waiting for this one (a slow name lookup) */
         return NULL;
 }
 
@@ -608,6 +627,7 @@ static void *accept_main(void *arg)
                         *c = (struct conn){ e, fd, -1, slot };
                         e->conns[slot] = c;
                         e->active++;
+                        e->refs++;
                 }
                 pthread_mutex_unlock(&e->lock);
                 if (!c) {
@@ -620,6 +640,7 @@ static void *accept_main(void *arg)
                         pthread_mutex_lock(&e->lock);
                         e->conns[slot] = NULL;
                         e->active--;
+                        e->refs--;
                         pthread_mutex_unlock(&e->lock);
                         close(fd);
                         free(c);
@@ -641,6 +662,7 @@ int egress_open(const struct egress_settings *s, const char *id, pid_t pid, cons
         e->listen_fd = e->counts_fd = e->wake[0] = e->wake[1] = -1;
         pthread_mutex_init(&e->lock, NULL);
         pthread_cond_init(&e->idle, NULL);
+        e->refs = 1;
         int r;
         if (!(e->conns = calloc((size_t)s->connections_max, sizeof(*e->conns)))) {
                 r = -ENOMEM;
@@ -679,10 +701,7 @@ fail:
         for (int i = 0; i < 2; i++)
                 if (e->wake[i] >= 0)
                         close(e->wake[i]);
-        free(e->conns);
-        pthread_mutex_destroy(&e->lock);
-        pthread_cond_destroy(&e->idle);
-        free(e);
+        egress_free(e);
         return r;
 }
 
@@ -690,26 +709,36 @@ void egress_close(struct egress *e)
 {
         if (!e)
                 return;
+        atomic_store(&e->stopping, true);
         ssize_t w = write(e->wake[1], "x", 1);
         (void)w;
         pthread_join(e->accept_thread, NULL);
         close(e->listen_fd);
+        close(e->wake[0]);
+        close(e->wake[1]);
         pthread_mutex_lock(&e->lock);
         for (int i = 0; i < (int)e->s.connections_max; i++)
                 if (e->conns[i]) {
                         shutdown(e->conns[i]->fd, SHUT_RDWR);
-                        if (e->conns[i]->up >= 0)
-                                shutdown(e->conns[i]->up, SHUT_RDWR);
+                        int up = e->conns[i]->up;
+                        if (up >= 0)
+                                shutdown(up, SHUT_RDWR);
                 }
-        while (e->active > 0)
-                pthread_cond_wait(&e->idle, &e->lock);
+        /* Shut down, every connection thread ends at once, but one in a name lookup or a
+         * connect ends only when that returns: it is not waited for past CLOSE_WAIT_MS
+         * (the last thread frees the proxy's memory). */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += CLOSE_WAIT_MS / 1000;
+        while (e->active > 0 && pthread_cond_timedwait(&e->idle, &e->lock, &until) == 0)
+                ;
         pthread_mutex_unlock(&e->lock);
         write_counts(e, true);
         close(e->counts_fd);
-        close(e->wake[0]);
-        close(e->wake[1]);
-        free(e->conns);
-        pthread_mutex_destroy(&e->lock);
-        pthread_cond_destroy(&e->idle);
-        free(e);
+        e->counts_fd = -1;
+        pthread_mutex_lock(&e->lock);
+        bool last = --e->refs == 0;
+        pthread_mutex_unlock(&e->lock);
+        if (last)
+                egress_free(e);
 }
