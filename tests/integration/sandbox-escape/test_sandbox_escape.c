@@ -323,6 +323,31 @@ static bool put_helper(struct sandbox *sb)
         return ok;
 }
 
+/* Fills sb from the daemon's description of a sandbox (create's or fork's answer). */
+static void adopt(struct sandbox *sb, json_t *j)
+{
+        memset(sb, 0, sizeof(*sb));
+        snprintf(sb->id, sizeof(sb->id), "%s", test_jstr(j, "id"));
+        snprintf(sb->dir, sizeof(sb->dir), "%s", test_jstr(j, "dir"));
+        snprintf(sb->cpu_dir, sizeof(sb->cpu_dir), "%s", test_jstr(j, "cgroup_cpu"));
+        sb->init = (pid_t)json_integer_value(json_object_get(j, "pid"));
+        sb->pidns = pidns_of(sb->init);
+        if (ninits < 64) {
+                init_ns[ninits] = sb->pidns;
+                inits[ninits++] = sb->init;
+        }
+        CHECK(sb->pidns != 0, "could not read the pid namespace of the sandbox's init %d", (int)sb->init);
+        for (const char **h = v1_names; cgroup_version == 1 && *h; h++) {
+                char *d = fmt(CG "/%s/%s/%s", *h, parent, sb->id);
+                if (dir_exists(d))
+                        sb->hiers[sb->nhiers++] = *h;
+                else
+                        CHECK(strcmp(*h, "unified") == 0, "the sandbox has no folder in the %s hierarchy", *h);
+                free(d);
+        }
+        sb->last_cpu = cpu_counter(sb->cpu_dir);
+}
+
 /* A fresh sandbox for one attack; network is the create request's "network"
  * (JSON text, sent to the daemon's API as a product's client would), or NULL
  * for the default (loopback only). */
@@ -357,26 +382,8 @@ static bool create_net(struct sandbox *sb, const char *name, const char *network
                 json_decref(j);
                 return false;
         }
-        snprintf(sb->id, sizeof(sb->id), "%s", test_jstr(j, "id"));
-        snprintf(sb->dir, sizeof(sb->dir), "%s", test_jstr(j, "dir"));
-        snprintf(sb->cpu_dir, sizeof(sb->cpu_dir), "%s", test_jstr(j, "cgroup_cpu"));
-        sb->init = (pid_t)json_integer_value(json_object_get(j, "pid"));
+        adopt(sb, j);
         json_decref(j);
-        sb->pidns = pidns_of(sb->init);
-        if (ninits < 64) {
-                init_ns[ninits] = sb->pidns;
-                inits[ninits++] = sb->init;
-        }
-        CHECK(sb->pidns != 0, "could not read the pid namespace of the sandbox's init %d", (int)sb->init);
-        for (const char **h = v1_names; cgroup_version == 1 && *h; h++) {
-                char *d = fmt(CG "/%s/%s/%s", *h, parent, sb->id);
-                if (dir_exists(d))
-                        sb->hiers[sb->nhiers++] = *h;
-                else
-                        CHECK(strcmp(*h, "unified") == 0, "the sandbox has no folder in the %s hierarchy", *h);
-                free(d);
-        }
-        sb->last_cpu = cpu_counter(sb->cpu_dir);
         return put_helper(sb);
 }
 
@@ -1882,6 +1889,70 @@ static void attack_net_allow(void)
         CHECK(counts && sscanf(counts, "%llu %llu", &frx, &ftx) == 2 && (long)frx == rx && (long)ftx == tx,
               "net-allow: the counters file says \"%s\", wanted %ld %ld", counts ? counts : "(none)", rx, tx);
         free(counts);
+        free(out);
+
+        /* A fork's copies keep the allow-list, and the proxy enforces it for them. */
+        char fork_tok[64], restart_tok[64], more[2048] = "";
+        snprintf(fork_tok, sizeof(fork_tok), "net-allow-fork-%s", token);
+        snprintf(restart_tok, sizeof(restart_tok), "net-allow-restart-%s", token);
+        spec_add(more, sizeof(more), 'c', "other.test", "80", deny);
+        spec_add(more, sizeof(more), 'c', "loop.inet.test", p4, deny);
+        spec_add(more, sizeof(more), 'c', "bench.inet.test", "80", deny);
+        int rc;
+        json_t *fj = cli(&rc, "fork", sb.id, NULL);
+        json_t *cj = json_array_get(json_object_get(fj, "sandboxes"), 0), *cnet = json_object_get(cj, "network");
+        CHECK(rc == 0 && cj && json_is_true(json_object_get(cnet, "internet")) &&
+                      json_array_size(json_object_get(cnet, "allow")) == 2,
+              "net-allow: the fork's copy does not keep the allow-list: %s", fj ? json_dumps(fj, 0) : "(no answer)");
+        if (rc == 0 && cj) {
+                struct sandbox copy;
+                adopt(&copy, cj);
+                char *list2 = fmt("%sc|inet.test|80|%s,", more, fork_tok);
+                out = NULL;
+                in_sandbox(&copy, &out, "net", list2, NULL);
+                check_host_untouched("net-allow (fork)", out);
+                for (int64_t end = test_now_ms() + 5000; test_now_ms() < end && inet_seen(fork_tok, NULL, NULL) < 1;)
+                        test_sleep_ms(50);
+                CHECK(inet_seen(fork_tok, NULL, NULL) == 1, "net-allow: the fork's copy did not reach an allowed name");
+                free(list2);
+                free(out);
+                stop(&copy, "net-allow-fork");
+        }
+        json_decref(fj);
+
+        /* A restarted tally-vmm enforces the same list (spec.json) and counts on from the file. */
+        kill(daemon_pid, SIGTERM);
+        waitpid(daemon_pid, NULL, 0);
+        daemon_pid = -1;
+        start_daemon();
+        char *list3 = fmt("%sc|inet.test|80|%s,", more, restart_tok);
+        out = NULL;
+        in_sandbox(&sb, &out, "net", list3, NULL);
+        check_host_untouched("net-allow (restart)", out);
+        if (inet_seen(deny, NULL, NULL) > 0)
+                ESCAPED("net-allow: after a fork or a restart of tally-vmm, a name not allowed (or a private address) "
+                        "was reached");
+        long in_r = 0, out_r = 0;
+        for (int64_t end = test_now_ms() + 5000; test_now_ms() < end && inet_seen(restart_tok, NULL, NULL) < 1;)
+                test_sleep_ms(50);
+        CHECK(inet_seen(restart_tok, &in_r, &out_r) == 1,
+              "net-allow: after tally-vmm restarted, the sandbox did not reach an allowed name");
+        net_allow_rx += out_r;
+        net_allow_tx += in_r;
+        until = test_now_ms() + 5000;
+        while (test_now_ms() < until) {
+                json_t *j = cli(&rc, "show", sb.id, NULL);
+                rx = (long)json_integer_value(json_object_get(j, "net_rx_bytes"));
+                tx = (long)json_integer_value(json_object_get(j, "net_tx_bytes"));
+                json_decref(j);
+                if (rx == net_allow_rx && tx == net_allow_tx)
+                        break;
+                test_sleep_ms(50);
+        }
+        CHECK(rx == net_allow_rx && tx == net_allow_tx,
+              "net-allow: after a restart the counters say %ld in, %ld out; the server sent %ld and got %ld in all", rx,
+              tx, net_allow_rx, net_allow_tx);
+        free(list3);
         free(out);
         stop(&sb, "net-allow");
 }
