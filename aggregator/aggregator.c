@@ -34,7 +34,7 @@
 #include <time.h>
 
 /* Schema this aggregator writes: 002_ledger and up to what it knows. */
-#define SCHEMA_NEED  3
+#define SCHEMA_NEED  11 /* sandboxes.net_rx_bytes */
 #define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 
 #define LAG_BUCKETS 60000 /* 1 ms each: commit latency histogram up to 60 s */
@@ -53,6 +53,10 @@ struct sandbox {
         int db_state;
         char db_host[EVENT_ID_MAX + 1];
         int64_t version;        /* fold_state.version it was read or last written at; 0: no row */
+        /* Network bytes (recorded, not priced): the highest cumulative counters
+         * its samples carried, and whether the sandboxes row is behind them. */
+        uint64_t net_rx, net_tx;
+        bool net_unsaved;
         int64_t used_ns;        /* monotonic time of its last commit, for eviction */
         struct sandbox *next;   /* hash chain */
 };
@@ -524,6 +528,13 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
                 snprintf(sb->host, sizeof(sb->host), "%s", ev.host);
         if (ev.vcpus)
                 sb->vcpus = ev.vcpus;
+        if (ev.net_known && (ev.net_rx_bytes > sb->net_rx || ev.net_tx_bytes > sb->net_tx)) {
+                if (ev.net_rx_bytes > sb->net_rx)
+                        sb->net_rx = ev.net_rx_bytes;
+                if (ev.net_tx_bytes > sb->net_tx)
+                        sb->net_tx = ev.net_tx_bytes;
+                sb->net_unsaved = true;
+        }
         sb->partition = partition;
         if (!sb->dirty) {
                 if (grow((void **)&a->dirty, &a->capdirty, a->ndirty + 1, sizeof(*a->dirty)) < 0)
@@ -583,7 +594,7 @@ static const char *const session_sql =
         " ON COMMIT DELETE ROWS;"
         "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
         " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"
-        " wall timestamptz, sync boolean) ON COMMIT DELETE ROWS;";
+        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint) ON COMMIT DELETE ROWS;";
 
 /* The fold state of the batch's sandboxes, fenced per sandbox: a row is
  * written only where its version is still the one this aggregator read, so
@@ -615,10 +626,15 @@ static const char *const apply_sql =
         "  mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,"
         "  storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,"
         "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
-        "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state)"
-        " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state FROM stage_fold WHERE sync"
-        " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now()"
-        "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host;";
+        "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state, net_rx_bytes,"
+        "  net_tx_bytes)"
+        " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state, net_rx, net_tx FROM stage_fold"
+        "  WHERE sync"
+        " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now(),"
+        "  net_rx_bytes = greatest(s.net_rx_bytes, EXCLUDED.net_rx_bytes),"
+        "  net_tx_bytes = greatest(s.net_tx_bytes, EXCLUDED.net_tx_bytes)"
+        "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host"
+        "   OR s.net_rx_bytes < EXCLUDED.net_rx_bytes OR s.net_tx_bytes < EXCLUDED.net_tx_bytes;";
 
 /* Rating, in one statement that looks each rate up once: spend per key and
  * UTC day (the exact sums of quantity x rate), and the usage its plan has no
@@ -824,7 +840,7 @@ static int stage_fold(struct agg *a, struct text *t)
         for (size_t i = 0; i < a->ndirty; i++) {
                 const struct sandbox *s = a->dirty[i];
                 const struct fold_state *f = &s->fold;
-                bool sync = s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0;
+                bool sync = s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0 || s->net_unsaved;
                 char fold[FOLD_STATE_TEXT_MAX], wall[64];
                 if (fold_state_format(f, fold, sizeof(fold)) < 0)
                         return -ENOBUFS;
@@ -832,10 +848,10 @@ static int stage_fold(struct agg *a, struct text *t)
                         if (*c == '\t' || *c == '\n' || *c == '\\')
                                 *c = ' ';
                 format_ts(wall, sizeof(wall), f->wall_ns);
-                if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\n", s->id,
-                             s->account, s->key, s->host, s->vcpus, fold, s->version,
+                if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64
+                             "\t%" PRIu64 "\n", s->id, s->account, s->key, s->host, s->vcpus, fold, s->version,
                              f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
-                             wall, sync ? "t" : "f") < 0)
+                             wall, sync ? "t" : "f", s->net_rx, s->net_tx) < 0)
                         return -ENOMEM;
         }
         return copy_rows(a, "COPY stage_fold FROM STDIN", t->buf, t->len);
@@ -1213,6 +1229,7 @@ static int commit_batch(struct agg *a)
                 struct sandbox *s = a->dirty[i];
                 s->db_state = (int)s->fold.state + 1;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));
+                s->net_unsaved = false;
                 s->version++;
                 s->used_ns = now_mono;
         }

@@ -13,7 +13,7 @@
 enum field {
         F_V, F_TYPE, F_HOST, F_SANDBOX, F_ACCOUNT, F_KEY, F_PARENT, F_STATE, F_FINAL,
         F_EPOCH, F_SEQ, F_WALL, F_MONO, F_CPU, F_MEM, F_MEM_PEAK, F_MEM_SIZE, F_DISK, F_DISK_SIZE, F_VCPUS,
-        F_FORKS, F_RUNNING, F_PAUSED, F_COUNT
+        F_FORKS, F_RUNNING, F_PAUSED, F_NET_RX, F_NET_TX, F_COUNT
 };
 
 static const char *const names[F_COUNT] = {
@@ -22,7 +22,8 @@ static const char *const names[F_COUNT] = {
         [F_SEQ] = "seq", [F_WALL] = "wall_ns", [F_MONO] = "mono_ns", [F_CPU] = "cpu_ns", [F_MEM] = "mem_bytes",
         [F_MEM_PEAK] = "mem_peak_bytes", [F_MEM_SIZE] = "mem_size_bytes", [F_DISK] = "disk_bytes",
         [F_DISK_SIZE] = "disk_size_bytes", [F_VCPUS] = "vcpus", [F_FORKS] = "fork_count",
-        [F_RUNNING] = "running_ns", [F_PAUSED] = "paused_ns",
+        [F_RUNNING] = "running_ns", [F_PAUSED] = "paused_ns", [F_NET_RX] = "net_rx_bytes",
+        [F_NET_TX] = "net_tx_bytes",
 };
 
 /* strlen of each name, by the compiler */
@@ -34,7 +35,7 @@ static const size_t lengths[F_COUNT] = {
         [F_MONO] = L("mono_ns"), [F_CPU] = L("cpu_ns"), [F_MEM] = L("mem_bytes"), [F_MEM_PEAK] = L("mem_peak_bytes"),
         [F_MEM_SIZE] = L("mem_size_bytes"), [F_DISK] = L("disk_bytes"), [F_DISK_SIZE] = L("disk_size_bytes"),
         [F_VCPUS] = L("vcpus"), [F_FORKS] = L("fork_count"), [F_RUNNING] = L("running_ns"),
-        [F_PAUSED] = L("paused_ns"),
+        [F_PAUSED] = L("paused_ns"), [F_NET_RX] = L("net_rx_bytes"), [F_NET_TX] = L("net_tx_bytes"),
 };
 #undef L
 
@@ -195,6 +196,12 @@ bool sample_decode_fast(const void *buf, size_t len, struct usage_event *ret)
         bool running = seen & (UINT32_C(1) << F_RUNNING), paused = seen & (UINT32_C(1) << F_PAUSED);
         if (running != paused)
                 return false;
+        bool rx = seen & (UINT32_C(1) << F_NET_RX), tx = seen & (UINT32_C(1) << F_NET_TX);
+        if (rx != tx)
+                return false;
+        ev.net_known = rx;
+        ev.net_rx_bytes = (uint64_t)ints[F_NET_RX];
+        ev.net_tx_bytes = (uint64_t)ints[F_NET_TX];
         ev.type = EVENT_SAMPLE;
         ev.held_known = running;
         ev.epoch = (uint64_t)ints[F_EPOCH];

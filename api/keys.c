@@ -3,7 +3,9 @@
  * API keys before these run). Every change is written to audit_log in the
  * same transaction. Raising a limit above today's spend (or removing it, or
  * making it alert_only) deletes today's key_blocks row in that transaction:
- * the vmm and the aggregator read that table, so they see it at once. */
+ * the vmm and the aggregator read that table, so they see it at once.
+ * The key's internet permission (whether its sandboxes may ask for internet)
+ * is the account's decision in the same way: only a person sets it. */
 #include "db.h"
 #include "log.h"
 #include "server.h"
@@ -17,7 +19,7 @@
 #define KEY_COLUMNS                                                                                          \
         "id, name, prefix, daily_limit_nanodollars, limit_policy, "                                          \
         "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "                         \
-        "to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+        "to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), internet"
 
 #define LIMIT_MAX INT64_C(1000000000000000000) /* a billion dollars a day, in nano-dollars */
 
@@ -30,6 +32,7 @@ static json_t *key_row(PGresult *res, int i)
                             PQgetisnull(res, i, 3) ? json_null()
                                                    : json_integer(strtoll(PQgetvalue(res, i, 3), NULL, 10)));
         json_object_set_new(k, "revoked_at", PQgetisnull(res, i, 6) ? json_null() : json_string(PQgetvalue(res, i, 6)));
+        json_object_set_new(k, "internet", json_boolean(strcmp(PQgetvalue(res, i, 7), "t") == 0));
         return k;
 }
 
@@ -326,4 +329,46 @@ int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *
 int h_key_limit_delete(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         return set_limit(r, "", "", out, err);
+}
+
+/* PUT /v1/keys/{id}/internet {"internet": bool}: whether sandboxes this key
+ * creates or forks may ask for internet. Audited like a limit. */
+int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        static const char *const allowed[] = { "internet", NULL };
+        int rc;
+        if ((rc = body_check_fields(r->json, allowed, err)) < 0)
+                return rc;
+        json_t *v = json_object_get(r->json, "internet");
+        if (!json_is_boolean(v))
+                return api_fail(err, 400, v ? "invalid_field" : "missing_field", "internet",
+                                "internet is required: true or false");
+        PGconn *db = req_db(r);
+        char actor[EVENT_ID_MAX + 8];
+        snprintf(actor, sizeof(actor), "person:%s", r->caller.person);
+        const char *p[] = { r->id, r->caller.account, json_is_true(v) ? "true" : "false", actor };
+        PGresult *res = db_query(db, "set a key's internet permission", PGRES_TUPLES_OK,
+                                 "WITH old AS (SELECT internet AS i FROM api_keys WHERE id = $1 AND account_id = $2 "
+                                 "             FOR UPDATE), "
+                                 "     upd AS (UPDATE api_keys SET internet = $3::boolean "
+                                 "             WHERE id = $1 AND account_id = $2 RETURNING internet AS i), "
+                                 "     audit AS (INSERT INTO audit_log (account_id, actor, action, object_id, old_value, "
+                                 "                                      new_value) "
+                                 "             SELECT $2, $4, 'key.internet', $1, jsonb_build_object('internet', old.i), "
+                                 "                    jsonb_build_object('internet', upd.i) FROM old, upd) "
+                                 "SELECT " KEY_COLUMNS " FROM api_keys WHERE id = $1 AND account_id = $2",
+                                 4, p);
+        if (!res)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not set the key's internet permission");
+        if (PQntuples(res) != 1) {
+                PQclear(res);
+                return api_fail(err, 404, "not_found", "id", "no key %s", r->id);
+        }
+        json_t *k = key_row(res, 0);
+        PQclear(res);
+        /* the SELECT saw the row before the update (one snapshot): answer with what was set */
+        json_object_set_new(k, "internet", json_boolean(json_is_true(v)));
+        log_info("key internet set", "key=%s account=%s person=%s internet=%s", r->id, r->caller.account,
+                 r->caller.person, json_is_true(v) ? "true" : "false");
+        return reply_json(out, 200, k);
 }

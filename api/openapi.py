@@ -127,14 +127,21 @@ paths = {
                      desc="max_sandboxes: its sandboxes not stopped; max_memory_mib: their memory summed. null: no "
                           "cap. Creates and forks past a cap get 409 cap_reached; sandboxes already running stay."),
     },
+    "/v1/keys/{id}/internet": {
+        "put": write("Allow or refuse internet to the sandboxes a key creates or forks (person only; never an API "
+                     "key). Off for every new key.", PERSON, {"200": resp("Key", ref("Key"))}, [ID],
+                     ref("InternetSet"), opid="setKeyInternet", extra=("403",),
+                     desc="Without it, a create or fork asking for internet is refused with 403 internet_not_allowed."),
+    },
     "/v1/sandboxes": {
         "get": op("List sandboxes (an API key sees those it created).", ANY,
                   dict({"200": resp("A page of sandboxes", ref("SandboxPage"))}, **errors()),
                   [qparam("state", "Filter by state (several: comma-separated).", {"type": "string"}),
                    qparam("label", "Filter by label, NAME=VALUE (several: comma-separated).", {"type": "string"}),
                    CURSOR, LIMIT], opid="listSandboxes"),
-        "post": write("Create a sandbox for the calling key (402 while the key is over its daily limit, 409 past "
-                      "its caps, 507 when the host has no room).", KEY,
+        "post": write("Create a sandbox for the calling key (402 while the key is over its daily limit, 403 "
+                      "internet_not_allowed when it asks for internet and its key may not, 409 past its caps, 507 "
+                      "when the host has no room).", KEY,
                       {"201": resp("Created", ref("Sandbox"))}, body=ref("SandboxCreate"), opid="createSandbox",
                       extra=("402", "403", "507")),
     },
@@ -152,10 +159,11 @@ paths = {
     "/v1/sandboxes/{id}/resume": {"post": write("Resume a sandbox (402 while its key is over its daily limit).",
                                                 ANY, {"200": resp("Running", ref("Sandbox"))}, [ID], None,
                                                 opid="resumeSandbox", extra=("402",))},
-    "/v1/sandboxes/{id}/fork": {"post": write("Fork a sandbox into a new one (409 past its key's caps, 507 when "
-                                              "the host has no room).", ANY,
+    "/v1/sandboxes/{id}/fork": {"post": write("Fork a sandbox into a new one (the copies keep its network; 403 "
+                                              "internet_not_allowed if it has internet and its key no longer may, "
+                                              "409 past its key's caps, 507 when the host has no room).", ANY,
                                               {"201": resp("The copy", ref("Sandbox"))}, [ID], None,
-                                              opid="forkSandbox", extra=("402", "507"))},
+                                              opid="forkSandbox", extra=("402", "403", "507"))},
     "/v1/sandboxes/{id}/timeout": {"post": write("Set a sandbox's timeout.", ANY,
                                                  {"200": resp("Sandbox", ref("Sandbox"))}, [ID],
                                                  {"type": "object"}, opid="setSandboxTimeout")},
@@ -236,7 +244,18 @@ schemas = {
         "id": ref("Id"), "name": {"type": "string"}, "prefix": {"type": "string"},
         "daily_limit_nanodollars": nullable_int,
         "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]},
-        "created_at": {"type": "string", "format": "date-time"}, "revoked_at": nullable_str}},
+        "created_at": {"type": "string", "format": "date-time"}, "revoked_at": nullable_str,
+        "internet": {"type": "boolean", "description": "Whether its sandboxes may ask for internet (a person sets it)."}}},
+    "InternetSet": {"type": "object", "additionalProperties": False, "required": ["internet"],
+                    "properties": {"internet": {"type": "boolean"}}},
+    "Network": {"description": "false: loopback only (the default); true: internet through the host's egress proxy, "
+                               "any name; an object: internet limited to the names of allow.",
+                "oneOf": [{"type": "boolean"}, {
+                    "type": "object", "additionalProperties": False, "properties": {
+                        "internet": {"type": "boolean"},
+                        "allow": {"type": "array", "maxItems": 64, "items": {
+                            "type": "string", "maxLength": 253,
+                            "description": "A DNS name; a leading \"*.\" matches every name below it."}}}}]},
     "KeyCreated": {"allOf": [ref("Key"), {"type": "object", "properties": {
         "secret": {"type": "string", "description": "tk_..., shown once."}}}]},
     "KeyCreate": {"type": "object", "additionalProperties": False, "properties": {
@@ -255,10 +274,13 @@ schemas = {
         "id": ref("Id"), "key": ref("Id"), "state": {"type": "string", "enum": ["running", "paused", "stopped"]},
         "vcpus": {"type": "integer"}, "mem_size_bytes": {"type": "integer"},
         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "cost_nanodollars": {"type": "integer"}}},
+        "cost_nanodollars": {"type": "integer"}, "network": ref("Network"),
+        "net_rx_bytes": {"type": "integer", "description": "Bytes its egress proxy relayed to it (recorded, not priced)."},
+        "net_tx_bytes": {"type": "integer", "description": "Bytes its egress proxy relayed from it."}}},
     "SandboxCreate": {"type": "object", "additionalProperties": False, "properties": {
         "vcpus": {"type": "integer"}, "mem_size_bytes": {"type": "integer"}, "disk_size_bytes": {"type": "integer"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string"}}, "timeout_s": {"type": "integer"}}},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}}, "timeout_s": {"type": "integer"},
+        "network": ref("Network")}},
     "SandboxPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Sandbox")},
                                                      "next_cursor": nullable_str}},
     "UsageRow": {"type": "object", "required": ["period_start", "period_end", "group", "meter", "unit", "quantity",

@@ -259,6 +259,31 @@ static int check_caps(struct api_req *r, const char *key, int64_t add_n, int64_t
         return rc;
 }
 
+/* Whether a create's (or a sandbox's) "network" asks for internet: true, or
+ * {"internet": true, ...}. The vmm checks the rest of its form. */
+static bool wants_internet(const json_t *net)
+{
+        return json_is_true(net) || (json_is_object(net) && json_is_true(json_object_get(net, "internet")));
+}
+
+/* 403 unless a person of the account allowed key's sandboxes internet. */
+static int check_internet(struct api_req *r, const char *key, struct api_error *err)
+{
+        const char *p[] = { key, r->caller.account };
+        PGresult *res = db_query(req_db(r), "check a key's internet permission", PGRES_TUPLES_OK,
+                                 "SELECT internet FROM api_keys WHERE id = $1 AND account_id = $2", 2, p);
+        if (!res)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not check the key's internet permission");
+        bool ok = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+        PQclear(res);
+        if (ok)
+                return 0;
+        return api_fail(err, 403, "internet_not_allowed", "network",
+                        "key %s may not give its sandboxes internet: a person of the account allows it per key "
+                        "(PUT /v1/keys/%s/internet); without it a sandbox's network is its loopback only",
+                        key, key);
+}
+
 /* Drops what only the host should know (its folders, pids, cgroup paths)
  * from a sandbox, or from each sandbox of a {"sandboxes": [...]} answer. */
 static void scrub(json_t *j)
@@ -307,7 +332,6 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
             (rc = check_type(r->json, "disk_mib", JSON_INTEGER, err, "an integer")) < 0 ||
             (rc = check_type(r->json, "timeout_s", JSON_INTEGER, err, "an integer")) < 0 ||
             (rc = check_type(r->json, "labels", JSON_OBJECT, err, "an object of strings")) < 0 ||
-            (rc = check_type(r->json, "network", JSON_TRUE, err, "true or false")) < 0 ||
             (rc = check_type(r->json, "image", JSON_STRING, err, "a string")) < 0 ||
             (rc = check_type(r->json, "backend", JSON_STRING, err, "a string")) < 0)
                 return rc;
@@ -320,7 +344,13 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
                 if (!json_is_string(v))
                         return api_fail(err, 400, "invalid_field", "labels", "label %.64s must be a string", k);
         }
+        json_t *net = json_object_get(r->json, "network");
+        if (net && !json_is_boolean(net) && !json_is_object(net))
+                return api_fail(err, 400, "invalid_field", "network",
+                                "network must be false, true or {\"internet\": bool, \"allow\": [names]}");
         if ((rc = check_block(r, r->caller.key, err)) < 0)
+                return rc;
+        if (wants_internet(net) && (rc = check_internet(r, r->caller.key, err)) < 0)
                 return rc;
         /* the vmm's default size when none is asked (the most it gives) */
         json_t *m = json_object_get(r->json, "memory_mib");
@@ -490,6 +520,12 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
         char key[EVENT_ID_MAX + 1];
         snprintf(key, sizeof(key), "%s", json_string_value(json_object_get(sb, "key")) ?: "");
         if (check && (rc = check_block(r, key, err)) < 0) {
+                json_decref(sb);
+                return rc;
+        }
+        /* A fork's copies get the source's network and its key: the key must still have the permission. */
+        if (check && strcmp(action, "fork") == 0 && wants_internet(json_object_get(sb, "network")) &&
+            (rc = check_internet(r, key, err)) < 0) {
                 json_decref(sb);
                 return rc;
         }

@@ -73,6 +73,7 @@ static const struct route routes[] = {
         { "DELETE", "/v1/keys/{id}/limit", h_key_limit_delete, NEED_PERSON },
         { "GET", "/v1/keys/{id}/caps", h_key_caps_get, NEED_PERSON },
         { "PUT", "/v1/keys/{id}/caps", h_key_caps_put, NEED_PERSON },
+        { "PUT", "/v1/keys/{id}/internet", h_key_internet_put, NEED_PERSON },
         { "GET", "/v1/sandboxes", h_sandboxes_list, NEED_ANY },
         { "POST", "/v1/sandboxes", h_sandboxes_create, NEED_KEY },
         { "GET", "/v1/sandboxes/{id}", h_sandbox_get, NEED_ANY },

@@ -164,6 +164,7 @@ int h_key_caps_put(struct api_req *r, struct api_reply *out, struct api_error *e
 /* key_caps.c: a key's caps (-1 for none): sandboxes not stopped, their memory
  * summed. Returns 0, or -EAGAIN when the database cannot answer. */
 int key_caps_read(PGconn *db, const char *account, const char *key, int64_t *ret_sandboxes, int64_t *ret_memory_mib);
+int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 /* ---- sandboxes.c ---- */
 /* Splits the comma-separated socket list into hosts; call once at start. */

@@ -68,6 +68,7 @@ struct sandbox {
         bool finished;                /* final sample spooled and <id>.final made */
         bool gone_logged;
         uint64_t peak_bytes;          /* the last peak read */
+        int net_fd;                   /* the vmm's network counters file (registry.h), -1: none (no internet) */
         bool peak_read;               /* read at least once (the first sample has one) */
         bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
         int pending_len;
@@ -151,11 +152,33 @@ static void close_files(struct collector *c, struct sandbox *s)
         cgroup_files_close(&s->files);
 }
 
+/* The network counters file beside the sandbox's disk (registry.h), or -1. */
+static int open_net_counters(const char *disk_path)
+{
+        const char *slash = disk_path ? strrchr(disk_path, '/') : NULL;
+        if (!slash)
+                return -1;
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof(path), "%.*s/" SANDBOX_NET_FILE, (int)(slash - disk_path), disk_path) >=
+            (int)sizeof(path))
+                return -1;
+        /* The vmm's file in the host's folder of the sandbox: never a link, a fifo or a device. */
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
 static void sandbox_free(struct sandbox *s)
 {
         if (!s)
                 return;
         cgroup_files_close(&s->files);
+        if (s->net_fd >= 0)
+                close(s->net_fd);
         free(s->cpu_dir);
         free(s->mem_dir);
         free(s->disk_path);
@@ -276,6 +299,11 @@ static int next_event(struct collector *c, struct sandbox *s, uint64_t cpu_ns, c
         ev->disk_bytes = s->disk_bytes;
         ev->vcpus = s->vcpus;
         ev->final = s->state == STATE_STOPPED;
+        /* Bytes through the vmm's egress proxy: a pread of the file it keeps (only sandboxes with internet
+         * have one). A reading that fails leaves them out; the next sample carries the cumulative truth. */
+        ev->net_known = s->net_fd >= 0 && sandbox_net_read(s->net_fd, &ev->net_rx_bytes, &ev->net_tx_bytes) == 0;
+        if (!ev->net_known)
+                ev->net_rx_bytes = ev->net_tx_bytes = 0;
         /* Held time at the instant the counters were read (docs/events.md, "Held time"). A sample
          * taken between a lifecycle moment and the vmm's record of it runs ahead by that gap; the
          * next ones keep that total rather than go back. */
@@ -672,6 +700,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                         free(s);
                         return -ENOMEM;
                 }
+                s->net_fd = -1;
                 if (c->n == c->cap) {
                         size_t cap = c->cap ? c->cap * 2 : 256;
                         struct sandbox **l = realloc(c->list, cap * sizeof(*l));
@@ -717,6 +746,8 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
         /* Its image file's blocks (or every file's under a folder), walked as root by descriptor
          * without following a link or entering another file system: only what is on the disk counts. */
         s->disk_bytes = beneath_usage(s->disk_path);
+        if (s->net_fd < 0)
+                s->net_fd = open_net_counters(s->disk_path);
         if (moved || s->cgroup_version != rec->cgroup_version)
                 close_files(c, s);
         s->cgroup_version = rec->cgroup_version;

@@ -106,7 +106,8 @@ int event_encode(const struct usage_event *ev, char *buf, size_t size)
             !ids_valid(ev) || ev->cpu_ns > INT64_MAX || ev->epoch > INT64_MAX || ev->seq > INT64_MAX ||
             ev->mem_bytes > INT64_MAX || ev->mem_peak_bytes > INT64_MAX ||
             ev->mem_size_bytes > INT64_MAX || ev->disk_bytes > INT64_MAX || ev->disk_size_bytes > INT64_MAX ||
-            ev->running_ns > INT64_MAX || ev->paused_ns > INT64_MAX)
+            ev->running_ns > INT64_MAX || ev->paused_ns > INT64_MAX || ev->net_rx_bytes > INT64_MAX ||
+            ev->net_tx_bytes > INT64_MAX)
                 return -EINVAL;
         int n = snprintf(buf, size,
                          "{\"v\":%d,\"type\":\"%s\",\"host\":\"%s\",\"sandbox\":\"%s\",\"account\":\"%s\","
@@ -125,6 +126,13 @@ int event_encode(const struct usage_event *ev, char *buf, size_t size)
         if (ev->held_known) {
                 n = snprintf(buf + len, size - len, ",\"running_ns\":%" PRIu64 ",\"paused_ns\":%" PRIu64,
                              ev->running_ns, ev->paused_ns);
+                if (n < 0 || (size_t)n >= size - len)
+                        return -ENOBUFS;
+                len += (size_t)n;
+        }
+        if (ev->net_known) {
+                n = snprintf(buf + len, size - len, ",\"net_rx_bytes\":%" PRIu64 ",\"net_tx_bytes\":%" PRIu64,
+                             ev->net_rx_bytes, ev->net_tx_bytes);
                 if (n < 0 || (size_t)n >= size - len)
                         return -ENOBUFS;
                 len += (size_t)n;
@@ -271,6 +279,8 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 { "fork_count", false, 0, 1000, &ev.fork_count, 4 },
                 { "running_ns", false, 0, INT64_MAX, &ev.running_ns, 8 },
                 { "paused_ns", false, 0, INT64_MAX, &ev.paused_ns, 8 },
+                { "net_rx_bytes", false, 0, INT64_MAX, &ev.net_rx_bytes, 8 },
+                { "net_tx_bytes", false, 0, INT64_MAX, &ev.net_tx_bytes, 8 },
         };
         for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
                 v = 0;
@@ -289,6 +299,12 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 goto fail;
         }
         ev.held_known = has_running;
+        bool has_rx = json_object_get(o, "net_rx_bytes") != NULL, has_tx = json_object_get(o, "net_tx_bytes") != NULL;
+        if (has_rx != has_tx) {
+                r = refuse(why, whylen, "net_rx_bytes and net_tx_bytes come together");
+                goto fail;
+        }
+        ev.net_known = has_rx;
 
         name[0] = '\0';
         if ((r = get_str(o, "state", sample, name, sizeof(name), false, why, whylen)) < 0)

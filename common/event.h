@@ -62,6 +62,13 @@ struct usage_event {
         bool held_known;
         uint64_t running_ns;
         uint64_t paused_ns;
+        /* Network (sample, optional): bytes the vmm's egress proxy relayed to
+         * (rx) and from (tx) the sandbox, cumulative. Recorded, not priced.
+         * net_known is false when the sender did not include them (a sandbox
+         * without internet, or an older collector). */
+        bool net_known;
+        uint64_t net_rx_bytes;
+        uint64_t net_tx_bytes;
         /* lifecycle events only */
         char parent[EVENT_ID_MAX + 1]; /* created by fork: the source sandbox */
         char backend[16];              /* created: "process" or "qemu" */

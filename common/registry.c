@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -339,4 +340,29 @@ void registry_moment_end(int fd)
 {
         if (fd >= 0)
                 close(fd); /* the last descriptor of its open file description: the lock goes with it */
+}
+
+int sandbox_net_read(int fd, uint64_t *ret_rx, uint64_t *ret_tx)
+{
+        char buf[SANDBOX_NET_LINE_LEN + 1];
+        ssize_t n = pread(fd, buf, SANDBOX_NET_LINE_LEN, 0);
+        if (n < 0)
+                return -errno;
+        if (n != SANDBOX_NET_LINE_LEN || buf[20] != ' ' || buf[41] != '\n')
+                return -EINVAL;
+        buf[20] = buf[41] = '\0';
+        for (int i = 0; i < 41; i++)
+                if (i != 20 && (buf[i] < '0' || buf[i] > '9'))
+                        return -EINVAL;
+        *ret_rx = strtoull(buf, NULL, 10);
+        *ret_tx = strtoull(buf + 21, NULL, 10);
+        return 0;
+}
+
+int sandbox_net_write(int fd, uint64_t rx, uint64_t tx)
+{
+        char buf[SANDBOX_NET_LINE_LEN + 1];
+        snprintf(buf, sizeof(buf), "%020" PRIu64 " %020" PRIu64 "\n", rx, tx);
+        ssize_t n = pwrite(fd, buf, SANDBOX_NET_LINE_LEN, 0);
+        return n == SANDBOX_NET_LINE_LEN ? 0 : n < 0 ? -errno : -EIO;
 }

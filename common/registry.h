@@ -111,3 +111,18 @@ void sandbox_record_clear(struct sandbox_record *rec);
 
 /* The record's path (for watchers): <state_dir>/sandboxes/<id>.json. */
 int registry_path(char *buf, size_t size, const char *state_dir, const char *id);
+
+/* A sandbox's network counters: the file SANDBOX_NET_FILE in its folder (the
+ * folder of the record's disk_path), written by tally-vmm's egress proxy and
+ * read by the collector at each tick. One line, "RX TX\n", two fixed-width
+ * decimals (bytes relayed to and from the sandbox, cumulative), rewritten in
+ * place so a reader's pread never sees a shorter number. No file: no
+ * internet, both counters 0. */
+#define SANDBOX_NET_FILE "net"
+#define SANDBOX_NET_LINE_LEN 42
+
+/* Reads the counters from an open file. Returns 0, or -errno (-EINVAL for a
+ * malformed line). Out-parameters are written only on success. */
+int sandbox_net_read(int fd, uint64_t *ret_rx, uint64_t *ret_tx);
+/* Rewrites them in place. */
+int sandbox_net_write(int fd, uint64_t rx, uint64_t tx);

@@ -35,7 +35,9 @@ struct sandbox_spec {
         uint32_t vcpus;              /* 1..SANDBOX_VCPUS_MAX */
         uint64_t mem_bytes;          /* memory size: the cgroup's limit, the VM's RAM */
         uint64_t disk_bytes;         /* disk size */
-        bool network;                /* false: no network at all (the default) */
+        bool internet;               /* false: loopback only (the default); true: the daemon's egress proxy
+                                        serves the sandbox (egress.h): the backend gives it the proxy's
+                                        address, or refuses if it cannot */
         uint32_t pids_max;           /* the cgroup's pids.max; 0: the backend's default (process: 1024) */
         int64_t lease_deadline_wall_ns; /* the lease's end (CLOCK_REALTIME ns) known at start; 0: none yet
                                            (set_lease sets it after start) */

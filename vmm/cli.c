@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <openssl/evp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,9 +137,11 @@ static int cmd_create(const char *sock, int argc, char **argv)
                 { "disk-mib", required_argument, 0, 'd' }, { "label", required_argument, 0, 'l' },
                 { "timeout", required_argument, 0, 't' }, { "network", no_argument, 0, 'n' },
                 { "backend", required_argument, 0, 'b' }, { "image", required_argument, 0, 'i' },
+                { "allow", required_argument, 0, 'A' },
                 { 0, 0, 0, 0 },
         };
-        json_t *body = json_object(), *labels = json_object();
+        json_t *body = json_object(), *labels = json_object(), *allow = json_array();
+        bool internet = false;
         int o, rc = 2;
         optind = 1;
         while ((o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
@@ -149,7 +152,8 @@ static int cmd_create(const char *sock, int argc, char **argv)
                 case 'k': json_object_set_new(body, "key", json_string(optarg)); break;
                 case 'b': json_object_set_new(body, "backend", json_string(optarg)); break;
                 case 'i': json_object_set_new(body, "image", json_string(optarg)); break;
-                case 'n': json_object_set_new(body, "network", json_true()); break;
+                case 'n': internet = true; break;
+                case 'A': internet = true; json_array_append_new(allow, json_string(optarg)); break;
                 case 'c': name = "vcpus"; break;
                 case 'm': name = "memory_mib"; break;
                 case 'd': name = "disk_mib"; break;
@@ -177,12 +181,17 @@ static int cmd_create(const char *sock, int argc, char **argv)
         }
         if (json_object_size(labels))
                 json_object_set(body, "labels", labels);
+        if (internet && json_array_size(allow) == 0)
+                json_object_set_new(body, "network", json_true());
+        else if (internet)
+                json_object_set_new(body, "network", json_pack("{s:b, s:O}", "internet", 1, "allow", allow));
         if (optind < argc)
                 json_object_set_new(body, "command", argv_json(argc - optind, argv + optind));
         json_t *answer = NULL;
         long status = vmm_api_call(sock, "POST", "/sandboxes", body, &answer);
         rc = print_answer(status, answer);
 out:
+        json_decref(allow);
         json_decref(labels);
         json_decref(body);
         return rc;

@@ -36,6 +36,10 @@ struct vmm_config {
         int64_t api_connections_max;
         int64_t api_connections_per_client;
         struct capacity_settings capacity;
+        char *egress_hosts_file;
+        int64_t egress_connections_max;
+        int64_t egress_connect_timeout_ms;
+        int64_t egress_idle_timeout_s;
         char *log_level;
 };
 
@@ -101,6 +105,16 @@ static const struct setting settings[] = {
         { "disk_overcommit_percent", SETTING_INT, "100", false,
           offsetof(struct vmm_config, capacity.disk_overcommit_pct), 1, 10000,
           "Disk the live sandboxes (running and paused) may be promised, percent of capacity_disk_mib" },
+        { "egress_hosts_file", SETTING_STRING, "", false, offsetof(struct vmm_config, egress_hosts_file), 0, 0,
+          "For tests and pinned services: a file of \"address name...\" lines the egress proxy consults before "
+          "DNS (an answer that is loopback, private, link-local or this host's own is refused all the same)" },
+        { "egress_connections_max", SETTING_INT, "64", false, offsetof(struct vmm_config, egress_connections_max), 1,
+          4096, "Connections one sandbox with internet may have open through the egress proxy at once" },
+        { "egress_connect_timeout_ms", SETTING_INT, "10000", false,
+          offsetof(struct vmm_config, egress_connect_timeout_ms), 100, 600000,
+          "How long the egress proxy waits for an outside server to accept a connection" },
+        { "egress_idle_timeout_s", SETTING_INT, "600", false, offsetof(struct vmm_config, egress_idle_timeout_s), 1,
+          86400, "A connection through the egress proxy with no byte either way this long is closed" },
         SETTING_LOG_LEVEL(struct vmm_config, log_level),
         SETTINGS_END,
 };
@@ -113,7 +127,7 @@ static const struct program_info program = {
         .details =
                 "Without a command it runs the daemon. A command talks to a running daemon over --socket:\n"
                 "  create --account ID --key ID [--vcpus N] [--memory-mib N] [--disk-mib N] [--label K=V]...\n"
-                "         [--timeout S] [--network] [--backend B] [--image NAME] [-- COMMAND...]\n"
+                "         [--timeout S] [--network] [--allow NAME]... [--backend B] [--image NAME] [-- COMMAND...]\n"
                 "  ls [--account ID]          show ID          status\n"
                 "  exec ID [--timeout-ms N] [--output-cap N] [--stdin TEXT] -- COMMAND...\n"
                 "                             (prints the command's output, exits with its status; 124 on timeout)\n"
@@ -178,6 +192,9 @@ int main(int argc, char **argv)
                 .blocked_key_query = cfg.blocked_key_query, .timeout_max_s = cfg.timeout_max_s,
                 .final_wait_ms = cfg.final_wait_ms, .exec_timeout_default_ms = cfg.exec_timeout_ms,
                 .exec_output_cap_default = cfg.exec_output_cap, .capacity = cfg.capacity,
+                .egress = { .hosts_file = cfg.egress_hosts_file, .connections_max = cfg.egress_connections_max,
+                            .connect_timeout_ms = cfg.egress_connect_timeout_ms,
+                            .idle_timeout_ms = cfg.egress_idle_timeout_s * 1000 },
         };
         /* Before any thread starts, so each inherits it: SIGINT and SIGTERM reach only daemon_wait_stop. */
         daemon_block_stop_signals();

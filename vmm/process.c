@@ -1,7 +1,8 @@
 /* process.c — the process backend (see process.h).
  *
  * Start: the daemon clone()s the sandbox's init into new pid, mount, uts, ipc
- * (and, without network, net) namespaces; the clone child waits on a pipe until
+ * and net namespaces (the net one always: loopback alone, egress only through
+ * the daemon's proxy, egress.h); the clone child waits on a pipe until
  * the daemon has written its pid into every folder of the cgroup, so not one
  * instruction of the sandbox runs outside it, then execs tally-sandbox-init
  * (vmm/sandbox-init/), which builds the jail and serves exec requests.
@@ -47,7 +48,7 @@
 struct backend_sandbox {
         pid_t init;                  /* the sandbox's pid 1, as this host sees it */
         bool is_child;               /* init is this daemon's child (reaped on stop) */
-        bool network;
+        bool internet;               /* the init sets the egress proxy in commands' environment */
         struct sandbox_cgroup cg;
         char id[EVENT_ID_MAX + 1];
         char dir[PATH_MAX];
@@ -395,7 +396,7 @@ static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgro
                 return -ENOENT;
         }
         sb->cg = *cg;
-        sb->network = spec->network;
+        sb->internet = spec->internet;
         sb->is_child = true;
         snprintf(sb->id, sizeof(sb->id), "%s", spec->id);
         snprintf(sb->dir, sizeof(sb->dir), "%s", dir);
@@ -418,7 +419,7 @@ static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgro
         snprintf(k_id, sizeof(k_id), "id=%s", spec->id);
         snprintf(k_dir, sizeof(k_dir), "dir=%s", dir);
         snprintf(k_disk, sizeof(k_disk), "disk_bytes=%" PRIu64, spec->disk_bytes);
-        snprintf(k_net, sizeof(k_net), "network=%d", spec->network ? 1 : 0);
+        snprintf(k_net, sizeof(k_net), "network=%d", spec->internet ? 1 : 0);
         snprintf(k_copy, sizeof(k_copy), "copy_from=%d", copy_from ? (int)copy_from->init : 0);
         snprintf(k_copy_id, sizeof(k_copy_id), "copy_from_id=%s", copy_from ? copy_from->id : "");
         const char *keys[] = { k_id, k_dir, k_disk, k_net, k_copy, k_copy_id };
@@ -433,7 +434,7 @@ static int start_init(const struct sandbox_spec *spec, const struct sandbox_cgro
         }
         listen_fd = open_init_socket(dir);
         struct clone_args args = { sync[0], { ready[1], listen_fd, config }, init };
-        int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | (spec->network ? 0 : CLONE_NEWNET);
+        int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
         pid = clone(clone_child, stack + INIT_STACK_SIZE, flags | SIGCHLD, &args);
         if (pid < 0) {
                 r = -errno;
@@ -579,14 +580,15 @@ static int process_exec(struct backend_sandbox *sb, const struct exec_request *r
                 goto out;
         }
         char k_pid[32], k_cg[CGROUP_MAX_DIRS][PATH_MAX + 8];
-        const char *keys[1 + CGROUP_MAX_DIRS];
+        const char *keys[2 + CGROUP_MAX_DIRS];
         snprintf(k_pid, sizeof(k_pid), "pid=%d", (int)sb->init);
         keys[0] = k_pid;
+        keys[1] = sb->internet ? "network=1" : "network=0";
         for (size_t i = 0; i < sb->cg.ndirs; i++) {
                 snprintf(k_cg[i], sizeof(k_cg[i]), "cgroup=%s", sb->cg.dirs[i]);
-                keys[1 + i] = k_cg[i];
+                keys[2 + i] = k_cg[i];
         }
-        if ((config = make_config(keys, 1 + sb->cg.ndirs, req->argv)) < 0) {
+        if ((config = make_config(keys, 2 + sb->cg.ndirs, req->argv)) < 0) {
                 r = config;
                 config = -1;
                 goto out;
@@ -856,6 +858,10 @@ static int process_recover(const struct sandbox_record *rec, const struct sandbo
         sb->cg = *cg;
         snprintf(sb->id, sizeof(sb->id), "%s", rec->id);
         snprintf(sb->dir, sizeof(sb->dir), "%s", dir);
+        /* Only a sandbox with internet has network counters (the egress proxy's). */
+        char net[PATH_MAX + 16];
+        snprintf(net, sizeof(net), "%s/" SANDBOX_NET_FILE, dir);
+        sb->internet = access(net, F_OK) == 0;
         *ret = sb;
         return 0;
 }

@@ -147,12 +147,8 @@ int create_request_parse(const json_t *body, const struct vmm_limits *limits, st
         r.mem_bytes = (uint64_t)mem_mib * 1024 * 1024;
         r.disk_bytes = (uint64_t)disk_mib * 1024 * 1024;
         r.pids_max = (uint32_t)pids_max;
-        json_t *net = json_object_get(body, "network");
-        if (net && !json_is_boolean(net)) {
-                snprintf(why, whylen, "network must be true or false");
+        if (net_policy_parse(json_object_get(body, "network"), &r.net, why, whylen) < 0)
                 goto fail;
-        }
-        r.network = net && json_is_true(net);
         json_t *backend = json_object_get(body, "backend");
         if (backend && (!json_is_string(backend) || json_string_length(backend) >= sizeof(r.backend) ||
                         json_string_length(backend) == 0)) {

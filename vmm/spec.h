@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "event.h"
+#include "netpolicy.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -34,7 +35,7 @@ struct create_request {
         uint64_t disk_bytes;
         uint32_t pids_max;           /* processes and threads at once (the cgroup's pids.max) */
         int64_t timeout_s;
-        bool network;
+        struct net_policy net;       /* loopback only unless internet */
         char **command;              /* NULL-terminated, malloc'd; NULL: none */
         char *image;                 /* malloc'd or NULL */
         size_t nlabels;
@@ -43,7 +44,8 @@ struct create_request {
 
 /* Parses and checks a create request:
  *   {"account": id, "key": id, "vcpus": 1..16 (1), "memory_mib": n (512), "disk_mib": n (1024),
- *    "labels": {k: v}, "timeout_s": 1..max (300), "network": bool (false),
+ *    "labels": {k: v}, "timeout_s": 1..max (300),
+ *    "network": false (loopback only) | true | {"internet": bool, "allow": [names]} (netpolicy.h),
  *    "command": [argv] | "shell text" (run with /bin/sh -c), "image": name, "backend": name,
  *    "pids_max": 8..65536 (1024)}
  * Returns 0 and fills *ret (release with create_request_clear), or -EINVAL with why. */

@@ -98,7 +98,8 @@ struct sandbox {
         struct backend_sandbox *bs;      /* NULL once stopped */
         struct sandbox_cgroup cg;
         char dir[PATH_MAX];
-        bool network;
+        struct net_policy net;           /* as asked for at create; forks keep it */
+        struct egress *egress;           /* the proxy while it runs with internet, else NULL */
         int64_t remaining_ns;            /* while paused: what was left of the lease */
         uint32_t pids_max;               /* as asked for at create (0: the backend's default); forks keep it */
         struct moment moment;            /* the last lifecycle moment: its event's time */
@@ -139,6 +140,7 @@ static void sandbox_unref(struct vmm *v, struct sandbox *sb)
         pthread_mutex_unlock(&v->lock);
         if (!last)
                 return;
+        egress_close(sb->egress);
         if (sb->bs && sb->ops)
                 sb->ops->free(sb->bs);
         sandbox_record_clear(&sb->rec);
@@ -231,31 +233,42 @@ static void sandbox_dir(const struct vmm *v, const char *id, char *buf, size_t s
         snprintf(buf, size, "%s/" SANDBOX_DIR "/%s", v->s.state_dir, id);
 }
 
-/* The few spec fields the registry record does not hold, kept in the sandbox's folder. */
-static int write_spec_file(const char *dir, bool network, uint32_t pids_max)
+/* The few spec fields the registry record does not hold, kept in the sandbox's
+ * folder: the network policy (a restarted vmm keeps enforcing its allow-list,
+ * a fork copies it) and pids_max. */
+static int write_spec_file(const char *dir, const struct net_policy *net, uint32_t pids_max)
 {
         char path[PATH_MAX + 16];
         snprintf(path, sizeof(path), "%s/spec.json", dir);
-        json_t *j = json_pack("{s:b, s:I}", "network", network, "pids_max", (json_int_t)pids_max);
+        json_t *j = json_pack("{s:o, s:I}", "network", net_policy_json(net), "pids_max", (json_int_t)pids_max);
         int r = j && json_dump_file(j, path, 0) == 0 ? 0 : -EIO;
         json_decref(j);
         return r;
 }
 
-/* What spec.json kept of a sandbox's request (a restarted daemon forks with it). */
-static bool read_spec_file(const char *dir, uint32_t *ret_pids_max)
+/* What spec.json kept of a sandbox's request (a restarted daemon forks with it).
+ * A file that cannot be read or parsed gives loopback only: never more network. */
+static void read_spec_file(const char *dir, struct net_policy *ret_net, uint32_t *ret_pids_max)
 {
-        char path[PATH_MAX + 16];
+        char path[PATH_MAX + 16], why[256];
         snprintf(path, sizeof(path), "%s/spec.json", dir);
         json_t *j = json_load_file(path, 0, NULL);
-        bool net = j && json_is_true(json_object_get(j, "network"));
+        if (!j || net_policy_parse(json_object_get(j, "network"), ret_net, why, sizeof(why)) < 0)
+                memset(ret_net, 0, sizeof(*ret_net));
         json_t *pids = j ? json_object_get(j, "pids_max") : NULL;
         *ret_pids_max = json_is_integer(pids) && json_integer_value(pids) > 0 &&
                                         json_integer_value(pids) <= UINT32_MAX
                                 ? (uint32_t)json_integer_value(pids)
                                 : 0;
         json_decref(j);
-        return net;
+}
+
+/* Starts the sandbox's egress proxy if it has internet (its init is pid). */
+static int open_egress(struct vmm *v, struct sandbox *sb, pid_t pid, char *why, size_t whylen)
+{
+        if (!sb->net.internet || sb->egress)
+                return 0;
+        return egress_open(&v->s.egress, sb->rec.id, pid, sb->dir, &sb->net, &sb->egress, why, whylen);
 }
 
 /* ---- events ---- */
@@ -496,6 +509,19 @@ static int set_lease(struct sandbox *sb, int64_t deadline_wall_ns)
 
 /* ---- lifecycle ---- */
 
+/* The counters the egress proxy left in the sandbox's folder; 0 if none. */
+static void read_net_counters(const char *dir, uint64_t *ret_rx, uint64_t *ret_tx)
+{
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/" SANDBOX_NET_FILE, dir);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        *ret_rx = *ret_tx = 0;
+        if (fd >= 0) {
+                sandbox_net_read(fd, ret_rx, ret_tx);
+                close(fd);
+        }
+}
+
 static json_t *describe(struct vmm *v, struct sandbox *sb)
 {
         pthread_mutex_lock(&v->lock);
@@ -503,13 +529,13 @@ static json_t *describe(struct vmm *v, struct sandbox *sb)
         json_t *labels = json_object();
         for (size_t i = 0; i < r->nlabels; i++)
                 json_object_set_new(labels, r->labels[i].key, json_string(r->labels[i].value));
-        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:i, s:s, s:s, "
+        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:o, s:i, s:s, s:s, "
                               "s:i, s:s, s:o}",
                               "id", r->id, "account", r->account, "key", r->key, "host", r->host, "backend",
                               r->backend, "state", sandbox_state_name(r->state), "vcpus", (json_int_t)r->vcpus,
                               "memory_mib", (json_int_t)(r->mem_size_bytes >> 20), "disk_mib",
                               (json_int_t)(r->disk_size_bytes >> 20), "created_ns", (json_int_t)r->created_ns,
-                              "deadline_ns", (json_int_t)r->timeout_ns, "network", sb->network, "cgroup_version",
+                              "deadline_ns", (json_int_t)r->timeout_ns, "network", net_policy_json(&sb->net), "cgroup_version",
                               r->cgroup_version, "cgroup_cpu", r->cgroup_cpu, "cgroup_memory", r->cgroup_memory,
                               "pid", (int)r->pid, "dir", sb->dir, "labels", labels);
         if (*r->parent)
@@ -521,6 +547,12 @@ static json_t *describe(struct vmm *v, struct sandbox *sb)
         json_object_set_new(j, "paused_ns", json_integer((json_int_t)paused));
         if (sb->record_dirty)
                 json_object_set_new(j, "record_pending", json_true());
+        uint64_t rx, tx;
+        egress_counts(sb->egress, &rx, &tx);
+        if (sb->net.internet && !sb->egress)
+                read_net_counters(sb->dir, &rx, &tx); /* stopped: what the proxy counted in all */
+        json_object_set_new(j, "net_rx_bytes", json_integer((json_int_t)rx));
+        json_object_set_new(j, "net_tx_bytes", json_integer((json_int_t)tx));
         pthread_mutex_unlock(&v->lock);
         uint64_t cpu = final;
         if (stopped || cgroup_cpu_ns(&sb->cg, &cpu) == 0)
@@ -619,7 +651,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
                 rec->nlabels = req->nlabels;
         }
         sb->ops = ops;
-        sb->network = req->network;
+        sb->net = req->net;
         sandbox_dir(v, rec->id, sb->dir, sizeof(sb->dir));
         if (snprintf(rec->disk_path, sizeof(rec->disk_path), "%s/disk", sb->dir) >= (int)sizeof(rec->disk_path)) {
                 r = -ENAMETOOLONG;
@@ -648,7 +680,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
          * collector samples it only once the record with the start's moment replaces it, so no
          * sample without held time falls between the two (docs/registry.md, "Moments and ticks"). */
         rec->starting = true;
-        if ((r = write_spec_file(sb->dir, req->network, req->pids_max)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
+        if ((r = write_spec_file(sb->dir, &req->net, req->pids_max)) < 0 || (r = registry_write(v->s.state_dir, rec)) < 0) {
                 snprintf(why, whylen, "could not write the sandbox's record: %s", strerror(-r));
                 goto fail;
         }
@@ -660,7 +692,7 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         spec.vcpus = rec->vcpus;
         spec.mem_bytes = rec->mem_size_bytes;
         spec.disk_bytes = rec->disk_size_bytes;
-        spec.network = req->network;
+        spec.internet = req->net.internet;
         spec.pids_max = req->pids_max;
         sb->pids_max = req->pids_max;
         spec.command = req->command;
@@ -687,6 +719,8 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         if (r < 0)
                 goto fail;
         rec->pid = pid;
+        if ((r = open_egress(v, sb, pid, why, whylen)) < 0)
+                goto fail;
         if ((r = set_lease(sb, rec->timeout_ns)) < 0) {
                 snprintf(why, whylen, "could not set the sandbox's lease: %s", strerror(-r));
                 goto fail;
@@ -707,6 +741,8 @@ static int start_sandbox(struct vmm *v, const struct create_request *req, const 
         *ret_sb = sb;
         return 0;
 fail:
+        egress_close(sb->egress);
+        sb->egress = NULL;
         if (sb->bs) {
                 ops->stop(sb->bs);
                 ops->free(sb->bs);
@@ -913,6 +949,13 @@ static int stop_locked(struct vmm *v, struct sandbox *sb, const char *reason, co
                           strerror(-r));
         if (sb->bs)
                 sb->ops->stop(sb->bs);
+        /* Its proxy's last counters are in the folder before the record says stopped (the
+         * collector's final sample reads them). */
+        pthread_mutex_lock(&v->lock);
+        struct egress *eg = sb->egress;
+        sb->egress = NULL;
+        pthread_mutex_unlock(&v->lock);
+        egress_close(eg);
         r = cgroup_kill_all(&sb->cg, KILL_WAIT_MS);
         if (r < 0)
                 log_error("could not empty a sandbox's cgroup", "sandbox=%s error=\"%s\"", sb->rec.id, strerror(-r));
@@ -982,7 +1025,7 @@ int vmm_fork(struct vmm *v, const char *id, int count, json_t **ret, char *why, 
         req.vcpus = src->rec.vcpus;
         req.mem_bytes = src->rec.mem_size_bytes;
         req.disk_bytes = src->rec.disk_size_bytes;
-        req.network = src->network;
+        req.net = src->net;
         req.pids_max = src->pids_max;
         int64_t left = src->rec.timeout_ns - time_wall_ns();
         req.timeout_s = left > NS_PER_SEC ? left / NS_PER_SEC : 1;
@@ -1383,7 +1426,7 @@ static void recover(struct vmm *v)
                 sb->rec = *rec;
                 memset(rec, 0, sizeof(*rec)); /* the labels move to sb */
                 sandbox_dir(v, sb->rec.id, sb->dir, sizeof(sb->dir));
-                sb->network = read_spec_file(sb->dir, &sb->pids_max);
+                read_spec_file(sb->dir, &sb->net, &sb->pids_max);
                 sb->ops = backend_find(sb->rec.backend);
                 if (!sb->ops) {
                         log_warn("sandbox of a backend this build lacks: ending it", "sandbox=%s backend=%s",
@@ -1395,6 +1438,10 @@ static void recover(struct vmm *v)
                 sb->moment = moment_of_record(&sb->rec);
                 if (sb->rec.state != STATE_STOPPED) {
                         int r = sb->ops->recover(&sb->rec, &sb->cg, sb->dir, &sb->bs);
+                        char why[256];
+                        if (r == 0 && open_egress(v, sb, sb->rec.pid, why, sizeof(why)) < 0)
+                                log_error("could not restart a sandbox's egress proxy: it has no internet until it "
+                                          "is stopped", "sandbox=%s reason=\"%s\"", sb->rec.id, why);
                         if (r == 0) {
                                 /* What was left of the lease when it paused. */
                                 if (sb->rec.state == STATE_PAUSED) {

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "capacity.h"
 #include "control.h"
+#include "egress.h"
 #include "spec.h"
 
 #include <jansson.h>
@@ -36,6 +37,7 @@ struct vmm_settings {
         int64_t exec_timeout_default_ms;
         int64_t exec_output_cap_default;
         struct capacity_settings capacity; /* admission: what this host may promise its sandboxes */
+        struct egress_settings egress;   /* the egress proxy of sandboxes with internet */
 };
 
 struct vmm;

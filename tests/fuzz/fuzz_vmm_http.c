@@ -26,9 +26,10 @@
  *     are ever alive at once; the resident itself is replaced every
  *     RESIDENT_AGE_MAX_S, so nothing an exec left in it outlives that long;
  *   - exec'd commands run as the sandboxes' unprivileged users in their own
- *     pid, mount, ipc and uts namespaces, on their sandbox's disk, niced as
- *     this process is; without network unless a create asks for it
- *     ("network": true shares the host's, as for any client of tally-vmm).
+ *     pid, mount, ipc, uts and net namespaces, on their sandbox's disk, niced
+ *     as this process is; with loopback only, or with internet through the
+ *     daemon's egress proxy when a create asks for it (never the host's
+ *     own addresses or loopback services).
  * No limits database: the spend-limit check is off (limits_database_url "").
  *
  * Checked beyond "no crash, no sanitizer report": every answer is an HTTP/1.x

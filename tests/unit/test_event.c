@@ -44,8 +44,35 @@ static void sample_round_trip(void **state)
         assert_int_equal(back.vcpus, 2);
         assert_int_equal(back.state, STATE_RUNNING);
         assert_false(back.final);
+        assert_false(back.net_known); /* a sandbox without internet sends none */
+        assert_null(strstr(buf, "net_rx_bytes"));
         event_clear(&back);
         assert_int_equal(event_encode(&ev, buf, 40), -ENOBUFS);
+}
+
+/* Network bytes: optional, together, cumulative; a decoder that knows nothing of
+ * them (any older aggregator) ignores unknown fields. */
+static void sample_network_bytes(void **state)
+{
+        struct usage_event ev = sample(), back;
+        ev.net_known = true;
+        ev.net_rx_bytes = 40016;
+        ev.net_tx_bytes = 100;
+        char buf[1024], why[128];
+        int n = event_encode(&ev, buf, sizeof(buf));
+        assert_true(n > 0);
+        assert_non_null(strstr(buf, "\"net_rx_bytes\":40016,\"net_tx_bytes\":100"));
+        assert_int_equal(event_decode(buf, (size_t)n, &back, why, sizeof(why)), 0);
+        assert_true(back.net_known);
+        assert_true(back.net_rx_bytes == 40016 && back.net_tx_bytes == 100);
+        event_clear(&back);
+        static const char one[] = "{\"v\":1,\"type\":\"sample\",\"sandbox\":\"s\",\"account\":\"a\",\"key\":\"k\","
+                                  "\"epoch\":0,\"seq\":0,\"wall_ns\":1795936457000000001,\"state\":\"running\","
+                                  "\"cpu_ns\":0,\"mem_size_bytes\":0,\"vcpus\":1,\"net_tx_bytes\":5}";
+        assert_int_equal(event_decode(one, sizeof(one) - 1, &back, why, sizeof(why)), -EINVAL);
+        assert_non_null(strstr(why, "net_rx_bytes and net_tx_bytes come together"));
+        ev.net_rx_bytes = UINT64_C(1) << 63;
+        assert_int_equal(event_encode(&ev, buf, sizeof(buf)), -EINVAL);
 }
 
 static void created_with_labels(void **state)
@@ -142,6 +169,7 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(sample_round_trip),
+                cmocka_unit_test(sample_network_bytes),
                 cmocka_unit_test(created_with_labels),
                 cmocka_unit_test(label_limits),
                 cmocka_unit_test(refusals_say_why),

@@ -130,8 +130,9 @@ static int qemu_backend_start(const struct sandbox_spec *spec, const struct sand
                 snprintf(why, whylen, "the qemu backend boots tally's guest image only, not \"%.64s\"", spec->image);
                 return -EINVAL;
         }
-        if (spec->network) {
-                snprintf(why, whylen, "the qemu backend has no network yet");
+        if (spec->internet) {
+                snprintf(why, whylen, "the qemu backend has no internet yet (its guest has no network device): "
+                         "ask for network false, or use the process backend");
                 return -EOPNOTSUPP;
         }
         struct backend_sandbox *sb = calloc(1, sizeof(*sb));

@@ -71,13 +71,30 @@
 #define REQUEST_MAX (64 * 1024 + 64)
 #define CGROUPS_MAX 8
 
-static char *const sandbox_env[] = {
+#define EGRESS_URL "http://127.0.0.1:" JAIL_STR(JAIL_EGRESS_PORT)
+#define JAIL_STR(x) JAIL_STR_(x)
+#define JAIL_STR_(x) #x
+
+/* Every command's environment; with internet the egress proxy is named in it
+ * (the only way out of the sandbox's network namespace). */
+static char *sandbox_env[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "LANG=C.UTF-8",
         "TERM=dumb",
         "HOME=/work",
+        NULL, /* from here: set by use_egress_env() */
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         NULL,
 };
+
+static void use_egress_env(void)
+{
+        static char *const proxy[] = { "HTTP_PROXY=" EGRESS_URL, "HTTPS_PROXY=" EGRESS_URL, "ALL_PROXY=" EGRESS_URL,
+                                       "http_proxy=" EGRESS_URL, "https_proxy=" EGRESS_URL, "all_proxy=" EGRESS_URL,
+                                       "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1" };
+        for (size_t i = 0; i < sizeof(proxy) / sizeof(proxy[0]); i++)
+                sandbox_env[4 + i] = proxy[i];
+}
 
 static int report_fd = -1;          /* where a failure is explained (init: the ready pipe; join: stderr) */
 static int userns_fd = -1;          /* the sandbox's user namespace */
@@ -711,9 +728,9 @@ static void make_etc(const char *root, bool network)
         bind_ro("/etc/alternatives", p, true);
         path(p, sizeof(p), etc, "ld.so.cache");
         bind_ro("/etc/ld.so.cache", p, true);
+        /* No resolv.conf: nothing answers DNS in the sandbox's namespace; the
+         * egress proxy resolves names itself. Certificates for TLS through it. */
         if (network) {
-                path(p, sizeof(p), etc, "resolv.conf");
-                bind_ro("/etc/resolv.conf", p, true);
                 path(p, sizeof(p), etc, "ssl");
                 bind_ro("/etc/ssl", p, true);
         }
@@ -752,7 +769,7 @@ static void make_dev(const char *root)
                 fail("could not make /dev read-only");
 }
 
-static void make_proc(const char *root, bool network)
+static void make_proc(const char *root)
 {
         char proc[PATH_MAX], p[PATH_MAX];
         path(proc, sizeof(proc), root, "proc");
@@ -761,15 +778,13 @@ static void make_proc(const char *root, bool network)
          * not do anyway) reveals nothing of the host's /proc. */
         if (mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 fail("could not mount /proc");
-        if (!network) {
-                /* Its own network: ports below 1024 are the sandbox's to use. */
-                path(p, sizeof(p), proc, "sys/net/ipv4/ip_unprivileged_port_start");
-                int fd = open(p, O_WRONLY | O_CLOEXEC);
-                if (fd >= 0) {
-                        ssize_t w = write(fd, "0", 1);
-                        (void)w;
-                        close(fd);
-                }
+        /* Its own network namespace: ports below 1024 are the sandbox's to use. */
+        path(p, sizeof(p), proc, "sys/net/ipv4/ip_unprivileged_port_start");
+        int fd = open(p, O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+                ssize_t w = write(fd, "0", 1);
+                (void)w;
+                close(fd);
         }
         /* What Docker masks: kernel memory, keys and timers of the host. */
         static const char *const masked[] = { "kcore", "keys", "timer_list", "sched_debug", "latency_stats" };
@@ -818,7 +833,7 @@ static void make_root(const char *root, uint64_t disk_bytes, uint32_t base, bool
         }
         make_etc(root, network);
         make_dev(root);
-        make_proc(root, network);
+        make_proc(root);
 
         char work[PATH_MAX], tmp[PATH_MAX];
         path(work, sizeof(work), root, "work");
@@ -1198,18 +1213,21 @@ static int init_main(void)
 
         if (sethostname(cfg.id, strlen(cfg.id)) < 0)
                 fail("could not set the host name");
-        if (!network) {
-                /* Only loopback, and up, so local servers work without a network. */
+        {
+                /* Only loopback, and up, so local servers work (and the egress proxy's listener, which
+                 * tally-vmm may already have brought up). */
                 int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
                 struct ifreq ifr = { 0 };
                 memcpy(ifr.ifr_name, "lo", 3);
-                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
                         ifr.ifr_flags |= IFF_UP;
                         ioctl(s, SIOCSIFFLAGS, &ifr);
                 }
                 if (s >= 0)
                         close(s);
         }
+        if (network)
+                use_egress_env();
         /* The daemon has put us in the sandbox's cgroup: that is now "/". */
         if (unshare(CLONE_NEWCGROUP) < 0)
                 fail("could not create the cgroup namespace");
@@ -1274,6 +1292,8 @@ static int join_main(void)
         read_config();
         if (!cfg.pid || !cfg.argv[0])
                 fail("tally: incomplete configuration");
+        if (cfg.network && strcmp(cfg.network, "1") == 0)
+                use_egress_env();
         fcntl(JAIL_FD_STATUS, F_SETFD, FD_CLOEXEC);
         char num[24];
         snprintf(num, sizeof(num), "%d", (int)getpid());

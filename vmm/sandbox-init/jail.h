@@ -4,9 +4,9 @@
  * configuration's wire form live here: the daemon must not link the jail's
  * code, which runs in a single-threaded program of its own.
  *
- * The daemon clone()s the init into new pid, mount, uts, ipc (and, without
- * network, net) namespaces, moves it into the sandbox's cgroup, and the clone
- * child then only execve()s tally-sandbox-init: nothing but system calls runs
+ * The daemon clone()s the init into new pid, mount, uts, ipc and net
+ * namespaces (always: a sandbox's network is its loopback alone), moves it
+ * into the sandbox's cgroup, and the clone child then only execve()s tally-sandbox-init: nothing but system calls runs
  * in the copy of the threaded daemon. The init, single-threaded, builds the
  * jail with ordinary calls (docs/security.md says what each layer stops).
  *
@@ -14,9 +14,11 @@
  * or the reason it failed, then closes), JAIL_FD_LISTEN (the exec socket, or
  * closed), JAIL_FD_CONFIG (a memfd holding the configuration: NUL-terminated
  * "key=value" strings, then "--", then the main program's argv, if any).
- * Keys: id, dir, disk_bytes, network (0/1), copy_from (a running sandbox's
- * init pid whose /work is copied: fork) and copy_from_id (that sandbox's id:
- * the init checks the pid is still in its cgroup before it trusts it).
+ * Keys: id, dir, disk_bytes, network (1: internet through the egress proxy,
+ * JAIL_EGRESS_PORT on the sandbox's loopback; 0: loopback only), copy_from (a
+ * running sandbox's init pid whose /work is copied: fork) and copy_from_id
+ * (that sandbox's id: the init checks the pid is still in its cgroup before it
+ * trusts it).
  *
  * "--join" mode, for exec without the init's socket: descriptors 0-2 are the
  * command's, JAIL_FD_STATUS receives the command's pid then its wait status
@@ -52,3 +54,8 @@
 #define JAIL_LEASE_GRACE_NS 200000000LL
 
 #define JAIL_PIDS_MAX_DEFAULT 1024
+
+/* tally-vmm's egress proxy listens here, on 127.0.0.1 inside a sandbox with
+ * internet (vmm/egress.h); the sandbox's environment names it in HTTP_PROXY,
+ * HTTPS_PROXY and ALL_PROXY. */
+#define JAIL_EGRESS_PORT 3128

@@ -3,8 +3,10 @@
  * `echo ready` in it, measured from before the first to after the second.
  * Each sandbox is stopped afterwards (not timed).
  *
- *   bench-vmm SOCKET BACKEND COUNT
- * prints one line: "n=N p50_us=... p99_us=... min_us=... max_us=..." or a
+ *   bench-vmm SOCKET BACKEND COUNT [internet]
+ * With "internet" each sandbox has internet through the egress proxy (an
+ * allow-list of one name): its network namespace's proxy listener is part of
+ * the time. Prints one line: "n=N p50_us=... p99_us=... min_us=... max_us=..." or a
  * line starting with "error:". Integers only. */
 #include "cli.h"
 #include "timeutil.h"
@@ -37,8 +39,8 @@ static int cmp(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-        if (argc != 4) {
-                fprintf(stderr, "usage: bench-vmm SOCKET BACKEND COUNT\n");
+        if (argc != 4 && !(argc == 5 && strcmp(argv[4], "internet") == 0)) {
+                fprintf(stderr, "usage: bench-vmm SOCKET BACKEND COUNT [internet]\n");
                 return 2;
         }
         const char *sock = argv[1], *backend = argv[2];
@@ -50,6 +52,8 @@ int main(int argc, char **argv)
         int64_t *samples = calloc((size_t)count, sizeof(*samples));
         json_t *create = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i}", "account", "bench-account", "key", "bench-key",
                                    "backend", backend, "vcpus", 1, "memory_mib", 256, "timeout_s", 600);
+        if (argc == 5)
+                json_object_set_new(create, "network", json_pack("{s:b, s:[s]}", "internet", 1, "allow", "example.com"));
         json_t *exec = json_pack("{s:[s,s], s:i}", "command", "echo", "ready", "timeout_ms", 60000);
         int status = 0;
         for (int i = 0; i < count; i++) {

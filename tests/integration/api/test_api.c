@@ -500,6 +500,75 @@ static void test_keys_person_only(void)
               "key creation and revocation are not audited");
 }
 
+static int vmm_count(const char *acct);
+
+/* Internet is the account's decision: a key without the permission (every new
+ * key) is refused a create or fork asking for it; only a person grants it. */
+static void test_internet_permission(void)
+{
+        char path[256], id[64] = "";
+        int before = vmm_count(acct_a);
+        const char *asks[] = { "{\"network\":true}", "{\"network\":{\"internet\":true,\"allow\":[\"github.com\"]}}" };
+        for (int i = 0; i < 2; i++) {
+                struct resp r = http("POST", "/v1/sandboxes", key_a2.secret, NULL, asks[i]);
+                CHECK(r.status == 403 && strcmp(err_code(&r), "internet_not_allowed") == 0 &&
+                              strcmp(test_jstr(json_object_get(r.json, "error"), "field"), "network") == 0,
+                      "create %s without the permission: %ld %s", asks[i], r.status, r.body ? r.body : "");
+                resp_free(&r);
+        }
+        CHECK(vmm_count(acct_a) == before, "a refused create started a sandbox");
+        /* loopback only needs no permission */
+        struct resp r = http("POST", "/v1/sandboxes", key_a2.secret, NULL, "{\"network\":false,\"memory_mib\":64}");
+        CHECK(r.status == 201, "create without internet: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        /* the key cannot grant itself */
+        snprintf(path, sizeof(path), "/v1/keys/%s/internet", key_a2.id);
+        r = http("PUT", path, key_a2.secret, NULL, "{\"internet\":true}");
+        CHECK(r.status == 403 && strcmp(err_code(&r), "person_required") == 0, "a key granting itself internet: %ld %s",
+              r.status, r.body ? r.body : "");
+        resp_free(&r);
+        CHECK(sql_int("SELECT count(*) FROM api_keys WHERE internet", NULL) == 0, "a key was granted internet");
+        /* a person grants it (audited), and the same create goes through */
+        r = http("PUT", path, NULL, &sess_a, "{\"internet\":true}");
+        CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "internet")), "person grants internet: %ld %s",
+              r.status, r.body ? r.body : "");
+        resp_free(&r);
+        CHECK(sql_int("SELECT count(*) FROM audit_log WHERE action = 'key.internet' AND object_id = $1 "
+                      "AND actor LIKE 'person:%' AND old_value->>'internet' = 'false' AND new_value->>'internet' = 'true'",
+                      key_a2.id) == 1,
+              "the internet grant is not in audit_log with who, old and new");
+        r = http("POST", "/v1/sandboxes", key_a2.secret, NULL,
+                 "{\"memory_mib\":64,\"network\":{\"internet\":true,\"allow\":[\"github.com\",\"*.github.com\"]}}");
+        json_t *net = json_object_get(r.json, "network");
+        CHECK(r.status == 201 && json_is_true(json_object_get(net, "internet")) &&
+                      json_array_size(json_object_get(net, "allow")) == 2 &&
+                      json_is_integer(json_object_get(r.json, "net_rx_bytes")),
+              "create with internet, permitted: %ld %s", r.status, r.body ? r.body : "");
+        snprintf(id, sizeof(id), "%s", test_jstr(r.json, "id"));
+        resp_free(&r);
+        /* a bad allow-list is the vmm's 400, naming the field */
+        r = http("POST", "/v1/sandboxes", key_a2.secret, NULL, "{\"network\":{\"internet\":true,\"allow\":[\"a.*.com\"]}}");
+        CHECK(r.status == 400 && strstr(r.body ? r.body : "", "network.allow[0]"), "bad allow-list: %ld %s", r.status,
+              r.body ? r.body : "");
+        resp_free(&r);
+        /* withdrawn: a fork of the sandbox with internet is refused, nothing is made */
+        r = http("PUT", path, NULL, &sess_a, "{\"internet\":false}");
+        CHECK(r.status == 200 && json_is_false(json_object_get(r.json, "internet")), "person withdraws internet: %ld %s",
+              r.status, r.body ? r.body : "");
+        resp_free(&r);
+        before = vmm_count(acct_a);
+        char fork[256];
+        snprintf(fork, sizeof(fork), "/v1/sandboxes/%s/fork", id);
+        r = http("POST", fork, key_a2.secret, NULL, "{\"count\":1}");
+        CHECK(r.status == 403 && strcmp(err_code(&r), "internet_not_allowed") == 0,
+              "fork of a sandbox with internet, permission withdrawn: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        CHECK(vmm_count(acct_a) == before, "a refused fork started a sandbox");
+        snprintf(fork, sizeof(fork), "/v1/sandboxes/%s", id);
+        r = http("DELETE", fork, key_a2.secret, NULL, NULL);
+        resp_free(&r);
+}
+
 /* A key at its limit: create and resume get 402; raising the limit above
  * today's spend lifts the block; raising it to no more than the spend does not. */
 static void test_limit_block(void)
@@ -1173,6 +1242,7 @@ int main(void)
                 { "sessions", test_sessions },
                 { "keys_person_only", test_keys_person_only },
                 { "limit_block", test_limit_block },
+                { "internet_permission", test_internet_permission },
                 { "lifecycle", test_lifecycle },
                 { "key_caps", test_key_caps },
                 { "idempotency", test_idempotency },

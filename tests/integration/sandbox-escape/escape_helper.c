@@ -968,6 +968,167 @@ static int mode_victim(const char *out)
         return 0;
 }
 
+
+/* ---- network: the host's services, the test's own "internet", the egress proxy ---- */
+
+/* Connects to an address literal (IPv4 or IPv6) within ms. Returns the socket or -errno. */
+static int net_connect(const char *host, int port, int ms)
+{
+        struct sockaddr_storage ss = { 0 };
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+        socklen_t len;
+        if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+                a4->sin_family = AF_INET;
+                a4->sin_port = htons((uint16_t)port);
+                len = sizeof(*a4);
+        } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+                a6->sin6_family = AF_INET6;
+                a6->sin6_port = htons((uint16_t)port);
+                len = sizeof(*a6);
+        } else {
+                return -EINVAL;
+        }
+        int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        int r = connect(fd, (struct sockaddr *)&ss, len) < 0 ? -errno : 0;
+        if (r == -EINPROGRESS) {
+                struct pollfd p = { fd, POLLOUT, 0 };
+                int e = 0;
+                socklen_t el = sizeof(e);
+                r = poll(&p, 1, ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 ? -e : -ETIMEDOUT;
+        }
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        fcntl(fd, F_SETFL, 0);
+        return fd;
+}
+
+static void send_text(int fd, const char *text)
+{
+        ssize_t w = send(fd, text, strlen(text), MSG_NOSIGNAL);
+        (void)w;
+}
+
+/* Reads until end of file or ms of silence; keeps the first line in first. Returns the bytes read. */
+static long read_all(int fd, char *first, size_t firstlen, int ms)
+{
+        char buf[16384];
+        long total = 0;
+        first[0] = '\0';
+        for (;;) {
+                struct pollfd p = { fd, POLLIN, 0 };
+                if (poll(&p, 1, ms) <= 0)
+                        break;
+                ssize_t n = read(fd, buf, sizeof(buf));
+                if (n <= 0)
+                        break;
+                if (total == 0) {
+                        size_t k = 0;
+                        while (k < (size_t)n && k < firstlen - 1 && buf[k] != '\r' && buf[k] != '\n')
+                                k++;
+                        memcpy(first, buf, k);
+                        first[k] = '\0';
+                }
+                total += n;
+        }
+        return total;
+}
+
+/* Reads a proxy's answer head (up to the blank line), byte by byte so nothing after it is taken. */
+static void read_head_line(int fd, char *status, size_t len)
+{
+        char head[4096];
+        size_t n = 0;
+        while (n < sizeof(head) - 1) {
+                struct pollfd p = { fd, POLLIN, 0 };
+                if (poll(&p, 1, 5000) <= 0 || read(fd, head + n, 1) != 1)
+                        break;
+                n++;
+                head[n] = '\0';
+                if (n >= 4 && memcmp(head + n - 4, "\r\n\r\n", 4) == 0)
+                        break;
+        }
+        head[n] = '\0';
+        size_t k = strcspn(head, "\r\n");
+        if (k >= len)
+                k = len - 1;
+        memcpy(status, head, k);
+        status[k] = '\0';
+}
+
+/* One try: KIND|HOST|PORT|TOKEN. d: connect to HOST:PORT directly and send
+ * TOKEN; c: through the egress proxy (127.0.0.1:3128) with CONNECT, then send
+ * TOKEN; g: through the proxy, GET http://HOST:PORT/TOKEN. */
+static void net_try(char kind, const char *host, int port, const char *token)
+{
+        char auth[300], first[200], status[200] = "";
+        snprintf(auth, sizeof(auth), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+        int fd = net_connect(kind == 'd' ? host : "127.0.0.1", kind == 'd' ? port : 3128, 2000);
+        if (fd < 0) {
+                printf("net %c %s: connect: %s\n", kind, auth, strerror(-fd));
+                return;
+        }
+        char req[1024];
+        if (kind == 'd') {
+                snprintf(req, sizeof(req), "%s\n", token);
+                send_text(fd, req);
+        } else if (kind == 'c') {
+                snprintf(req, sizeof(req), "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", auth, auth);
+                send_text(fd, req);
+                read_head_line(fd, status, sizeof(status));
+                if (strstr(status, " 200 ")) {
+                        snprintf(req, sizeof(req), "%s\n", token);
+                        send_text(fd, req);
+                }
+        } else {
+                snprintf(req, sizeof(req), "GET http://%s/%s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", auth,
+                         token, auth);
+                send_text(fd, req);
+        }
+        long n = read_all(fd, first, sizeof(first), 3000);
+        close(fd);
+        printf("net %c %s: connected%s%s, %ld bytes back, first line \"%s\"\n", kind, auth, *status ? ", proxy said " : "",
+               status, n, first);
+}
+
+static int mode_net(const char *specs)
+{
+        char *list = strdup(specs), *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                char *f[4] = { 0 };
+                int k = 0;
+                for (char *q = t; k < 4; k++) {
+                        f[k] = q;
+                        q = strchr(q, '|');
+                        if (!q)
+                                break;
+                        *q++ = '\0';
+                }
+                if (f[0][0] == 't') {
+                        /* what the sandbox's /proc/net shows: the host's sockets must not be there */
+                        static const char *const files[] = { "/proc/net/tcp", "/proc/net/tcp6" };
+                        for (int i = 0; i < 2; i++) {
+                                size_t len = 0;
+                                char *text = read_small(files[i], &len);
+                                printf("net t %s:\n%s\n", files[i], text ? text : "(unreadable)");
+                                free(text);
+                        }
+                        continue;
+                }
+                if (k < 3 || !f[3]) {
+                        printf("net: bad spec\n");
+                        continue;
+                }
+                net_try(f[0][0], f[1], atoi(f[2]), f[3]);
+        }
+        free(list);
+        return 0;
+}
+
 int main(int argc, char **argv)
 {
         if (argc < 2) {
@@ -1006,6 +1167,8 @@ int main(int argc, char **argv)
                 return mode_plant_tmp(argv[2]);
         if (strcmp(m, "race") == 0 && argc == 5)
                 return mode_race(atoi(argv[2]), argv[3], atoi(argv[4]));
+        if (strcmp(m, "net") == 0 && argc == 3)
+                return mode_net(argv[2]);
         if (strcmp(m, "ptrace") == 0 && argc == 5)
                 return mode_ptrace(atoi(argv[2]), strtoull(argv[3], NULL, 16), atoi(argv[4]));
         fprintf(stderr, "escape-helper: unknown mode or arguments\n");

@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -55,6 +56,7 @@ static char parent[64];     /* the daemon's cgroup parent: tally-test-escape-<pi
 static char ctl_parent[64]; /* the controls' scratch cgroups: tally-test-escctl-<pid> */
 static char account[64], token[32];
 static char *work, *state, *sock, *ctl_dir;
+static char *hosts_file; /* the daemon's egress_hosts_file: names of the test's own internet */
 static const char *helper;
 static pid_t daemon_pid = -1;
 /* the rest of the pipeline: a private Kafka (other tests' usage stays out of this
@@ -122,8 +124,11 @@ static char *cg_dir(const char *h, const char *rel)
 
 /* ---- cleaning up whatever the test made ---- */
 
+static void net_cleanup(void);
+
 static void cleanup(void)
 {
+        net_cleanup();
         /* A sandbox's init takes its whole pid namespace with it, escaped processes too. */
         for (int i = 0; i < ninits; i++)
                 if (init_ns[i] && pidns_of(inits[i]) == init_ns[i])
@@ -179,7 +184,10 @@ static void start_daemon(void)
                          "--kafka-brokers", brokers, "--cgroup-parent", parent,
                          "--host-id", "test-escape-host", "--backend", "process", "--final-wait-ms", "3000",
                          "--log-level", "debug", NULL };
+        /* the names of the test's own internet (the egress_hosts_file setting, as its TALLY_ variable) */
+        setenv("TALLY_EGRESS_HOSTS_FILE", hosts_file, 1);
         daemon_pid = test_spawn(argv, NULL, log);
+        unsetenv("TALLY_EGRESS_HOSTS_FILE");
         if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0) {
                 free(log);
                 return;
@@ -343,15 +351,35 @@ static void adopt(struct sandbox *sb, json_t *j)
         sb->last_cpu = cpu_counter(sb->cpu_dir);
 }
 
-static bool create(struct sandbox *sb, const char *name)
+/* A fresh sandbox for one attack; network is the create request's "network"
+ * (JSON text, sent to the daemon's API as a product's client would), or NULL
+ * for the default (loopback only). */
+static bool create_net(struct sandbox *sb, const char *name, const char *network)
 {
         memset(sb, 0, sizeof(*sb));
         int rc;
         char disk[16];
         snprintf(disk, sizeof(disk), "%d", DISK_MIB);
-        json_t *j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
+        json_t *j;
+        if (network) {
+                const char *eq = strchr(name, '=');
+                char *body = fmt("{\"account\":\"%s\",\"key\":\"key-escape\",\"vcpus\":1,\"memory_mib\":128,"
+                                 "\"disk_mib\":%d,\"timeout_s\":300,\"labels\":{\"suite\":\"sandbox-escape\","
+                                 "\"attack\":\"%s\"},\"network\":%s}",
+                                 account, DISK_MIB, eq ? eq + 1 : name, network);
+                char *answer = NULL;
+                int st = api("POST", "/v1/sandboxes", body, &answer);
+                rc = st == 201 ? 0 : 1;
+                j = json_loads(answer ? answer : "", 0, NULL);
+                if (!j)
+                        j = json_pack("{s:i, s:s}", "http_status", st, "body", answer ? answer : "");
+                free(body);
+                free(answer);
+        } else {
+                j = cli(&rc, "create", "--account", account, "--key", "key-escape", "--vcpus", "1", "--memory-mib",
                         "128", "--disk-mib", disk, "--timeout", "300", "--label", "suite=sandbox-escape", "--label",
                         name, NULL);
+        }
         CHECK(rc == 0 && *test_jstr(j, "id"), "create failed: rc=%d %s", rc, json_dumps(j, 0));
         if (rc != 0 || !*test_jstr(j, "id")) {
                 json_decref(j);
@@ -360,6 +388,11 @@ static bool create(struct sandbox *sb, const char *name)
         adopt(sb, j);
         json_decref(j);
         return put_helper(sb);
+}
+
+static bool create(struct sandbox *sb, const char *name)
+{
+        return create_net(sb, name, NULL);
 }
 
 static int count_ns(ino_t ns);
@@ -1710,6 +1743,520 @@ static void attack_admission(void)
 
 /* Two host processes: markers for the host-proc attack (argv[0] escmark<token>a|b)
  * and targets of the ptrace one. */
+/* ---- the network: the host's services and the test's own "internet" ---- */
+
+/* The test's "internet": a network namespace this test makes (ip netns), joined
+ * to the host by a veth pair in a documentation range (203.0.113.0/24, a /30
+ * of it per run), with a TCP server on port 80 that logs every connection
+ * (bytes in, bytes out, first line). A second address of that namespace in the
+ * benchmarking range (198.18.0.0/15) stands for a private service: the host
+ * reaches it, a sandbox must not. Nothing here ever reaches an outside address. */
+static char netns_name[64], veth_host[16], veth_ns[16];
+static char host_ip[32], inet_ip[32], bench_ip[32];
+static char *inet_log;
+static pid_t inet_server = -1;
+/* net-allow's sandbox and the bytes the test server counted, for the ledger's check */
+static char net_allow_id[64];
+static long net_allow_rx = -1, net_allow_tx = -1;
+/* Wildcard listeners on the host (every address of it, IPv4 and IPv6): they
+ * stand for its loopback services (tally-api, /metrics, PostgreSQL, Kafka). */
+static int lis4 = -1, lis6 = -1, lport4, lport6;
+static char pg_port[16], kafka_port[16];
+
+static int sh(const char *cmd)
+{
+        char *argv[] = { "/bin/sh", "-c", (char *)cmd, NULL };
+        char *err = NULL;
+        int rc = test_run(argv, NULL, &err);
+        if (rc != 0)
+                fprintf(stderr, "command failed (%d): %s: %s\n", rc, cmd, err ? err : "");
+        free(err);
+        return rc;
+}
+
+static void net_cleanup(void)
+{
+        test_stop_process(&inet_server, SIGKILL);
+        if (*netns_name) {
+                char *c = fmt("ip netns del %s 2>/dev/null; ip link del %s 2>/dev/null; true", netns_name, veth_host);
+                sh(c);
+                free(c);
+        }
+}
+
+/* The server in the test's namespace: one connection at a time; reads a line, answers
+ * "inet-ok" and 20,000 bytes, then reads to the end and logs what it saw. */
+static _Noreturn void inet_serve(void)
+{
+        char *path = fmt("/run/netns/%s", netns_name);
+        int ns = open(path, O_RDONLY | O_CLOEXEC);
+        if (ns < 0 || setns(ns, CLONE_NEWNET) < 0)
+                _exit(1);
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(80) };
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(lfd, 64) < 0)
+                _exit(1);
+        static char reply[20008];
+        memcpy(reply, "inet-ok\n", 8);
+        memset(reply + 8, 'x', 20000);
+        for (;;) {
+                int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (c < 0)
+                        continue;
+                struct timeval tv = { 3, 0 };
+                setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+                char buf[8192], first[256] = "";
+                long in = 0, out = 0;
+                ssize_t n;
+                while (!memchr(buf, '\n', (size_t)(in < (long)sizeof(buf) ? in : 0)) && in < (long)sizeof(buf) &&
+                       (n = read(c, buf + in, sizeof(buf) - (size_t)in)) > 0)
+                        in += n;
+                size_t k = 0;
+                while (k < (size_t)in && k < sizeof(first) - 1 && buf[k] != '\r' && buf[k] != '\n')
+                        k++;
+                memcpy(first, buf, k);
+                first[k] = '\0';
+                for (size_t at = 0; at < sizeof(reply);) {
+                        ssize_t w = send(c, reply + at, sizeof(reply) - at, MSG_NOSIGNAL);
+                        if (w <= 0)
+                                break;
+                        at += (size_t)w;
+                        out += w;
+                }
+                shutdown(c, SHUT_WR);
+                while ((n = read(c, buf, sizeof(buf))) > 0)
+                        in += n;
+                close(c);
+                char line[512];
+                int len = snprintf(line, sizeof(line), "in=%ld out=%ld first=%s\n", in, out, first);
+                int f = open(inet_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+                if (f >= 0) {
+                        ssize_t w = write(f, line, (size_t)len);
+                        (void)w;
+                        close(f);
+                }
+        }
+}
+
+static int listen_any(int family, int *ret_port)
+{
+        int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+        struct sockaddr_storage ss = { 0 };
+        socklen_t len = family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+        ss.ss_family = (sa_family_t)family;
+        if (family == AF_INET6)
+                setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, 64) < 0 ||
+            getsockname(fd, (struct sockaddr *)&ss, &len) < 0) {
+                fprintf(stderr, "FAIL: could not listen on the host: %s\n", strerror(errno));
+                exit(1);
+        }
+        *ret_port = ntohs(family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                            : ((struct sockaddr_in6 *)&ss)->sin6_port);
+        return fd;
+}
+
+/* Connections the host's listeners took since the last call; their first bytes go to seen. */
+static int heard_on_host(char *seen, size_t seenlen)
+{
+        int n = 0;
+        if (seen)
+                seen[0] = '\0';
+        test_sleep_ms(100);
+        for (int k = 0; k < 2; k++) {
+                int c;
+                while ((c = accept4(k ? lis6 : lis4, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+                        char buf[128] = "";
+                        test_sleep_ms(20);
+                        ssize_t r = read(c, buf, sizeof(buf) - 1);
+                        if (r > 0 && seen) {
+                                buf[r] = '\0';
+                                strncat(seen, buf, seenlen - strlen(seen) - 1);
+                        }
+                        close(c);
+                        n++;
+                }
+        }
+        return n;
+}
+
+static void setup_internet(void)
+{
+        int k = (int)(getpid() % 60);
+        snprintf(netns_name, sizeof(netns_name), "tally-esc-%d", (int)getpid());
+        snprintf(veth_host, sizeof(veth_host), "tesc%da", (int)getpid() % 1000000);
+        snprintf(veth_ns, sizeof(veth_ns), "tesc%db", (int)getpid() % 1000000);
+        snprintf(host_ip, sizeof(host_ip), "203.0.113.%d", k * 4 + 1);
+        snprintf(inet_ip, sizeof(inet_ip), "203.0.113.%d", k * 4 + 2);
+        snprintf(bench_ip, sizeof(bench_ip), "198.18.%d.2", k);
+        inet_log = fmt("%s/inet.log", work);
+        char *c = fmt("set -e; ip netns add %1$s; ip link add %2$s type veth peer name %3$s; "
+                      "ip link set %3$s netns %1$s; ip addr add %4$s/30 dev %2$s; ip link set %2$s up; "
+                      "ip -n %1$s addr add %5$s/30 dev %3$s; ip -n %1$s addr add %6$s/32 dev %3$s; "
+                      "ip -n %1$s link set %3$s up; ip -n %1$s link set lo up; ip route add %6$s/32 dev %2$s",
+                      netns_name, veth_host, veth_ns, host_ip, inet_ip, bench_ip);
+        if (sh(c) != 0) {
+                fprintf(stderr, "FAIL: could not build the test's own internet (ip netns, veth)\n");
+                exit(1);
+        }
+        free(c);
+        fflush(stderr);
+        inet_server = fork();
+        if (inet_server == 0)
+                inet_serve();
+        hosts_file = fmt("%s/egress-hosts", work);
+        char *pins = fmt("%1$s inet.test sub.inet.test other.test\n127.0.0.1 loop.test loop.inet.test\n"
+                         "::1 loop6.test loop6.inet.test\n%2$s host.test host.inet.test\n"
+                         "%3$s bench.test bench.inet.test\n169.254.169.254 meta.inet.test\n",
+                         inet_ip, host_ip, bench_ip);
+        int hf = open(hosts_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        CHECK(hf >= 0 && write(hf, pins, strlen(pins)) == (ssize_t)strlen(pins), "could not write %s", hosts_file);
+        if (hf >= 0)
+                close(hf);
+        free(pins);
+        lis4 = listen_any(AF_INET, &lport4);
+        lis6 = listen_any(AF_INET6, &lport6);
+        PGconn *pg = PQconnectdb(db_url);
+        const char *h = PQhost(pg), *p = PQport(pg);
+        snprintf(pg_port, sizeof(pg_port), "%s", h && *h != '/' && p ? p : "");
+        PQfinish(pg);
+        const char *colon = strrchr(brokers, ':');
+        snprintf(kafka_port, sizeof(kafka_port), "%s", colon ? colon + 1 : "");
+        /* the server answers before any attack runs */
+        for (int i = 0; i < 100; i++) {
+                char *ctl = fmt("d|%s|80|inet-ready-%s", inet_ip, token), *args[] = { "net", ctl, NULL };
+                char *out = control(&(struct control){ 0 }, args);
+                bool up = strstr(out, "inet-ok") != NULL;
+                free(out);
+                free(ctl);
+                if (up)
+                        break;
+                test_sleep_ms(100);
+        }
+}
+
+/* The host's own addresses (every interface; IPv6 link-local left out: it needs a scope). */
+static int host_addresses(char addrs[][64], int max)
+{
+        struct ifaddrs *ifs = NULL;
+        int n = 0;
+        if (getifaddrs(&ifs) < 0)
+                return 0;
+        for (struct ifaddrs *i = ifs; i && n < max; i = i->ifa_next) {
+                if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6))
+                        continue;
+                const void *a = i->ifa_addr->sa_family == AF_INET
+                                        ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                        : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+                if (i->ifa_addr->sa_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL((const struct in6_addr *)a))
+                        continue;
+                inet_ntop(i->ifa_addr->sa_family, a, addrs[n], 64);
+                bool dup = false;
+                for (int k = 0; k < n; k++)
+                        dup |= strcmp(addrs[k], addrs[n]) == 0;
+                if (!dup)
+                        n++;
+        }
+        freeifaddrs(ifs);
+        return n;
+}
+
+/* Appends "KIND|HOST|PORT|TOKEN," to a spec list. */
+static void spec_add(char *list, size_t cap, char kind, const char *host, const char *port, const char *tok)
+{
+        size_t n = strlen(list);
+        snprintf(list + n, cap - n, "%c|%s|%s|%s,", kind, host, port, tok);
+}
+
+/* Lines of the test server's log whose first line holds needle; their bytes in and out summed. */
+static int inet_seen(const char *needle, long *ret_in, long *ret_out)
+{
+        char *t = test_read_file(inet_log);
+        int n = 0;
+        long in = 0, out = 0;
+        for (char *l = t, *e; l && *l; l = e ? e + 1 : l + strlen(l)) {
+                e = strchr(l, '\n');
+                if (e)
+                        *e = '\0';
+                char *first = strstr(l, "first=");
+                if (first && strstr(first, needle)) {
+                        long i = 0, o = 0;
+                        sscanf(l, "in=%ld out=%ld", &i, &o);
+                        in += i;
+                        out += o;
+                        n++;
+                }
+                if (!e)
+                        break;
+        }
+        free(t);
+        if (ret_in)
+                *ret_in = in;
+        if (ret_out)
+                *ret_out = out;
+        return n;
+}
+
+/* The host's listeners and addresses as direct tries (d) of a spec list, and, with
+ * proxy, through the egress proxy by address (c and g). */
+static void host_specs(char *list, size_t cap, const char *tok, bool proxy)
+{
+        char addrs[32][64], p4[16], p6[16];
+        int n = host_addresses(addrs, 32);
+        snprintf(p4, sizeof(p4), "%d", lport4);
+        snprintf(p6, sizeof(p6), "%d", lport6);
+        for (int i = 0; i < n; i++) {
+                const char *port = strchr(addrs[i], ':') ? p6 : p4;
+                spec_add(list, cap, 'd', addrs[i], port, tok);
+                if (proxy) {
+                        spec_add(list, cap, 'c', addrs[i], port, tok);
+                        spec_add(list, cap, 'g', addrs[i], port, tok);
+                }
+        }
+        const char *services[2] = { pg_port, kafka_port };
+        for (int i = 0; i < 2; i++)
+                if (*services[i]) {
+                        spec_add(list, cap, 'd', "127.0.0.1", services[i], tok);
+                        if (proxy)
+                                spec_add(list, cap, 'c', "127.0.0.1", services[i], tok);
+                }
+}
+
+/* What a sandbox must never get from any try of the host: a connection a listener
+ * took, the host's sockets in its /proc/net, a connection to PostgreSQL or Kafka. */
+static void check_host_untouched(const char *attack, const char *out)
+{
+        char seen[512];
+        int n = heard_on_host(seen, sizeof(seen));
+        if (n > 0)
+                ESCAPED("%s: the host's listeners took %d connection(s) from the sandbox (\"%.200s\")", attack, n, seen);
+        char hex4[16], hex6[16];
+        snprintf(hex4, sizeof(hex4), ":%04X ", lport4);
+        snprintf(hex6, sizeof(hex6), ":%04X ", lport6);
+        if (out && (strstr(out, hex4) || strstr(out, hex6)))
+                ESCAPED("%s: the sandbox's /proc/net/tcp lists the host's listening sockets", attack);
+        const char *services[2] = { pg_port, kafka_port };
+        for (int i = 0; i < 2 && out; i++) {
+                if (!*services[i])
+                        continue;
+                char *d = fmt("net d 127.0.0.1:%s: connected", services[i]);
+                char *c = fmt("net c 127.0.0.1:%s: connected, proxy said HTTP/1.1 200", services[i]);
+                if (strstr(out, d) || strstr(out, c))
+                        ESCAPED("%s: the sandbox connected to the host's %s (port %s)", attack,
+                                i ? "Kafka broker" : "PostgreSQL", services[i]);
+                free(d);
+                free(c);
+        }
+}
+
+/* 12. No internet (the default): nothing of the host, nothing of the test's internet. */
+static void attack_net_none(void)
+{
+        char tok[64], ctl_tok[64], list[8192] = "";
+        snprintf(tok, sizeof(tok), "net-none-%s", token);
+        snprintf(ctl_tok, sizeof(ctl_tok), "net-none-ctl-%s", token);
+        heard_on_host(NULL, 0);
+        /* control: as host root, the helper reaches every listener and the test's internet */
+        host_specs(list, sizeof(list), ctl_tok, false);
+        spec_add(list, sizeof(list), 'd', inet_ip, "80", ctl_tok);
+        char *args[] = { "net", list, NULL };
+        char *out = control(&(struct control){ 0 }, args);
+        CTL(heard_on_host(NULL, 0) > 0, "control: the helper reached none of the host's listeners");
+        CTL(inet_seen(ctl_tok, NULL, NULL) > 0, "control: the helper did not reach the test's internet");
+        free(out);
+
+        struct sandbox sb;
+        if (!create(&sb, "attack=net-none"))
+                return;
+        list[0] = '\0';
+        host_specs(list, sizeof(list), tok, true);
+        spec_add(list, sizeof(list), 'd', inet_ip, "80", tok);
+        spec_add(list, sizeof(list), 'd', bench_ip, "80", tok);
+        spec_add(list, sizeof(list), 'c', inet_ip, "80", tok);
+        spec_add(list, sizeof(list), 't', "", "", "");
+        out = NULL;
+        in_sandbox(&sb, &out, "net", list, NULL);
+        check_host_untouched("net-none", out);
+        if (inet_seen(tok, NULL, NULL) > 0)
+                ESCAPED("net-none: a sandbox without internet reached the test's internet");
+        free(out);
+        stop(&sb, "net-none");
+}
+
+/* 13. Internet without an allow-list (network: true): still nothing of the host,
+ * by address or by a name that resolves to it, over IPv4 or IPv6. */
+static void attack_net_host(void)
+{
+        char tok[64], ok_tok[64], p4[16], p6[16], list[16384] = "";
+        snprintf(tok, sizeof(tok), "net-host-%s", token);
+        snprintf(ok_tok, sizeof(ok_tok), "net-host-ok-%s", token);
+        snprintf(p4, sizeof(p4), "%d", lport4);
+        snprintf(p6, sizeof(p6), "%d", lport6);
+        /* control: the private service (198.18/15) answers the host */
+        char *ctl = fmt("d|%s|80|net-host-ctl-%s", bench_ip, token), *args[] = { "net", ctl, NULL };
+        char *out = control(&(struct control){ 0 }, args);
+        CTL(strstr(out, "inet-ok") != NULL, "control: the test's private address %s does not answer the host", bench_ip);
+        free(out);
+        free(ctl);
+        heard_on_host(NULL, 0);
+
+        struct sandbox sb;
+        if (!create_net(&sb, "attack=net-host", "true"))
+                return;
+        host_specs(list, sizeof(list), tok, true);
+        spec_add(list, sizeof(list), 'd', inet_ip, "80", tok);
+        const char *names[][2] = { { "loop.test", p4 }, { "localhost", p4 }, { "loop6.test", p6 }, { "host.test", p4 },
+                                   { "bench.test", "80" }, { bench_ip, "80" }, { "169.254.169.254", "80" },
+                                   { "::ffff:127.0.0.1", p4 }, { "0.0.0.0", p4 }, { "::", p6 } };
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+                spec_add(list, sizeof(list), 'c', names[i][0], names[i][1], tok);
+                spec_add(list, sizeof(list), 'g', names[i][0], names[i][1], tok);
+        }
+        /* the proxy works: a public address of the test's internet is reached */
+        spec_add(list, sizeof(list), 'c', inet_ip, "80", ok_tok);
+        spec_add(list, sizeof(list), 't', "", "", "");
+        out = NULL;
+        in_sandbox(&sb, &out, "net", list, NULL);
+        check_host_untouched("net-host", out);
+        if (inet_seen(tok, NULL, NULL) > 0)
+                ESCAPED("net-host: the sandbox reached the test's internet directly, or its private address");
+        CHECK(inet_seen(ok_tok, NULL, NULL) == 1,
+              "net-host: a sandbox with internet did not reach %s:80 through the egress proxy", inet_ip);
+        free(out);
+        stop(&sb, "net-host");
+}
+
+/* 14. An allow-list: only its names, and never where they resolve to the host or a
+ * private address; bytes relayed counted exactly (the test server's own count). */
+static void attack_net_allow(void)
+{
+        char c_tok[64], g_tok[64], deny[64], p4[16], p6[16], list[8192] = "";
+        snprintf(c_tok, sizeof(c_tok), "net-allow-c-%s", token);
+        snprintf(g_tok, sizeof(g_tok), "net-allow-g-%s", token);
+        snprintf(deny, sizeof(deny), "net-deny-%s", token);
+        snprintf(p4, sizeof(p4), "%d", lport4);
+        snprintf(p6, sizeof(p6), "%d", lport6);
+        heard_on_host(NULL, 0);
+        struct sandbox sb;
+        if (!create_net(&sb, "attack=net-allow", "{\"internet\":true,\"allow\":[\"inet.test\",\"*.inet.test\"]}"))
+                return;
+        spec_add(list, sizeof(list), 'c', "inet.test", "80", c_tok);
+        spec_add(list, sizeof(list), 'g', "sub.inet.test", "80", g_tok);
+        const char *denied[][2] = { { "other.test", "80" },      { inet_ip, "80" },         { "loop.inet.test", p4 },
+                                    { "loop6.inet.test", p6 },   { "host.inet.test", p4 },  { "bench.inet.test", "80" },
+                                    { "meta.inet.test", "80" },  { "inet.test.other.test", "80" },
+                                    { "xinet.test", "80" } };
+        for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
+                spec_add(list, sizeof(list), 'c', denied[i][0], denied[i][1], deny);
+                spec_add(list, sizeof(list), 'g', denied[i][0], denied[i][1], deny);
+        }
+        spec_add(list, sizeof(list), 'd', inet_ip, "80", deny);
+        char *out = NULL;
+        in_sandbox(&sb, &out, "net", list, NULL);
+        check_host_untouched("net-allow", out);
+        if (inet_seen(deny, NULL, NULL) > 0)
+                ESCAPED("net-allow: the sandbox reached the test's internet by a name or address not allowed, or "
+                        "its private address by an allowed name");
+        long in_c = 0, out_c = 0, in_g = 0, out_g = 0;
+        int64_t until = test_now_ms() + 5000;
+        while (test_now_ms() < until && (inet_seen(c_tok, NULL, NULL) < 1 || inet_seen(g_tok, NULL, NULL) < 1))
+                test_sleep_ms(50);
+        CHECK(inet_seen(c_tok, &in_c, &out_c) == 1, "net-allow: CONNECT to an allowed name did not arrive");
+        CHECK(inet_seen(g_tok, &in_g, &out_g) == 1, "net-allow: GET of a name under an allowed wildcard did not arrive");
+        /* the proxy's counters: to the sandbox what the server sent, from it what the server got */
+        long rx = -1, tx = -1;
+        until = test_now_ms() + 5000;
+        while (test_now_ms() < until) {
+                int rc;
+                json_t *j = cli(&rc, "show", sb.id, NULL);
+                rx = (long)json_integer_value(json_object_get(j, "net_rx_bytes"));
+                tx = (long)json_integer_value(json_object_get(j, "net_tx_bytes"));
+                json_decref(j);
+                if (rx == out_c + out_g && tx == in_c + in_g)
+                        break;
+                test_sleep_ms(50);
+        }
+        snprintf(net_allow_id, sizeof(net_allow_id), "%s", sb.id);
+        net_allow_rx = out_c + out_g;
+        net_allow_tx = in_c + in_g;
+        CHECK(rx == out_c + out_g && tx == in_c + in_g,
+              "net-allow: the sandbox's counters say %ld bytes in, %ld out; the server sent %ld and got %ld", rx, tx,
+              out_c + out_g, in_c + in_g);
+        /* the collector's source: the counters file in the sandbox's folder */
+        char *counts = test_read_file(fmt("%s/net", sb.dir));
+        unsigned long long frx = 0, ftx = 0;
+        CHECK(counts && sscanf(counts, "%llu %llu", &frx, &ftx) == 2 && (long)frx == rx && (long)ftx == tx,
+              "net-allow: the counters file says \"%s\", wanted %ld %ld", counts ? counts : "(none)", rx, tx);
+        free(counts);
+        free(out);
+
+        /* A fork's copies keep the allow-list, and the proxy enforces it for them. */
+        char fork_tok[64], restart_tok[64], more[2048] = "";
+        snprintf(fork_tok, sizeof(fork_tok), "net-allow-fork-%s", token);
+        snprintf(restart_tok, sizeof(restart_tok), "net-allow-restart-%s", token);
+        spec_add(more, sizeof(more), 'c', "other.test", "80", deny);
+        spec_add(more, sizeof(more), 'c', "loop.inet.test", p4, deny);
+        spec_add(more, sizeof(more), 'c', "bench.inet.test", "80", deny);
+        int rc;
+        json_t *fj = cli(&rc, "fork", sb.id, NULL);
+        json_t *cj = json_array_get(json_object_get(fj, "sandboxes"), 0), *cnet = json_object_get(cj, "network");
+        CHECK(rc == 0 && cj && json_is_true(json_object_get(cnet, "internet")) &&
+                      json_array_size(json_object_get(cnet, "allow")) == 2,
+              "net-allow: the fork's copy does not keep the allow-list: %s", fj ? json_dumps(fj, 0) : "(no answer)");
+        if (rc == 0 && cj) {
+                struct sandbox copy;
+                adopt(&copy, cj);
+                char *list2 = fmt("%sc|inet.test|80|%s,", more, fork_tok);
+                out = NULL;
+                in_sandbox(&copy, &out, "net", list2, NULL);
+                check_host_untouched("net-allow (fork)", out);
+                for (int64_t end = test_now_ms() + 5000; test_now_ms() < end && inet_seen(fork_tok, NULL, NULL) < 1;)
+                        test_sleep_ms(50);
+                CHECK(inet_seen(fork_tok, NULL, NULL) == 1, "net-allow: the fork's copy did not reach an allowed name");
+                free(list2);
+                free(out);
+                stop(&copy, "net-allow-fork");
+        }
+        json_decref(fj);
+
+        /* A restarted tally-vmm enforces the same list (spec.json) and counts on from the file. */
+        kill(daemon_pid, SIGTERM);
+        waitpid(daemon_pid, NULL, 0);
+        daemon_pid = -1;
+        start_daemon();
+        char *list3 = fmt("%sc|inet.test|80|%s,", more, restart_tok);
+        out = NULL;
+        in_sandbox(&sb, &out, "net", list3, NULL);
+        check_host_untouched("net-allow (restart)", out);
+        if (inet_seen(deny, NULL, NULL) > 0)
+                ESCAPED("net-allow: after a fork or a restart of tally-vmm, a name not allowed (or a private address) "
+                        "was reached");
+        long in_r = 0, out_r = 0;
+        for (int64_t end = test_now_ms() + 5000; test_now_ms() < end && inet_seen(restart_tok, NULL, NULL) < 1;)
+                test_sleep_ms(50);
+        CHECK(inet_seen(restart_tok, &in_r, &out_r) == 1,
+              "net-allow: after tally-vmm restarted, the sandbox did not reach an allowed name");
+        net_allow_rx += out_r;
+        net_allow_tx += in_r;
+        until = test_now_ms() + 5000;
+        while (test_now_ms() < until) {
+                json_t *j = cli(&rc, "show", sb.id, NULL);
+                rx = (long)json_integer_value(json_object_get(j, "net_rx_bytes"));
+                tx = (long)json_integer_value(json_object_get(j, "net_tx_bytes"));
+                json_decref(j);
+                if (rx == net_allow_rx && tx == net_allow_tx)
+                        break;
+                test_sleep_ms(50);
+        }
+        CHECK(rx == net_allow_rx && tx == net_allow_tx,
+              "net-allow: after a restart the counters say %ld in, %ld out; the server sent %ld and got %ld in all", rx,
+              tx, net_allow_rx, net_allow_tx);
+        free(list3);
+        free(out);
+        stop(&sb, "net-allow");
+}
+
 static void start_victims(void)
 {
         for (int i = 0; i < 2; i++) {
@@ -1832,6 +2379,25 @@ static void check_ledger(void)
                 free(got[i]);
         }
         free(want);
+        /* The network counters reached the ledger (recorded, not priced): what the test server counted. */
+        if (*net_allow_id) {
+                char *q = fmt("SELECT net_rx_bytes || ' ' || net_tx_bytes FROM sandboxes WHERE id = '%s'", net_allow_id);
+                char *net = NULL, *expect = fmt("%ld %ld", net_allow_rx, net_allow_tx);
+                for (int64_t end = test_now_ms() + 20000; test_now_ms() < end; test_sleep_ms(250)) {
+                        free(net);
+                        net = query1(q);
+                        if (net && strcmp(net, expect) == 0)
+                                break;
+                }
+                fprintf(stderr, "ledger: net-allow      %s net_rx_bytes net_tx_bytes %s, the test server's %s\n",
+                        net_allow_id, net ? net : "none", expect);
+                CHECK(net && strcmp(net, expect) == 0,
+                      "net-allow: the ledger records network bytes %s, the test server counted %s", net ? net : "none",
+                      expect);
+                free(net);
+                free(expect);
+                free(q);
+        }
 }
 
 int main(void)
@@ -1849,6 +2415,7 @@ int main(void)
         mkdir(ctl_dir, 0755);
         test_cleanup_at_exit(cleanup);
         start_pipeline();
+        setup_internet();
         start_daemon();
         unsetenv("TALLY_ESCAPE_DAEMON_SECRET");
         start_victims();
@@ -1863,6 +2430,8 @@ int main(void)
                 { "forkbomb", attack_forkbomb },         { "disk-fill", attack_disk_fill },
                 { "ptrace", attack_ptrace },             { "fork-tmp", attack_fork_tmp },
                 { "fork-race", attack_fork_race },       { "admission", attack_admission },
+                { "ptrace", attack_ptrace },             { "net-none", attack_net_none },
+                { "net-host", attack_net_host },         { "net-allow", attack_net_allow },
         };
         enum { N = sizeof(cases) / sizeof(cases[0]) };
         bool escaped[N], other[N], ctl_failed[N];

@@ -24,7 +24,8 @@ static bool same(const struct usage_event *a, const struct usage_event *b)
                a->cpu_ns == b->cpu_ns && a->mem_bytes == b->mem_bytes && a->mem_peak_bytes == b->mem_peak_bytes &&
                a->mem_size_bytes == b->mem_size_bytes && a->disk_bytes == b->disk_bytes && a->vcpus == b->vcpus &&
                a->final == b->final && a->held_known == b->held_known && a->running_ns == b->running_ns &&
-               a->paused_ns == b->paused_ns && strcmp(a->parent, b->parent) == 0 &&
+               a->paused_ns == b->paused_ns && a->net_known == b->net_known && a->net_rx_bytes == b->net_rx_bytes &&
+               a->net_tx_bytes == b->net_tx_bytes && strcmp(a->parent, b->parent) == 0 &&
                strcmp(a->backend, b->backend) == 0 && a->disk_size_bytes == b->disk_size_bytes &&
                a->fork_count == b->fork_count && a->nlabels == 0 && b->nlabels == 0;
 }
@@ -57,7 +58,8 @@ static struct usage_event sample(unsigned i)
                                   .mem_bytes = (uint64_t)i << 20, .mem_peak_bytes = (uint64_t)i << 21,
                                   .mem_size_bytes = 4ULL << 30, .disk_bytes = i, .vcpus = 1 + i % EVENT_VCPUS_MAX,
                                   .final = i % 5 == 0, .held_known = i % 2 == 0, .running_ns = i * 1000ULL,
-                                  .paused_ns = i % 4 ? 0 : i };
+                                  .paused_ns = i % 4 ? 0 : i, .net_known = i % 3 == 1, .net_rx_bytes = i * 1500ULL,
+                                  .net_tx_bytes = i * 40ULL };
         snprintf(ev.host, sizeof(ev.host), i % 7 ? "host-%u" : "%.0u", i);
         snprintf(ev.sandbox, sizeof(ev.sandbox), "sb_%u.x:y-z", i);
         snprintf(ev.account, sizeof(ev.account), "acct-%u", i % 97);
@@ -66,6 +68,10 @@ static struct usage_event sample(unsigned i)
                 ev.epoch = ev.seq = ev.cpu_ns = ev.mem_size_bytes = ev.running_ns = INT64_MAX;
         if (!ev.held_known) /* not written then */
                 ev.running_ns = ev.paused_ns = 0;
+        if (!ev.net_known)
+                ev.net_rx_bytes = ev.net_tx_bytes = 0;
+        if (i == 4) /* the extremes */
+                ev.net_known = true, ev.net_rx_bytes = ev.net_tx_bytes = INT64_MAX;
         return ev;
 }
 
@@ -108,6 +114,9 @@ static void edge_cases(void **state)
                 "{\"v\":1,\"type\":\"sample\",\"sandbox\":\"s\",\"account\":\"a\",\"key\":\"k\",\"epoch\":0,\"seq\":0,"
                 "\"wall_ns\":1577836800000000000,\"state\":\"running\",\"cpu_ns\":0,\"mem_size_bytes\":0,\"vcpus\":1,"
                 "\"running_ns\":5}",
+                "{\"v\":1,\"type\":\"sample\",\"sandbox\":\"s\",\"account\":\"a\",\"key\":\"k\",\"epoch\":0,\"seq\":0,"
+                "\"wall_ns\":1577836800000000000,\"state\":\"running\",\"cpu_ns\":0,\"mem_size_bytes\":0,\"vcpus\":1,"
+                "\"net_rx_bytes\":5}",
                 "{\"v\":1,\"type\":\"sample\",\"sandbox\":\"s\",\"account\":\"a\",\"key\":\"k\",\"epoch\":0,\"seq\":0,"
                 "\"wall_ns\":1577836800000000000,\"state\":\"running\",\"cpu_ns\":1.0,\"mem_size_bytes\":0,\"vcpus\":1}",
                 "{\"v\":1,\"type\":\"sample\",\"sandbox\":\"s\",\"account\":\"a\",\"key\":\"k\",\"epoch\":0,\"seq\":0,"

@@ -50,7 +50,8 @@ static void test_defaults(void **state)
         assert_int_equal(r.disk_bytes, 1024ULL << 20);
         assert_int_equal(r.timeout_s, 300);
         assert_int_equal(r.pids_max, 1024);
-        assert_false(r.network);
+        assert_false(r.net.internet);
+        assert_int_equal(r.net.nallow, 0);
         assert_null(r.command);
         assert_int_equal(r.nlabels, 0);
         create_request_clear(&r);
@@ -69,7 +70,8 @@ static void test_full_request(void **state)
         assert_int_equal(r.vcpus, 16);
         assert_int_equal(r.mem_bytes, 4096ULL << 20);
         assert_int_equal(r.disk_bytes, 8192ULL << 20);
-        assert_true(r.network);
+        assert_true(r.net.internet);
+        assert_int_equal(r.net.nallow, 0);
         assert_int_equal(r.pids_max, 64);
         assert_string_equal(r.backend, "process");
         assert_string_equal(r.image, "base");
@@ -105,7 +107,7 @@ static void test_refusals(void **state)
         refused("{\"account\":\"a\",\"key\":\"k\",\"disk_mib\":-1}", "disk_mib");
         refused("{\"account\":\"a\",\"key\":\"k\",\"timeout_s\":3601}", "timeout_s must be an integer from 1 to 3600");
         refused("{\"account\":\"a\",\"key\":\"k\",\"timeout_s\":0}", "timeout_s");
-        refused("{\"account\":\"a\",\"key\":\"k\",\"network\":1}", "network must be true or false");
+        refused("{\"account\":\"a\",\"key\":\"k\",\"network\":1}", "network must be false, true or {");
         refused("{\"account\":\"a\",\"key\":\"k\",\"pids_max\":7}", "pids_max must be an integer from 8 to 65536");
         refused("{\"account\":\"a\",\"key\":\"k\",\"pids_max\":65537}", "pids_max must be an integer from 8");
         refused("{\"account\":\"a\",\"key\":\"k\",\"backend\":\"\"}", "backend must be");
