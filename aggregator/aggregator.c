@@ -620,7 +620,11 @@ static int hold(struct agg *a, const struct raw *m, const char *sandbox, const c
         utf8_copy(w->reason, sizeof(w->reason), why);
         a->nwaiting++;
         atomic_fetch_add_explicit(&a->metrics->readings_held, 1, memory_order_relaxed);
-        return 0;
+        /* Its fold state is written too (unchanged), fenced by version like any: should
+         * another aggregator have taken the sandbox's announcement meanwhile, this batch is
+         * read again with the state that has it, and the reading is billed, not held. */
+        struct sandbox *sb = sandbox_find(a, sandbox);
+        return sb ? mark_dirty(a, sb) : 0;
 }
 
 /* Takes a decoded reading: billed, dead-lettered or held (not again when
@@ -1083,7 +1087,7 @@ static int stage_fold(struct agg *a, struct text *t)
                                 *c = ' ';
                 format_ts(wall, sizeof(wall), f->wall_ns);
                 if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\n", s->id,
-                             s->account, s->key, s->host, s->vcpus, fold, s->version,
+                             s->account, s->key, f->known ? s->host : "" /* no sample of its host yet */, s->vcpus, fold, s->version,
                              f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
                              wall, sync ? "t" : "f") < 0)
                         return -ENOMEM;
@@ -1213,6 +1217,8 @@ static void expire_held(struct agg *a)
                                  log_quote(q, sizeof(q), PQgetvalue(res, i, 2)));
                 }
                 atomic_fetch_add_explicit(&a->metrics->readings_expired, (uint64_t)PQntuples(res), memory_order_relaxed);
+                atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], (uint64_t)PQntuples(res),
+                                          memory_order_relaxed);
                 a->dead_total += (uint64_t)PQntuples(res);
         }
         PQclear(res);
