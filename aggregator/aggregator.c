@@ -34,7 +34,7 @@
 #include <time.h>
 
 /* Schema this aggregator writes: 002_ledger and up to what it knows. */
-#define SCHEMA_NEED  11 /* sandboxes.net_rx_bytes */
+#define SCHEMA_NEED  14 /* held_readings */
 #define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 
 #define LAG_BUCKETS 60000 /* 1 ms each: commit latency histogram up to 60 s */
@@ -74,6 +74,28 @@ struct dead_letter {
         char reason[256];
 };
 
+/* A reading waiting for its sandbox's provenance (docs/billing.md,
+ * "Provenance"): held in this batch, or a row of held_readings an earlier
+ * batch held, read back when an announcement for its sandbox came. */
+struct waiting {
+        char sandbox[EVENT_ID_MAX + 1];
+        int32_t partition;
+        int64_t offset;
+        char *raw;
+        size_t len;
+        char reason[200];
+        bool stored;            /* a row of held_readings: deleted at commit once done */
+        bool done;              /* billed or refused in this batch */
+};
+
+/* One message as the batch sees it (from Kafka, or read back from held_readings). */
+struct raw {
+        int32_t partition;
+        int64_t offset;
+        const void *payload;
+        size_t len;
+};
+
 struct partition {
         bool owned;
         int64_t generation;
@@ -108,6 +130,8 @@ struct agg {
         size_t nevents, capevents;
         struct dead_letter *dead;
         size_t ndead, capdead;
+        struct waiting *waiting;
+        size_t nwaiting, capwaiting;
         size_t messages;
         int64_t batch_started;
         int64_t *stamps;        /* Kafka create time (ms) of each message, for the latency figures */
@@ -141,7 +165,7 @@ struct agg {
         int64_t split_limit;    /* 0, or the batch size while a failing batch is being split */
         int64_t split_left;     /* messages to commit before batches grow back */
 
-        int64_t last_sweep_ns, last_gap_check_ns, last_gap_log_ns;
+        int64_t last_sweep_ns, last_gap_check_ns, last_gap_log_ns, last_held_check_ns;
         struct agg_metrics *metrics;
 };
 
@@ -370,7 +394,9 @@ static void batch_clear(struct agg *a)
                 event_clear(&a->events[i]);
         for (size_t i = 0; i < a->ndead; i++)
                 free(a->dead[i].raw);
-        a->npieces = a->ndirty = a->nevents = a->ndead = a->messages = a->nstamps = 0;
+        for (size_t i = 0; i < a->nwaiting; i++)
+                free(a->waiting[i].raw);
+        a->npieces = a->ndirty = a->nevents = a->ndead = a->messages = a->nstamps = a->nwaiting = 0;
         for (int32_t p = 0; p < a->nparts; p++)
                 a->parts[p].touched = false;
 }
@@ -456,25 +482,55 @@ static void count_notes(struct agg *a, const struct usage_event *ev, unsigned no
         }
 }
 
+static int mark_dirty(struct agg *a, struct sandbox *sb)
+{
+        if (sb->dirty)
+                return 0;
+        if (grow((void **)&a->dirty, &a->capdirty, a->ndirty + 1, sizeof(*a->dirty)) < 0)
+                return -ENOMEM;
+        a->dirty[a->ndirty++] = sb;
+        sb->dirty = true;
+        return 0;
+}
+
+/* The batch's sandbox of id, from memory or the ledger (new if neither has
+ * it); NULL when the ledger cannot be read. */
+static struct sandbox *sandbox_of(struct agg *a, const struct raw *m, const struct usage_event *ev)
+{
+        struct sandbox *sb = sandbox_find(a, ev->sandbox);
+        if (sb)
+                return sb;
+        if (!(sb = sandbox_add(a, ev->sandbox)))
+                return NULL;
+        snprintf(sb->account, sizeof(sb->account), "%s", ev->account);
+        snprintf(sb->key, sizeof(sb->key), "%s", ev->key);
+        sb->partition = m->partition;
+        return sb;
+}
+
+enum outcome { TAKEN, REFUSED, HELD };
+
 /* Folds one reading (a sample or the vmm's `stopped` event) into its
- * sandbox's state. *refused is set when the message went to the dead letters. */
-static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct usage_event *in, bool *refused)
+ * sandbox's state. *ret says whether it was billed, dead-lettered, or is to
+ * be held until its sandbox's provenance comes (then held_why says why). */
+static int fold_reading(struct agg *a, const struct raw *m, const struct usage_event *in, enum outcome *ret,
+                        char *held_why, size_t held_whylen)
 {
         int32_t partition = m->partition;
-        *refused = false;
+        *ret = REFUSED;
         struct sandbox *sb = sandbox_find(a, in->sandbox);
-        if ((!sb || !sb->fold.known) && in->key[0] == '\0') {
-                *refused = true;
+        if ((!sb || !sb->fold.known) && in->key[0] == '\0')
                 return add_dead(a, m->partition, m->offset, m->payload, m->len,
                                 "no key, and no reading of the sandbox billed before");
-        }
-        if (!sb) {
-                sb = sandbox_add(a, in->sandbox);
-                if (!sb)
-                        return -ENOMEM;
-                snprintf(sb->account, sizeof(sb->account), "%s", in->account);
-                snprintf(sb->key, sizeof(sb->key), "%s", in->key);
-                sb->partition = partition;
+        if (!sb && !(sb = sandbox_of(a, m, in)))
+                return -ENOMEM;
+        char buf[200];
+        const char *why = NULL;
+        /* Provenance: only the host that created the sandbox reads its counters. */
+        if (sb->fold.created && sb->fold.host[0] && strcmp(in->host, sb->fold.host) != 0) {
+                snprintf(buf, sizeof(buf), "%s from host %s, but the sandbox was created on host %s",
+                         event_type_name(in->type), in->host[0] ? in->host : "(none)", sb->fold.host);
+                return add_dead(a, m->partition, m->offset, m->payload, m->len, buf);
         }
         struct usage_event ev = *in; /* a shallow copy the fold reads; in keeps its labels */
         if (!ev.vcpus)
@@ -489,14 +545,37 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
         if (c.err < 0)
                 return c.err;
         count_notes(a, &ev, notes, clock.now_ns, &before);
-        const char *why = NULL;
-        char buf[160];
         switch (r) {
         case FOLD_DUPLICATE:
         case FOLD_OLD_EPOCH:
+                *ret = TAKEN;
+                return 0;
+        case FOLD_UNANNOUNCED:
+                if (!before.created)
+                        snprintf(held_why, held_whylen, "no created event for the sandbox");
+                else
+                        snprintf(held_why, held_whylen,
+                                 "epoch %" PRIu64 " was never announced by the sandbox's host (announced up to %" PRIu64 ")",
+                                 ev.epoch, before.epoch_max > before.epoch ? before.epoch_max : before.epoch);
+                *ret = HELD;
                 return 0;
         case FOLD_IMPOSSIBLE:
-                why = "impossible sample: more CPU or held time than could pass in the time";
+                if (!before.known && before.created_ns > 0) {
+                        snprintf(buf, sizeof(buf),
+                                 "impossible first reading: more CPU or held time than %u vCPUs could use since the "
+                                 "sandbox was created",
+                                 before.created_vcpus ? before.created_vcpus : ev.vcpus);
+                        why = buf;
+                } else {
+                        why = "impossible sample: more CPU or held time than could pass in the time";
+                }
+                break;
+        case FOLD_STOP_BEHIND:
+                snprintf(buf, sizeof(buf),
+                         "stopped event behind what was billed: cpu_ns %" PRIu64 " (billed %" PRIu64 "), wall_ns %" PRId64
+                         " (billed %" PRId64 ")",
+                         ev.cpu_ns, before.cpu_ns, ev.wall_ns, before.wall_ns);
+                why = buf;
                 break;
         case FOLD_SEQ_JUMP:
                 snprintf(buf, sizeof(buf), "seq generation %" PRIu64 " is more than %d above the last billed, %" PRIu64,
@@ -518,10 +597,9 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
         case FOLD_BILLED:
                 break;
         }
-        if (why) {
-                *refused = true;
+        if (why)
                 return add_dead(a, m->partition, m->offset, m->payload, m->len, why);
-        }
+        *ret = TAKEN;
         if (ev.type == EVENT_STOPPED)
                 atomic_fetch_add_explicit(&a->metrics->stops_folded, 1, memory_order_relaxed);
         if (ev.host[0])
@@ -536,13 +614,190 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
                 sb->net_unsaved = true;
         }
         sb->partition = partition;
-        if (!sb->dirty) {
-                if (grow((void **)&a->dirty, &a->capdirty, a->ndirty + 1, sizeof(*a->dirty)) < 0)
-                        return -ENOMEM;
-                a->dirty[a->ndirty++] = sb;
-                sb->dirty = true;
+        return mark_dirty(a, sb);
+}
+
+/* Holds a reading of this batch until its sandbox's provenance comes. */
+static int hold(struct agg *a, const struct raw *m, const char *sandbox, const char *why)
+{
+        if (grow((void **)&a->waiting, &a->capwaiting, a->nwaiting + 1, sizeof(*a->waiting)) < 0)
+                return -ENOMEM;
+        struct waiting *w = &a->waiting[a->nwaiting];
+        *w = (struct waiting){ .partition = m->partition, .offset = m->offset, .len = m->len };
+        if (!(w->raw = malloc(m->len ? m->len : 1)))
+                return -ENOMEM;
+        if (m->len)
+                memcpy(w->raw, m->payload, m->len);
+        snprintf(w->sandbox, sizeof(w->sandbox), "%s", sandbox);
+        utf8_copy(w->reason, sizeof(w->reason), why);
+        a->nwaiting++;
+        atomic_fetch_add_explicit(&a->metrics->readings_held, 1, memory_order_relaxed);
+        /* Its fold state is written too (unchanged), fenced by version like any: should
+         * another aggregator have taken the sandbox's announcement meanwhile, this batch is
+         * read again with the state that has it, and the reading is billed, not held. */
+        struct sandbox *sb = sandbox_find(a, sandbox);
+        return sb ? mark_dirty(a, sb) : 0;
+}
+
+/* Takes a decoded reading: billed, dead-lettered or held (not again when
+ * replaying a held one: *ret_held says it still waits). A billed `stopped`
+ * event goes on to the batch's events (which then own it); otherwise ev is
+ * cleared. */
+static int take_reading(struct agg *a, const struct raw *m, struct usage_event *ev, bool replay, bool *ret_held)
+{
+        enum outcome o;
+        char why[200];
+        int r = fold_reading(a, m, ev, &o, why, sizeof(why));
+        *ret_held = r == 0 && o == HELD;
+        if (r == 0 && o == HELD && !replay)
+                r = hold(a, m, ev->sandbox, why);
+        if (r < 0 || o != TAKEN || ev->type != EVENT_STOPPED) {
+                event_clear(ev);
+                return r;
         }
+        if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0) {
+                event_clear(ev);
+                return -ENOMEM;
+        }
+        a->events[a->nevents++] = *ev; /* the batch owns it now */
         return 0;
+}
+
+static int take_announcement(struct agg *a, const struct raw *m, struct usage_event *ev, bool replay,
+                             bool *ret_held);
+
+static int db_ensure(struct agg *a);
+static int query_ok(struct agg *a, PGresult *res, ExecStatusType want, const char *what);
+
+/* Reads back what earlier batches held for the sandbox, then bills (or
+ * refuses) everything held for it that its provenance now allows: the
+ * earlier batches' readings first, then this batch's, each in order. */
+static int replay_waiting(struct agg *a, const char *sandbox)
+{
+        if (db_ensure(a) < 0)
+                return -EIO;
+        const char *params[] = { sandbox };
+        PGresult *res = PQexecParams(a->db,
+                                     "SELECT partition, \"offset\", raw, reason FROM held_readings"
+                                     " WHERE sandbox_id = $1 ORDER BY held_at, partition, \"offset\"",
+                                     1, NULL, params, NULL, NULL, 0);
+        int r = query_ok(a, res, PGRES_TUPLES_OK, "held readings");
+        size_t first_new = a->nwaiting;
+        for (int i = 0; r == 0 && i < PQntuples(res); i++) {
+                int32_t p = (int32_t)strtol(PQgetvalue(res, i, 0), NULL, 10);
+                int64_t o = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+                bool have = false;
+                for (size_t k = 0; k < first_new && !have; k++)
+                        have = a->waiting[k].stored && a->waiting[k].partition == p && a->waiting[k].offset == o;
+                if (have)
+                        continue;
+                size_t len = 0;
+                unsigned char *raw = PQunescapeBytea((const unsigned char *)PQgetvalue(res, i, 2), &len);
+                if (!raw || grow((void **)&a->waiting, &a->capwaiting, a->nwaiting + 1, sizeof(*a->waiting)) < 0) {
+                        PQfreemem(raw);
+                        r = -ENOMEM;
+                        break;
+                }
+                struct waiting *w = &a->waiting[a->nwaiting];
+                *w = (struct waiting){ .partition = p, .offset = o, .len = len, .stored = true };
+                if (!(w->raw = malloc(len ? len : 1))) {
+                        PQfreemem(raw);
+                        r = -ENOMEM;
+                        break;
+                }
+                memcpy(w->raw, raw, len);
+                PQfreemem(raw);
+                snprintf(w->sandbox, sizeof(w->sandbox), "%s", sandbox);
+                utf8_copy(w->reason, sizeof(w->reason), PQgetvalue(res, i, 3));
+                a->nwaiting++;
+        }
+        PQclear(res);
+        if (r < 0)
+                return r;
+        /* Stored rows first, then this batch's; a replay may hold nothing new
+         * but may add dead letters and events (never entries to waiting). */
+        for (int pass = 0; pass < 2; pass++)
+                for (size_t i = 0; i < a->nwaiting; i++) {
+                        struct waiting *w = &a->waiting[i];
+                        if (w->done || w->stored != (pass == 0) || strcmp(w->sandbox, sandbox) != 0)
+                                continue;
+                        struct raw m = { .partition = w->partition, .offset = w->offset, .payload = w->raw,
+                                         .len = w->len };
+                        struct usage_event ev;
+                        char why[256];
+                        bool held = false;
+                        w->done = true; /* so that a replay within this one does not take it again */
+                        if (event_decode(w->raw, w->len, &ev, why, sizeof(why)) < 0)
+                                r = add_dead(a, w->partition, w->offset, w->raw, w->len, why);
+                        else if (ev.type == EVENT_RESTARTED)
+                                r = take_announcement(a, &m, &ev, true, &held);
+                        else
+                                r = take_reading(a, &m, &ev, true, &held);
+                        w = &a->waiting[i]; /* (nothing grows it during a replay, but read it again) */
+                        if (r < 0)
+                                return r;
+                        w->done = !held;
+                        if (!held)
+                                atomic_fetch_add_explicit(&a->metrics->readings_released, 1, memory_order_relaxed);
+                }
+        return 0;
+}
+
+/* A `created` event (the sandbox's host, moment and size) or a `restarted`
+ * one (a new epoch announced): what lets its sandbox's readings be billed.
+ * A `created` goes on to the batch's events (which then own it). */
+static int take_announcement(struct agg *a, const struct raw *m, struct usage_event *ev, bool replay, bool *ret_held)
+{
+        *ret_held = false;
+        struct sandbox *sb = sandbox_of(a, m, ev);
+        if (!sb) {
+                event_clear(ev);
+                return -ENOMEM;
+        }
+        char buf[200], id[EVENT_ID_MAX + 1];
+        const char *why = NULL;
+        snprintf(id, sizeof(id), "%s", ev->sandbox);
+        if (ev->type == EVENT_CREATED && sb->fold.created && sb->fold.host[0] && strcmp(sb->fold.host, ev->host) != 0) {
+                snprintf(buf, sizeof(buf), "created again from host %s, but the sandbox was created on host %s",
+                         ev->host[0] ? ev->host : "(none)", sb->fold.host);
+                why = buf;
+        } else {
+                int r = fold_announce(&sb->fold, ev);
+                if (r == -ENOENT) {
+                        *ret_held = true;
+                        r = replay ? 0 : hold(a, m, id, "no created event for the sandbox");
+                        event_clear(ev);
+                        return r;
+                }
+                if (r == -EPERM) {
+                        snprintf(buf, sizeof(buf), "restarted from host %s, but the sandbox was created on host %s",
+                                 ev->host[0] ? ev->host : "(none)", sb->fold.host);
+                        why = buf;
+                } else if (r == -ERANGE) {
+                        snprintf(buf, sizeof(buf), "restarted epoch %" PRIu64 " is more than %d above the highest known",
+                                 ev->epoch, FOLD_JUMP_MAX);
+                        why = buf;
+                }
+        }
+        if (why) {
+                event_clear(ev);
+                return add_dead(a, m->partition, m->offset, m->payload, m->len, why);
+        }
+        if (!sb->vcpus)
+                sb->vcpus = ev->vcpus;
+        if (ev->type == EVENT_RESTARTED)
+                log_info("sandbox's counters restarted: new epoch announced", "sandbox=%s host=%s epoch=%" PRIu64
+                         " reason=%s", ev->sandbox, ev->host, ev->epoch, ev->reason);
+        int r = mark_dirty(a, sb);
+        if (r == 0 && ev->type == EVENT_CREATED) {
+                if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0)
+                        r = -ENOMEM;
+                else
+                        a->events[a->nevents++] = *ev; /* the batch owns it now */
+        }
+        if (r < 0 || ev->type != EVENT_CREATED)
+                event_clear(ev);
+        return r < 0 ? r : replay_waiting(a, id);
 }
 
 /* Takes one message into the batch. Never fails on the message's content. */
@@ -551,20 +806,19 @@ static int take_message(struct agg *a, const rd_kafka_message_t *m)
         struct partition *p = part(a, m->partition);
         if (!p || !p->owned || m->offset < p->position)
                 return 0; /* not ours (any more), or already in the ledger */
+        struct raw raw = { .partition = m->partition, .offset = m->offset, .payload = m->payload, .len = m->len };
         struct usage_event ev;
         char why[256];
         int r = 0;
-        bool refused_stop = false;
+        bool held;
         /* Samples take the fast path (sample_decode.h); anything it is not
          * sure of, event_decode. */
         if (!sample_decode_fast(m->payload, m->len, &ev) && event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
                 r = add_dead(a, m->partition, m->offset, m->payload, m->len, why);
-        } else if (ev.type == EVENT_SAMPLE) {
-                bool refused;
-                r = fold_reading(a, m, &ev, &refused);
-                event_clear(&ev);
-        } else if (ev.type == EVENT_STOPPED && ((r = fold_reading(a, m, &ev, &refused_stop)) < 0 || refused_stop)) {
-                event_clear(&ev); /* dead-lettered (or out of memory): the event is not applied */
+        } else if (ev.type == EVENT_SAMPLE || ev.type == EVENT_STOPPED) {
+                r = take_reading(a, &raw, &ev, false, &held);
+        } else if (ev.type == EVENT_CREATED || ev.type == EVENT_RESTARTED) {
+                r = take_announcement(a, &raw, &ev, false, &held);
         } else if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0) {
                 event_clear(&ev);
                 r = -ENOMEM;
@@ -840,7 +1094,9 @@ static int stage_fold(struct agg *a, struct text *t)
         for (size_t i = 0; i < a->ndirty; i++) {
                 const struct sandbox *s = a->dirty[i];
                 const struct fold_state *f = &s->fold;
-                bool sync = s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0 || s->net_unsaved;
+                /* (A sandbox with only its created event has no reading to sync the row from.) */
+                bool sync = f->known &&
+                            (s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0 || s->net_unsaved);
                 char fold[FOLD_STATE_TEXT_MAX], wall[64];
                 if (fold_state_format(f, fold, sizeof(fold)) < 0)
                         return -ENOBUFS;
@@ -849,7 +1105,8 @@ static int stage_fold(struct agg *a, struct text *t)
                                 *c = ' ';
                 format_ts(wall, sizeof(wall), f->wall_ns);
                 if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64
-                             "\t%" PRIu64 "\n", s->id, s->account, s->key, s->host, s->vcpus, fold, s->version,
+                             "\t%" PRIu64 "\n", s->id, s->account, s->key,
+                             f->known ? s->host : "" /* no sample of its host yet */, s->vcpus, fold, s->version,
                              f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
                              wall, sync ? "t" : "f", s->net_rx, s->net_tx) < 0)
                         return -ENOMEM;
@@ -914,6 +1171,76 @@ static int store_dead(struct agg *a, const struct dead_letter *d)
                          d->offset, log_quote(q, sizeof(q), d->reason));
         }
         return r;
+}
+
+/* A held reading: this batch's still waiting goes into held_readings; an
+ * earlier batch's now taken leaves it. -EBUSY when that row is gone (another
+ * aggregator took it, or its grace ran out meanwhile): the batch is read again. */
+static int store_waiting(struct agg *a, const struct waiting *w)
+{
+        if (w->stored != w->done)
+                return 0; /* an earlier batch's still waiting, or this batch's already taken */
+        char p[16], o[32];
+        snprintf(p, sizeof(p), "%d", w->partition);
+        snprintf(o, sizeof(o), "%" PRId64, w->offset);
+        PGresult *res;
+        if (w->stored) {
+                const char *params[] = { p, o };
+                res = PQexecParams(a->db, "DELETE FROM held_readings WHERE partition = $1 AND \"offset\" = $2", 2,
+                                   NULL, params, NULL, NULL, 0);
+        } else {
+                const char *params[] = { p, o, w->sandbox, w->raw, w->reason };
+                int lens[] = { 0, 0, 0, (int)w->len, 0 };
+                int fmts[] = { 0, 0, 0, 1, 0 };
+                res = PQexecParams(a->db,
+                                   "INSERT INTO held_readings (partition, \"offset\", sandbox_id, raw, reason)"
+                                   " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                                   5, NULL, params, lens, fmts, 0);
+        }
+        int r = query_ok(a, res, PGRES_COMMAND_OK, "held reading");
+        if (r == 0 && w->stored && atoi(PQcmdTuples(res)) != 1)
+                r = -EBUSY;
+        PQclear(res);
+        if (r == 0 && !w->stored) {
+                char q[600];
+                log_info("reading held: its sandbox's provenance is not known yet", "sandbox=%s partition=%d offset=%"
+                         PRId64 " reason=%s", w->sandbox, w->partition, w->offset,
+                         log_quote(q, sizeof(q), w->reason));
+        }
+        return r;
+}
+
+/* Dead-letters the readings held longer than provenance_grace_ms (by the
+ * database's clock), in one statement: whichever aggregator runs it first
+ * moves each row once. */
+static void expire_held(struct agg *a)
+{
+        if (db_ensure(a) < 0)
+                return;
+        char grace[32];
+        snprintf(grace, sizeof(grace), "%" PRId64, a->cfg->provenance_grace_ms);
+        const char *params[] = { grace };
+        PGresult *res = PQexecParams(
+                a->db,
+                "WITH gone AS (DELETE FROM held_readings WHERE held_at < now() - $1::bigint * interval '1 millisecond'"
+                "  RETURNING partition, \"offset\", sandbox_id, raw, reason)"
+                " INSERT INTO dead_letters (topic, partition, \"offset\", raw, reason)"
+                " SELECT 'usage', partition, \"offset\", raw, reason || ' (held ' || $1 || ' ms)' FROM gone"
+                " ON CONFLICT DO NOTHING RETURNING partition, \"offset\", reason",
+                1, NULL, params, NULL, NULL, 0);
+        if (query_ok(a, res, PGRES_TUPLES_OK, "expire held readings") == 0) {
+                for (int i = 0; i < PQntuples(res); i++) {
+                        char q[600];
+                        log_warn("held reading dead-lettered: no provenance within the grace period",
+                                 "partition=%s offset=%s reason=%s", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+                                 log_quote(q, sizeof(q), PQgetvalue(res, i, 2)));
+                }
+                atomic_fetch_add_explicit(&a->metrics->readings_expired, (uint64_t)PQntuples(res), memory_order_relaxed);
+                atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], (uint64_t)PQntuples(res),
+                                          memory_order_relaxed);
+                a->dead_total += (uint64_t)PQntuples(res);
+        }
+        PQclear(res);
 }
 
 /* Moves each touched partition's next offset, only where our generation
@@ -1184,6 +1511,9 @@ static int commit_batch(struct agg *a)
                         goto rollback;
         for (size_t i = 0; i < a->ndead; i++)
                 if ((r = store_dead(a, &a->dead[i])) < 0)
+                        goto rollback;
+        for (size_t i = 0; i < a->nwaiting; i++)
+                if ((r = store_waiting(a, &a->waiting[i])) < 0)
                         goto rollback;
         if ((r = store_offsets(a, &t)) < 0)
                 goto rollback;
@@ -1990,6 +2320,13 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                 if (now_mono - a.last_gap_check_ns >= METERING_CHECK_NS) {
                         a.last_gap_check_ns = now_mono;
                         check_metering_gaps(&a);
+                }
+                int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
+                if (held_every > METERING_CHECK_NS)
+                        held_every = METERING_CHECK_NS;
+                if (!a.messages && now_mono - a.last_held_check_ns >= held_every) {
+                        a.last_held_check_ns = now_mono;
+                        expire_held(&a);
                 }
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
                         last_report = time_mono_ns();

@@ -29,6 +29,7 @@ struct aggregator_config {
         char *log_level;
         int64_t max_clock_ahead_ms;  /* a reading dated further ahead of our clock is not trusted for time */
         int64_t max_clock_behind_ms; /* ...nor one dated further behind it */
+        int64_t provenance_grace_ms; /* a reading without provenance is held this long, then dead-lettered */
 };
 
 /* Runs until *stop becomes non-zero, then commits what it holds and leaves

@@ -104,6 +104,41 @@ static uint64_t max_u64(uint64_t a, uint64_t b)
         return a > b ? a : b;
 }
 
+/* The provenance fields of from, onto st. */
+static void provenance_copy(struct fold_state *st, const struct fold_state *from)
+{
+        st->created = from->created;
+        st->created_ns = from->created_ns;
+        st->created_vcpus = from->created_vcpus;
+        st->epoch_max = from->epoch_max;
+        memcpy(st->host, from->host, sizeof(st->host));
+}
+
+int fold_announce(struct fold_state *st, const struct usage_event *ev)
+{
+        if (ev->type == EVENT_CREATED) {
+                if (st->created)
+                        return 0;
+                st->created = true;
+                st->created_ns = ev->wall_ns;
+                st->created_vcpus = ev->vcpus;
+                st->epoch_max = max_u64(st->epoch_max, ev->epoch ? ev->epoch : 1);
+                snprintf(st->host, sizeof(st->host), "%s", ev->host);
+                return 0;
+        }
+        if (ev->type != EVENT_RESTARTED)
+                return 0;
+        if (!st->created)
+                return -ENOENT;
+        if (st->host[0] && strcmp(st->host, ev->host) != 0)
+                return -EPERM;
+        uint64_t base = max_u64(st->epoch, st->epoch_max);
+        if (ev->epoch > base && ev->epoch - base > FOLD_JUMP_MAX)
+                return -ERANGE;
+        st->epoch_max = max_u64(st->epoch_max, ev->epoch);
+        return 0;
+}
+
 enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *ev, const struct fold_clock *clock,
                                unsigned *notes, fold_emit_fn emit, void *ctx)
 {
@@ -139,29 +174,53 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
         if (notes)
                 *notes = nt;
 
+        /* Provenance: nothing is billed before the sandbox's `created` event,
+         * nor under an epoch its host has not announced (the caller holds
+         * such a reading until the announcement comes, or dead-letters it). */
+        if (!st->created)
+                return FOLD_UNANNOUNCED;
+        uint32_t vcpus = st->created_vcpus ? st->created_vcpus : ev->vcpus;
+        uint64_t announced = st->epoch_max > st->epoch ? st->epoch_max : st->epoch;
+
         if (!st->known) {
+                if (epoch > (announced ? announced : 1))
+                        return FOLD_UNANNOUNCED;
                 /* The counters start at zero with the sandbox: all of them is
-                 * new (its whole life, for the held counters). */
-                if ((u128)ev->cpu_ns > (u128)(ev->vcpus ? ev->vcpus : 1) * FOLD_FIRST_CPU_MAX_NS ||
-                    (ev->held_known && (u128)ev->running_ns + ev->paused_ns > (u128)FOLD_FIRST_CPU_MAX_NS))
+                 * new (its whole life, for the held counters) — at most what
+                 * it could have used since its created moment. */
+                int64_t life = FOLD_FIRST_CPU_MAX_NS;
+                if (st->created_ns > 0)
+                        life = (at > st->created_ns ? at - st->created_ns : 0) + FOLD_FIRST_SLACK_NS;
+                if ((u128)ev->cpu_ns > (u128)(vcpus ? vcpus : 1) * (u128)life ||
+                    (ev->held_known && (u128)ev->running_ns + ev->paused_ns > (u128)life))
                         return FOLD_IMPOSSIBLE;
                 uint64_t run = ev->held_known ? ev->running_ns : 0, paused = ev->held_known ? ev->paused_ns : 0;
                 fold_place(at, ev->cpu_ns, run, paused, mem, disk, emit, ctx);
                 if (!stop)
                         peak(ev, at, emit, ctx);
+                struct fold_state prov = *st;
                 *st = (struct fold_state){ .known = true, .epoch = epoch, .seq = stop ? 0 : ev->seq,
                                            .cpu_ns = ev->cpu_ns, .wall_ns = at,
                                            .state = stop ? STATE_STOPPED : ev->state, .mem_size_bytes = mem,
                                            .disk_bytes = disk, .held = ev->held_known, .running_ns = run,
                                            .paused_ns = paused,
                                            .closed = stop || ev->state == STATE_STOPPED };
+                provenance_copy(st, &prov);
                 return FOLD_BILLED;
         }
         if (epoch < st->epoch)
                 return FOLD_OLD_EPOCH;
         if (epoch - st->epoch > FOLD_JUMP_MAX)
                 return FOLD_EPOCH_JUMP;
+        if (epoch > announced)
+                return FOLD_UNANNOUNCED;
         bool new_epoch = epoch > st->epoch;
+        /* The vmm's `stopped` reads the counter after the sandbox's processes
+         * are gone: below what a sample of the running sandbox already showed
+         * in the same epoch, or dated long before it, it is not the vmm's. */
+        if (stop && !st->closed && !new_epoch &&
+            (ev->cpu_ns < st->cpu_ns || (!clock_bad && ev->wall_ns < st->wall_ns - FOLD_CPU_SLACK_NS)))
+                return FOLD_STOP_BEHIND;
         if (!stop) {
                 if (!new_epoch && ev->seq <= st->seq)
                         return FOLD_DUPLICATE;
@@ -190,7 +249,7 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
                 cpu_to = st->cpu_ns;
         }
         int64_t elapsed = clock_bad ? 0 : ev->wall_ns - st->wall_ns;
-        if (!possible(cpu, ev->vcpus, elapsed))
+        if (!possible(cpu, vcpus, elapsed))
                 return FOLD_IMPOSSIBLE;
 
         /* Held time: by the counters when both this reading and the state
@@ -246,12 +305,14 @@ enum fold_result fold_apply(struct fold_state *st, const struct usage_event *ev,
 int fold_state_format(const struct fold_state *st, char *buf, size_t size)
 {
         int n = snprintf(buf, size,
-                         "v2 known=%d epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " wall_ns=%" PRId64
+                         "v3 known=%d epoch=%" PRIu64 " seq=%" PRIu64 " cpu_ns=%" PRIu64 " wall_ns=%" PRId64
                          " state=%d mem_size_bytes=%" PRIu64 " disk_bytes=%" PRIu64 " held=%d running_ns=%" PRIu64
-                         " paused_ns=%" PRIu64 " closed=%d",
+                         " paused_ns=%" PRIu64 " closed=%d created=%d created_ns=%" PRId64 " created_vcpus=%" PRIu32
+                         " epoch_max=%" PRIu64 " host=%s",
                          st->known ? 1 : 0, st->epoch, st->seq, st->cpu_ns, st->wall_ns, (int)st->state,
                          st->mem_size_bytes, st->disk_bytes, st->held ? 1 : 0, st->running_ns, st->paused_ns,
-                         st->closed ? 1 : 0);
+                         st->closed ? 1 : 0, st->created ? 1 : 0, st->created_ns, st->created_vcpus, st->epoch_max,
+                         st->host);
         if (n < 0 || (size_t)n >= size)
                 return -ENOBUFS;
         return n;
@@ -260,7 +321,7 @@ int fold_state_format(const struct fold_state *st, char *buf, size_t size)
 int fold_state_parse(const char *text, struct fold_state *ret)
 {
         struct fold_state st = { 0 };
-        int known = 0, state = 0, held = 0, closed = 0, end = 0;
+        int known = 0, state = 0, held = 0, closed = 0, created = 0, end = 0;
         if (strncmp(text, "v1 ", 3) == 0) {
                 if (sscanf(text,
                            "v1 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
@@ -268,21 +329,43 @@ int fold_state_parse(const char *text, struct fold_state *ret)
                            &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
                            &st.disk_bytes, &end) != 8)
                         return -EINVAL;
-        } else if (sscanf(text,
-                          "v2 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
-                          " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 " held=%d running_ns=%" SCNu64
-                          " paused_ns=%" SCNu64 " closed=%d%n",
-                          &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
-                          &st.disk_bytes, &held, &st.running_ns, &st.paused_ns, &closed, &end) != 12) {
-                return -EINVAL;
+                created = 1; /* before provenance: created on any host, its epoch announced */
+                st.epoch_max = st.epoch;
+        } else if (strncmp(text, "v2 ", 3) == 0) {
+                if (sscanf(text,
+                           "v2 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
+                           " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 " held=%d running_ns=%" SCNu64
+                           " paused_ns=%" SCNu64 " closed=%d%n",
+                           &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
+                           &st.disk_bytes, &held, &st.running_ns, &st.paused_ns, &closed, &end) != 12)
+                        return -EINVAL;
+                created = 1;
+                st.epoch_max = st.epoch;
+        } else {
+                if (sscanf(text,
+                           "v3 known=%d epoch=%" SCNu64 " seq=%" SCNu64 " cpu_ns=%" SCNu64 " wall_ns=%" SCNd64
+                           " state=%d mem_size_bytes=%" SCNu64 " disk_bytes=%" SCNu64 " held=%d running_ns=%" SCNu64
+                           " paused_ns=%" SCNu64 " closed=%d created=%d created_ns=%" SCNd64 " created_vcpus=%" SCNu32
+                           " epoch_max=%" SCNu64 " host=%n",
+                           &known, &st.epoch, &st.seq, &st.cpu_ns, &st.wall_ns, &state, &st.mem_size_bytes,
+                           &st.disk_bytes, &held, &st.running_ns, &st.paused_ns, &closed, &created,
+                           &st.created_ns, &st.created_vcpus, &st.epoch_max, &end) != 16 || end == 0)
+                        return -EINVAL;
+                /* The host is the rest: an id, or nothing. */
+                size_t n = strlen(text + end);
+                if (n >= sizeof(st.host) || (n && !event_id_valid(text + end)))
+                        return -EINVAL;
+                memcpy(st.host, text + end, n + 1);
+                end += (int)n;
         }
         if (text[end] != '\0' || state < 0 || state >= STATE_COUNT || known < 0 || known > 1 || held < 0 ||
-            held > 1 || closed < 0 || closed > 1)
+            held > 1 || closed < 0 || closed > 1 || created < 0 || created > 1)
                 return -EINVAL;
         st.known = known != 0;
         st.state = (enum sandbox_state)state;
         st.held = held != 0;
         st.closed = closed != 0;
+        st.created = created != 0;
         *ret = st;
         return 0;
 }

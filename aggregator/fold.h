@@ -33,15 +33,24 @@ struct fold_state {
         bool held;               /* running_ns/paused_ns are the held counters billed up to */
         uint64_t running_ns, paused_ns;
         bool closed;             /* known stopped (the vmm's `stopped` event or a stopped sample): counters only move up */
+        /* Provenance (docs/events.md, "Provenance"): what the sandbox's
+         * `created` event said, and the epochs announced since. A reading is
+         * billed only once `created` is known, and only up to epoch_max. */
+        bool created;            /* its `created` event was seen (or the state predates provenance) */
+        int64_t created_ns;      /* the created moment; 0: unknown (a state from before provenance) */
+        uint32_t created_vcpus;  /* vCPUs it was created with; 0: unknown */
+        uint64_t epoch_max;      /* the highest epoch announced (`created`'s, then `restarted` events) */
+        char host[EVENT_ID_MAX + 1]; /* the host that created it; "": any (a state from before provenance) */
 };
 
 /* The fold state as one line of text (for fold_state.fold in the ledger), so
  * the store never needs to know its fields: "v2 <field>=<value> ...". The
- * format carries a version; fold_state_parse reads v2 and v1 (which had no
- * held counters: a v1 state bills time by intervals until its next reading
+ * format carries a version; fold_state_parse reads v3, v2 (no provenance: taken
+ * as created on any host, its epoch announced) and v1 (which had no held
+ * counters either: a v1 state bills time by intervals until its next reading
  * with held counters) and refuses what it cannot read.
  * fold_state_format returns the length or -ENOBUFS. */
-#define FOLD_STATE_TEXT_MAX 512
+#define FOLD_STATE_TEXT_MAX 640
 int fold_state_format(const struct fold_state *st, char *buf, size_t size);
 /* Fills *ret on success (0); -EINVAL for text it cannot read. */
 int fold_state_parse(const char *text, struct fold_state *ret);
@@ -66,6 +75,9 @@ enum fold_result {
         FOLD_IMPOSSIBLE,    /* more CPU or held time than could pass in the time: refused, nothing changes */
         FOLD_SEQ_JUMP,      /* seq's generation more than FOLD_JUMP_MAX above the last billed: refused */
         FOLD_EPOCH_JUMP,    /* epoch more than FOLD_JUMP_MAX above the last billed: refused */
+        FOLD_UNANNOUNCED,   /* epoch above any the sandbox's host announced (or no `created` yet): held */
+        FOLD_STOP_BEHIND,   /* a `stopped` of a running sandbox below the billed counter or long before
+                             * the last reading billed: refused */
 };
 
 /* The slack allowed on "CPU used <= vCPUs x wall time" and "held time <=
@@ -75,6 +87,11 @@ enum fold_result {
 /* A sandbox's first reading may carry at most vCPUs x this much CPU, and at
  * most this much held time (running + paused). */
 #define FOLD_FIRST_CPU_MAX_NS (INT64_C(366) * 24 * 3600 * INT64_C(1000000000))
+/* With its `created` moment known, a first reading may carry at most vCPUs x
+ * (its wall time - the created moment + this) of CPU and (the same time) of
+ * held time: the vmm and the collector read the same host's clock, so the
+ * slack covers only a clock step between the two readings. */
+#define FOLD_FIRST_SLACK_NS (INT64_C(60) * INT64_C(1000000000))
 /* The most seq's generation (seq >> 32) or the epoch may rise between two
  * readings billed: more is a forged or corrupt message (docs/events.md). */
 #define FOLD_JUMP_MAX 65536
@@ -94,6 +111,13 @@ struct fold_clock {
 #define FOLD_NOTE_CLOCK_AHEAD  1u /* wall time too far ahead of the aggregator's clock */
 #define FOLD_NOTE_CLOCK_BEHIND 2u /* wall time too far behind it */
 #define FOLD_NOTE_HELD_BACK    4u /* a held counter went back: billed only beyond the highest */
+
+/* Takes in a `created` event (the sandbox's host, moment, vCPUs, epoch) or a
+ * `restarted` one (a new epoch announced). Returns 0, or -EPERM when a
+ * `restarted` comes from another host than the created one, or -ERANGE when
+ * it announces an epoch more than FOLD_JUMP_MAX above the highest known (the
+ * state does not move then). A second `created` changes nothing. */
+int fold_announce(struct fold_state *st, const struct usage_event *ev);
 
 /* Applies one decoded reading — a sample, or the vmm's `stopped` event, which
  * closes the bill with its final counters — to st, calling emit for each hour

@@ -29,6 +29,10 @@ static const struct setting settings[] = {
         { "max_clock_behind_ms", SETTING_INT, "34560000000", false,
           offsetof(struct aggregator_config, max_clock_behind_ms), 1, INT64_C(3153600000000),
           "...and so is one dated more than this behind it (default 400 days)" },
+        { "provenance_grace_ms", SETTING_INT, "900000", false, offsetof(struct aggregator_config, provenance_grace_ms),
+          1, INT64_C(31536000000),
+          "A reading of a sandbox with no `created` event, or under an epoch its host did not announce, is held this "
+          "long, then dead-lettered" },
         { "metrics_port", SETTING_INT, "0", false, offsetof(struct aggregator_config, metrics_port), 0, 65535,
           "Serve Prometheus /metrics on this port (0: off)" },
         { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct aggregator_config, metrics_address),

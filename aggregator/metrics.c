@@ -101,6 +101,9 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
                 C(counter_resets, "tally_aggregator_counter_resets_total", "CPU counters that went back within an epoch, billed as restarts"),
                 C(held_back, "tally_aggregator_held_back_total", "Held-time counters that went back (nothing billed for them)"),
                 C(stops_folded, "tally_aggregator_stops_folded_total", "vmm stopped events folded (closing a sandbox's bill)"),
+                C(readings_held, "tally_aggregator_readings_held_total", "Readings held: no created event for the sandbox yet, or an epoch its host did not announce"),
+                C(readings_released, "tally_aggregator_readings_released_total", "Held readings taken once the sandbox's created or restarted event came"),
+                C(readings_expired, "tally_aggregator_readings_expired_total", "Held readings dead-lettered after provenance_grace_ms"),
 #undef C
 #undef G
         };

@@ -43,6 +43,10 @@ struct agg_metrics {
         _Atomic uint64_t counter_resets;        /* CPU counters that went back within an epoch (billed as restarts) */
         _Atomic uint64_t held_back;             /* held-time counters that went back (nothing billed for them) */
         _Atomic uint64_t stops_folded;          /* vmm `stopped` events folded */
+        /* Provenance (docs/billing.md, "Provenance"). */
+        _Atomic uint64_t readings_held;         /* readings held: no `created` yet, or an epoch not announced */
+        _Atomic uint64_t readings_released;     /* held readings taken once their provenance came */
+        _Atomic uint64_t readings_expired;      /* held readings dead-lettered after provenance_grace_ms */
         struct agg_histogram commit_ms;         /* one batch's transaction, BEGIN to COMMIT */
         struct agg_histogram lag_ms;            /* a message's Kafka timestamp to its commit */
 };

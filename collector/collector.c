@@ -52,6 +52,9 @@ struct sandbox {
         struct cgroup_scan_ref scan_cpu, scan_mem; /* where the walk finds its cgroups; root -1: not watched */
         struct epoch_track track;
         bool epoch_unsaved;           /* the epoch changed and is not on disk yet: not published until it is */
+        const char *epoch_reason;     /* why the collector raised its epoch (the `restarted` event's reason) */
+        uint64_t announced_epoch;     /* the last epoch of our own announced, and when (monotonic) */
+        int64_t announced_mono_ns;
         bool save_error_logged;
         bool opened_before, reopened; /* files opened again since the last reading: a recreated cgroup */
         struct seq_track seq;         /* the generation and n of its last seq */
@@ -439,6 +442,7 @@ static bool observe(struct collector *c, struct sandbox *s, uint64_t record_epoc
                                  (unsigned long long)s->track.epoch, (unsigned long long)before,
                                  (unsigned long long)record_epoch);
                 } else if (s->reopened) {
+                        s->epoch_reason = "cgroup_recreated";
                         log_info("cgroup recreated: its counter restarted, new epoch",
                                  "sandbox=%s epoch=%llu previous=%llu previous_cpu_ns=%llu cpu_ns=%llu", s->id,
                                  (unsigned long long)s->track.epoch, (unsigned long long)before,
@@ -449,6 +453,7 @@ static bool observe(struct collector *c, struct sandbox *s, uint64_t record_epoc
                          * again, so the CPU before the reset stays billed; the time since the last
                          * reading before it is lost, and an operator must hear of it. */
                         M_ADD(c, counter_backwards_total, 1);
+                        s->epoch_reason = "counter_back";
                         log_warn("counter went backwards in the same cgroup: possible tampering; new epoch",
                                  "sandbox=%s account=%s previous_cpu_ns=%llu cpu_ns=%llu epoch=%llu", s->id,
                                  s->account, (unsigned long long)last, (unsigned long long)cpu_ns,
@@ -495,6 +500,43 @@ static int produce(struct collector *c, const char *account, const char *payload
         return 0;
 }
 
+/* An epoch of the collector's own (raised over the record's when the counter
+ * went back) is announced with a `restarted` event before any sample under it
+ * and again each ANNOUNCE_EVERY_NS while it lasts, so that one announcement
+ * lost in a broker outage costs nothing for long: an aggregator bills no epoch
+ * the sandbox's host did not announce (docs/events.md, "Provenance"). The
+ * vmm announces the record's own epochs. Returns 0, or the -errno of a produce
+ * that failed (then the sample waits too). */
+#define ANNOUNCE_EVERY_NS (60 * NS_PER_SEC)
+static int announce_epoch(struct collector *c, struct sandbox *s)
+{
+        if (!epoch_track_is_local(&s->track))
+                return 0;
+        int64_t now = time_mono_ns();
+        if (s->announced_epoch == s->track.epoch && now - s->announced_mono_ns < ANNOUNCE_EVERY_NS)
+                return 0;
+        struct usage_event ev = { .type = EVENT_RESTARTED, .epoch = s->track.epoch, .wall_ns = time_wall_ns(),
+                                  .state = s->state, .vcpus = s->vcpus };
+        memcpy(ev.host, *s->host ? s->host : c->host_id, sizeof(ev.host));
+        memcpy(ev.sandbox, s->id, sizeof(ev.sandbox));
+        memcpy(ev.account, s->account, sizeof(ev.account));
+        memcpy(ev.key, s->key, sizeof(ev.key));
+        snprintf(ev.reason, sizeof(ev.reason), "%s", s->epoch_reason ? s->epoch_reason : "counter_back");
+        char buf[2048];
+        int len = event_encode(&ev, buf, sizeof(buf));
+        if (len < 0)
+                return len;
+        int r = produce(c, s->account, buf, (size_t)len, NULL);
+        if (r < 0)
+                return r;
+        if (s->announced_epoch != s->track.epoch)
+                log_info("new epoch announced", "sandbox=%s epoch=%llu reason=%s", s->id,
+                         (unsigned long long)s->track.epoch, ev.reason);
+        s->announced_epoch = s->track.epoch;
+        s->announced_mono_ns = now;
+        return 0;
+}
+
 static bool queue_has_room(struct collector *c)
 {
         return rd_kafka_outq_len(c->rk) < (int)c->opt.queue_max;
@@ -503,7 +545,7 @@ static bool queue_has_room(struct collector *c)
 /* Publishes c->buf for s, or keeps it as s's newest sample when the queue is full. */
 static void publish_sample(struct collector *c, struct sandbox *s, int len)
 {
-        if (queue_has_room(c) && produce(c, s->account, c->buf, (size_t)len, NULL) != -ENOBUFS) {
+        if (queue_has_room(c) && announce_epoch(c, s) != -ENOBUFS && produce(c, s->account, c->buf, (size_t)len, NULL) != -ENOBUFS) {
                 if (s->pending) {
                         /* An older sample waited; this newer one carries the truth. */
                         s->pending = false;
@@ -528,7 +570,8 @@ static void publish_pending(struct collector *c)
                 struct sandbox *s = c->list[i];
                 if (!s->pending)
                         continue;
-                if (!queue_has_room(c) || produce(c, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS) {
+                if (!queue_has_room(c) || announce_epoch(c, s) == -ENOBUFS ||
+                    produce(c, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS) {
                         c->pending_next = i;
                         break;
                 }
@@ -543,6 +586,9 @@ static void publish_spool(struct collector *c)
 {
         for (struct spool_entry *e = c->spool.head; e; e = e->next) {
                 if (e->in_flight)
+                        continue;
+                struct sandbox *s = find(c, e->sandbox);
+                if (s && announce_epoch(c, s) < 0)
                         continue;
                 if (produce(c, e->account, e->payload, e->len, e) == 0)
                         e->in_flight = true;
@@ -683,7 +729,7 @@ static void take_final(struct collector *c, struct sandbox *s)
                         return;
                 }
         }
-        if (e && !e->in_flight && produce(c, e->account, e->payload, e->len, e) == 0)
+        if (e && !e->in_flight && announce_epoch(c, s) == 0 && produce(c, e->account, e->payload, e->len, e) == 0)
                 e->in_flight = true;
         s->finished = true;
         close_files(c, s); /* the vmm removes the cgroup now */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 static const char *const type_names[EVENT_TYPE_COUNT] = {
-        "sample", "created", "paused", "resumed", "forked", "stopped",
+        "sample", "created", "paused", "resumed", "forked", "stopped", "restarted",
 };
 static const char *const state_names[STATE_COUNT] = { "running", "paused", "stopped" };
 
@@ -100,6 +100,16 @@ static bool ids_valid(const struct usage_event *ev)
                (ev->parent[0] == '\0' || event_id_valid(ev->parent));
 }
 
+/* A restarted event's reason: [a-z_]{1,31}. */
+static bool reason_valid(const char *s)
+{
+        size_t n = 0;
+        for (; s[n]; n++)
+                if ((s[n] < 'a' || s[n] > 'z') && s[n] != '_')
+                        return false;
+        return n >= 1 && n <= EVENT_REASON_MAX;
+}
+
 int event_encode(const struct usage_event *ev, char *buf, size_t size)
 {
         if ((unsigned)ev->type >= EVENT_TYPE_COUNT || (unsigned)ev->state >= STATE_COUNT ||
@@ -148,6 +158,14 @@ int event_encode(const struct usage_event *ev, char *buf, size_t size)
                 for (const char *p = ev->backend; *p; p++)
                         if (*p < 'a' || *p > 'z')
                                 return -EINVAL;
+        }
+        if (ev->reason[0]) {
+                if (!reason_valid(ev->reason))
+                        return -EINVAL;
+                n = snprintf(buf + len, size - len, ",\"reason\":\"%s\"", ev->reason);
+                if (n < 0 || (size_t)n >= size - len)
+                        return -ENOBUFS;
+                len += (size_t)n;
         }
         if (ev->nlabels) {
                 json_t *labels = json_object();
@@ -249,6 +267,7 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 goto fail;
         }
         bool sample = ev.type == EVENT_SAMPLE, created = ev.type == EVENT_CREATED;
+        bool restarted = ev.type == EVENT_RESTARTED;
         if ((r = get_str(o, "host", false, ev.host, sizeof(ev.host), true, why, whylen)) < 0 ||
             (r = get_str(o, "sandbox", true, ev.sandbox, sizeof(ev.sandbox), true, why, whylen)) < 0 ||
             (r = get_str(o, "account", true, ev.account, sizeof(ev.account), true, why, whylen)) < 0 ||
@@ -263,7 +282,7 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                 void *out;
                 int width; /* 8: u64/i64, 4: u32 */
         } ints[] = {
-                { "epoch", sample, 0, INT64_MAX, &ev.epoch, 8 },
+                { "epoch", sample || restarted, restarted ? 1 : 0, INT64_MAX, &ev.epoch, 8 },
                 { "seq", sample, 0, INT64_MAX, &ev.seq, 8 },
                 { "wall_ns", true, WALL_MIN_NS, WALL_MAX_NS, &ev.wall_ns, 8 },
                 { "mono_ns", false, 0, INT64_MAX, &ev.mono_ns, 8 },
@@ -333,6 +352,15 @@ int event_decode(const void *buf, size_t len, struct usage_event *ret, char *why
                                 goto fail;
                         }
         }
+
+        char reason[EVENT_REASON_MAX + 2] = "";
+        if ((r = get_str(o, "reason", restarted, reason, sizeof(reason), false, why, whylen)) < 0)
+                goto fail;
+        if (reason[0] && !reason_valid(reason)) {
+                r = refuse(why, whylen, "field reason is not [a-z_]{1,%d}", EVENT_REASON_MAX);
+                goto fail;
+        }
+        memcpy(ev.reason, reason, sizeof(ev.reason) - 1);
 
         json_t *labels = json_object_get(o, "labels");
         if (labels) {

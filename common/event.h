@@ -18,6 +18,7 @@
 #define EVENT_LABEL_KEY_MAX   63
 #define EVENT_LABEL_VALUE_MAX 255
 #define EVENT_VCPUS_MAX  1024
+#define EVENT_REASON_MAX 31  /* restarted: [a-z_]{1,31} */
 
 enum event_type {
         EVENT_SAMPLE,   /* one reading of a sandbox's cgroup */
@@ -26,6 +27,7 @@ enum event_type {
         EVENT_RESUMED,
         EVENT_FORKED,   /* on the source sandbox; each copy also gets EVENT_CREATED with parent set */
         EVENT_STOPPED,  /* carries the final cumulative CPU counter */
+        EVENT_RESTARTED, /* the sandbox's counters restarted: a new epoch, announced with its reason */
         EVENT_TYPE_COUNT
 };
 
@@ -74,6 +76,7 @@ struct usage_event {
         char backend[16];              /* created: "process" or "qemu" */
         uint64_t disk_size_bytes;      /* created: disk size asked for */
         uint32_t fork_count;           /* forked: copies made */
+        char reason[EVENT_REASON_MAX + 1]; /* restarted: why the counters restarted */
         size_t nlabels;
         struct event_label *labels;    /* owned; freed by event_clear */
 };

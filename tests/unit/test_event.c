@@ -165,6 +165,37 @@ static void lifecycle_needs_less(void **state)
         event_clear(&ev);
 }
 
+static void restarted_needs_epoch_and_reason(void **state)
+{
+        struct usage_event ev = sample(), back;
+        ev.type = EVENT_RESTARTED;
+        ev.epoch = 3;
+        strcpy(ev.reason, "counter_back");
+        char buf[4096], why[256];
+        int n = event_encode(&ev, buf, sizeof(buf));
+        assert_true(n > 0);
+        assert_non_null(strstr(buf, "\"type\":\"restarted\""));
+        assert_non_null(strstr(buf, "\"reason\":\"counter_back\""));
+        assert_int_equal(event_decode(buf, (size_t)n, &back, why, sizeof(why)), 0);
+        assert_int_equal(back.type, EVENT_RESTARTED);
+        assert_int_equal(back.epoch, 3);
+        assert_string_equal(back.reason, "counter_back");
+        event_clear(&back);
+        const char *no_reason = "{\"v\":1,\"type\":\"restarted\",\"host\":\"h\",\"sandbox\":\"s\","
+                                "\"account\":\"a\",\"epoch\":2,\"wall_ns\":1795936457000000001}";
+        assert_int_equal(event_decode(no_reason, strlen(no_reason), &back, why, sizeof(why)), -EINVAL);
+        assert_string_equal(why, "missing field reason");
+        const char *no_epoch = "{\"v\":1,\"type\":\"restarted\",\"host\":\"h\",\"sandbox\":\"s\","
+                               "\"account\":\"a\",\"reason\":\"restore\",\"wall_ns\":1795936457000000001}";
+        assert_int_equal(event_decode(no_epoch, strlen(no_epoch), &back, why, sizeof(why)), -EINVAL);
+        assert_string_equal(why, "missing field epoch");
+        const char *bad = "{\"v\":1,\"type\":\"restarted\",\"host\":\"h\",\"sandbox\":\"s\","
+                          "\"account\":\"a\",\"epoch\":2,\"reason\":\"Restore!\",\"wall_ns\":1795936457000000001}";
+        assert_int_equal(event_decode(bad, strlen(bad), &back, why, sizeof(why)), -EINVAL);
+        strcpy(ev.reason, "UPPER");
+        assert_int_equal(event_encode(&ev, buf, sizeof(buf)), -EINVAL);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -174,6 +205,7 @@ int main(void)
                 cmocka_unit_test(label_limits),
                 cmocka_unit_test(refusals_say_why),
                 cmocka_unit_test(lifecycle_needs_less),
+                cmocka_unit_test(restarted_needs_epoch_and_reason),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,15 @@ static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate
         for (int k = 0; k < samples; k++)
                 for (int s = 0; s < sandboxes; s++) {
                         struct usage_event ev = sample(prefix, s, k, t0);
+                        if (k == 0) {
+                                /* the vmm's created event first: aggregators bill no reading before it */
+                                struct usage_event c = ev;
+                                c.type = EVENT_CREATED;
+                                c.held_known = false;
+                                c.wall_ns = t0 - NS_PER_SEC;
+                                snprintf(c.backend, sizeof(c.backend), "process");
+                                produce(p, &c);
+                        }
                         produce(p, &ev);
                         n++;
                         if (rate > 0 && n % 1000 == 0) {
@@ -103,6 +112,9 @@ static int cmd_fold(long samples)
 {
         enum { SANDBOXES = 10000 };
         struct fold_state *st = calloc(SANDBOXES, sizeof(*st));
+        for (int s = 0; s < SANDBOXES; s++) /* each created (its created event taken), epoch 1 announced */
+                st[s] = (struct fold_state){ .created = true, .created_vcpus = 2,
+                                             .epoch_max = 1 };
         int64_t t0 = time_hour_start(time_wall_ns());
         int64_t start = time_mono_ns();
         for (long i = 0; i < samples; i++) {

@@ -22,6 +22,11 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
                 delivery_errors++;
 }
 
+struct aggtest_id {
+        struct aggtest_id *next;
+        char id[EVENT_ID_MAX + 1];
+};
+
 void aggtest_start(struct aggtest *t, const char *name, int partitions)
 {
         memset(t, 0, sizeof(*t));
@@ -58,6 +63,11 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions)
 
 void aggtest_stop(struct aggtest *t)
 {
+        for (size_t i = 0; i < sizeof(t->created) / sizeof(t->created[0]); i++)
+                for (struct aggtest_id *n = t->created[i], *next; n; n = next) {
+                        next = n->next;
+                        free(n);
+                }
         if (t->producer) {
                 rd_kafka_flush(t->producer, 10000);
                 rd_kafka_destroy(t->producer);
@@ -81,7 +91,53 @@ void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf
         rd_kafka_poll(t->producer, 0);
 }
 
-void aggtest_produce(struct aggtest *t, const struct usage_event *ev)
+struct usage_event aggtest_created_for(const struct usage_event *first)
+{
+        struct usage_event ev = { .type = EVENT_CREATED, .epoch = first->epoch ? first->epoch : 1,
+                                  .vcpus = first->vcpus ? first->vcpus : 1, .mem_size_bytes = first->mem_size_bytes,
+                                  .state = STATE_RUNNING };
+        memcpy(ev.host, first->host, sizeof(ev.host));
+        memcpy(ev.sandbox, first->sandbox, sizeof(ev.sandbox));
+        memcpy(ev.account, first->account, sizeof(ev.account));
+        memcpy(ev.key, first->key, sizeof(ev.key));
+        snprintf(ev.backend, sizeof(ev.backend), "process");
+        uint64_t life = first->cpu_ns / ev.vcpus + 1;
+        if (first->held_known && first->running_ns + first->paused_ns > life)
+                life = first->running_ns + first->paused_ns;
+        int64_t at = first->wall_ns < time_wall_ns() ? first->wall_ns : time_wall_ns();
+        int64_t min = INT64_C(1577836800000000000); /* the codec's earliest: 2020-01-01 */
+        ev.wall_ns = life < (uint64_t)(at - min) ? at - (int64_t)life - NS_PER_SEC : min;
+        if (ev.wall_ns < min)
+                ev.wall_ns = min;
+        return ev;
+}
+
+bool aggtest_needs_created(struct aggtest *t, const struct usage_event *ev, struct usage_event *ret)
+{
+        bool reading = ev->type == EVENT_SAMPLE || ev->type == EVENT_STOPPED;
+        if ((!reading && ev->type != EVENT_CREATED) || !ev->key[0])
+                return false;
+        unsigned h = 5381;
+        for (const char *c = ev->sandbox; *c; c++)
+                h = h * 33 + (unsigned char)*c;
+        struct aggtest_id **b = &t->created[h % (sizeof(t->created) / sizeof(t->created[0]))];
+        for (struct aggtest_id *i = *b; i; i = i->next)
+                if (strcmp(i->id, ev->sandbox) == 0)
+                        return false;
+        struct aggtest_id *n = calloc(1, sizeof(*n));
+        CHECK(n != NULL, "out of memory");
+        if (!n)
+                return false;
+        memcpy(n->id, ev->sandbox, sizeof(n->id));
+        n->next = *b;
+        *b = n;
+        if (!reading)
+                return false;
+        *ret = aggtest_created_for(ev);
+        return true;
+}
+
+static void produce_event(struct aggtest *t, const struct usage_event *ev)
 {
         char buf[8192];
         int n = event_encode(ev, buf, sizeof(buf));
@@ -90,6 +146,14 @@ void aggtest_produce(struct aggtest *t, const struct usage_event *ev)
                 exit(1);
         }
         aggtest_produce_raw(t, ev->account, buf, (size_t)n);
+}
+
+void aggtest_produce(struct aggtest *t, const struct usage_event *ev)
+{
+        struct usage_event created;
+        if (aggtest_needs_created(t, ev, &created))
+                produce_event(t, &created);
+        produce_event(t, ev);
 }
 
 void aggtest_flush(struct aggtest *t)

@@ -9,8 +9,11 @@
 
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+struct aggtest_id;
 
 struct aggtest {
         char *dir;          /* scratch folder */
@@ -20,6 +23,7 @@ struct aggtest {
         char *bootstrap;
         rd_kafka_t *producer;
         int spawned;        /* aggregators started, for log names */
+        struct aggtest_id *created[4096]; /* sandboxes whose `created` event was produced (hash set) */
 };
 
 /* Starts a private broker with `partitions`, creates and migrates a database. */
@@ -27,8 +31,20 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions);
 /* Stops everything it started, drops the database. */
 void aggtest_stop(struct aggtest *t);
 
+/* The `created` event an honest vmm would have sent before a sandbox's first
+ * reading ev: same host, account, key, size and epoch, dated early enough for
+ * everything the reading carries (its CPU at its vCPUs, its held time) —
+ * never after the aggregator's clock. */
+struct usage_event aggtest_created_for(const struct usage_event *first);
+/* True once per sandbox id (then *ret is its `created` event, to be produced
+ * before ev): for a sample or `stopped` of a sandbox with a key whose
+ * `created` the test has not produced. A `created` ev marks its sandbox. */
+bool aggtest_needs_created(struct aggtest *t, const struct usage_event *ev, struct usage_event *ret);
+
 /* Produces one message with key = account (raw bytes as given). */
 void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf, size_t len);
+/* Produces ev; before a sandbox's first reading, its `created` event
+ * (aggtest_needs_created), as the vmm does. */
 void aggtest_produce(struct aggtest *t, const struct usage_event *ev);
 /* Waits until every produced message is acknowledged. */
 void aggtest_flush(struct aggtest *t);

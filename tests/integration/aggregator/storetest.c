@@ -99,6 +99,13 @@ void store_produce_raw_to(struct aggtest *t, int32_t partition, const char *acco
 void store_produce_to(struct aggtest *t, int32_t partition, const struct usage_event *ev)
 {
         char buf[8192];
+        struct usage_event created;
+        if (aggtest_needs_created(t, ev, &created)) {
+                int c = event_encode(&created, buf, sizeof(buf));
+                CHECK(c > 0, "encode");
+                if (c > 0)
+                        store_produce_raw_to(t, partition, created.account, buf, (size_t)c);
+        }
         int n = event_encode(ev, buf, sizeof(buf));
         CHECK(n > 0, "encode");
         if (n > 0)

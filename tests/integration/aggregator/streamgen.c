@@ -44,6 +44,7 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
                 snprintf(sb->key, sizeof(sb->key), "key-%zu", i % 11);
                 sb->nsamples = nsamples / 2 + rnd(&s) % nsamples;
                 sb->samples = calloc(sb->nsamples, sizeof(*sb->samples));
+                sb->pre = calloc(sb->nsamples, sizeof(*sb->pre));
                 uint32_t vcpus = 1 + rnd(&s) % 8;
                 uint64_t mem = (1 + rnd(&s) % 16) * GiB / 2;
                 uint64_t disk = (uint64_t)(rnd(&s) % 1000) * 1000003;
@@ -53,6 +54,7 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
                 enum sandbox_state state = STATE_RUNNING;
                 sb->truth_cpu_ns = counter; /* the first sample bills its counter */
                 for (size_t k = 0; k < sb->nsamples; k++) {
+                        bool restarted = false;
                         if (k > 0) {
                                 /* time passes in the state of the previous sample */
                                 int64_t dt = (int64_t)(1 + rnd(&s) % 300) * NS_PER_SEC + rnd(&s) % NS_PER_SEC;
@@ -70,6 +72,7 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
                                         epoch += 1 + rnd(&s) % 2;
                                         seq = rnd(&s) % 5;
                                         counter = used;
+                                        restarted = true;
                                 } else {
                                         counter += used;
                                 }
@@ -85,12 +88,19 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
                                                         counter, mem, disk, vcpus);
                         sb->samples[k].mem_bytes = mem / 3;
                         sb->samples[k].final = state == STATE_STOPPED;
+                        if (k == 0) {
+                                sb->pre[k] = aggtest_created_for(&sb->samples[k]);
+                        } else if (restarted) {
+                                sb->pre[k] = sb->samples[k];
+                                sb->pre[k].type = EVENT_RESTARTED;
+                                snprintf(sb->pre[k].reason, sizeof(sb->pre[k].reason), "counter_back");
+                        }
                 }
                 total += sb->nsamples;
         }
         /* Interleave the sandboxes (each in its own order), resend older samples
          * now and then, and finally replay the first third of the stream. */
-        size_t cap = total * 2 + 16;
+        size_t cap = total * 3 + 16;
         g->messages = calloc(cap, sizeof(*g->messages));
         size_t *next = calloc(nsandboxes, sizeof(size_t));
         size_t sent = 0;
@@ -99,6 +109,8 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
                 struct gen_sandbox *sb = &g->sandboxes[i];
                 if (next[i] == sb->nsamples)
                         continue;
+                if (sb->pre[next[i]].sandbox[0])
+                        g->messages[g->nmessages++] = &sb->pre[next[i]];
                 g->messages[g->nmessages++] = &sb->samples[next[i]++];
                 sent++;
                 if (rnd(&s) % 100 < 10)
@@ -112,8 +124,10 @@ void gen_stream_make(struct gen_stream *g, unsigned seed, size_t nsandboxes, siz
 
 void gen_stream_free(struct gen_stream *g)
 {
-        for (size_t i = 0; i < g->nsandboxes; i++)
+        for (size_t i = 0; i < g->nsandboxes; i++) {
                 free(g->sandboxes[i].samples);
+                free(g->sandboxes[i].pre);
+        }
         free(g->sandboxes);
         free(g->messages);
 }

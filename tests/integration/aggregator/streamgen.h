@@ -5,7 +5,9 @@
  * epoch. The ground truth (CPU used, byte-ns held running, byte-ns kept paused)
  * is summed here while drawing, from the life itself, independently of the
  * aggregator. The stream sent adds what Kafka and producers do: sandboxes
- * interleaved, older samples resent later, and a replay of a prefix. */
+ * interleaved, older samples resent later, and a replay of a prefix. Each
+ * sandbox's `created` event comes before its first sample, and a `restarted`
+ * event before the first sample of each new epoch, as the hosts send them. */
 #pragma once
 
 #include "aggtest.h"
@@ -17,6 +19,9 @@ struct gen_sandbox {
         u128 truth_mem_byte_ns, truth_storage_byte_ns;
         size_t nsamples;
         struct usage_event *samples; /* in order */
+        /* Sent just before samples[k] when pre[k].sandbox is set: the vmm's
+         * `created` before the first, a `restarted` announcing each new epoch. */
+        struct usage_event *pre;
 };
 
 struct gen_stream {

@@ -49,7 +49,7 @@ int main(void)
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the first samples were not billed");
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
         int64_t stored = store_int(&t, "SELECT next_offset FROM consumer_offsets WHERE partition = 1");
-        CHECK(stored == 3, "stored next offset %" PRId64 ", want 3", stored);
+        CHECK(stored == 4, "stored next offset %" PRId64 ", want 4 (the sandbox's created event, 3 samples)", stored);
 
         /* While it is down: samples 4 and 5 (never billed, lost below), then
          * more filler than the broker keeps, then sample 6. */

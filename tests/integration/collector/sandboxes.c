@@ -223,10 +223,19 @@ void tsb_remove(struct test_sandbox *sb, const char *state_dir)
         sb->removed = true;
 }
 
+struct announced {
+        char sandbox[EVENT_ID_MAX + 1];
+        uint64_t epoch, order;
+        char reason[EVENT_REASON_MAX + 1];
+};
+
 struct consumer {
         rd_kafka_t *rk;
         struct published *items;
         size_t n, cap;
+        struct announced *restarts;
+        size_t nrestarts, caprestarts;
+        uint64_t order;
 };
 
 struct consumer *consumer_new(const char *brokers)
@@ -284,6 +293,17 @@ void consumer_poll(struct consumer *c, const char *prefix, int ms)
                                 p->final = ev.final;
                                 p->mem_bytes = ev.mem_bytes;
                                 p->mem_peak_bytes = ev.mem_peak_bytes;
+                                p->order = c->order++;
+                        } else if (r == 0 && ev.type == EVENT_RESTARTED && strncmp(ev.sandbox, prefix, strlen(prefix)) == 0) {
+                                if (c->nrestarts == c->caprestarts) {
+                                        c->caprestarts = c->caprestarts ? c->caprestarts * 2 : 16;
+                                        c->restarts = realloc(c->restarts, c->caprestarts * sizeof(*c->restarts));
+                                }
+                                struct announced *a = &c->restarts[c->nrestarts++];
+                                memcpy(a->sandbox, ev.sandbox, sizeof(a->sandbox));
+                                memcpy(a->reason, ev.reason, sizeof(a->reason));
+                                a->epoch = ev.epoch;
+                                a->order = c->order++;
                         } else if (r < 0 && strstr((const char *)m->payload, prefix)) {
                                 CHECK(0, "a message the collector published does not decode: %s", why);
                         }
@@ -291,6 +311,18 @@ void consumer_poll(struct consumer *c, const char *prefix, int ms)
                 }
                 rd_kafka_message_destroy(m);
         }
+}
+
+bool published_restart(struct consumer *c, const char *sandbox, uint64_t epoch, char *reason, size_t size,
+                       uint64_t *ret_order)
+{
+        for (size_t i = 0; i < c->nrestarts; i++)
+                if (strcmp(c->restarts[i].sandbox, sandbox) == 0 && c->restarts[i].epoch == epoch) {
+                        snprintf(reason, size, "%s", c->restarts[i].reason);
+                        *ret_order = c->restarts[i].order;
+                        return true;
+                }
+        return false;
 }
 
 const struct published *consumer_items(struct consumer *c, size_t *ret_n)
@@ -317,6 +349,7 @@ void consumer_free(struct consumer *c)
         rd_kafka_consumer_close(c->rk);
         rd_kafka_destroy(c->rk);
         free(c->items);
+        free(c->restarts);
         free(c);
 }
 

@@ -62,6 +62,7 @@ struct published {
         enum sandbox_state state;
         bool final;
         uint64_t mem_bytes, mem_peak_bytes;
+        uint64_t order;     /* its place among the samples and `restarted` events kept */
 };
 
 struct consumer;
@@ -72,6 +73,11 @@ void consumer_poll(struct consumer *c, const char *prefix, int ms);
 /* Messages kept so far (borrowed). */
 const struct published *consumer_items(struct consumer *c, size_t *ret_n);
 void consumer_free(struct consumer *c);
+
+/* The first `restarted` event published for sandbox announcing epoch: its
+ * reason and its place (published.order); false if none was seen. */
+bool published_restart(struct consumer *c, const char *sandbox, uint64_t epoch, char *reason, size_t size,
+                       uint64_t *ret_order);
 
 /* Counts what was published for sandbox: finals, and the last final's counter. */
 int published_finals(struct consumer *c, const char *sandbox, uint64_t *ret_cpu_ns);

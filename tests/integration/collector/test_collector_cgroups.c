@@ -304,6 +304,16 @@ int main(void)
                 }
         CHECK(epoch_after > epoch_before && epoch_before >= 1, "the reset counter went out under epoch %" PRIu64
               " after %" PRIu64, epoch_after, epoch_before);
+        /* ...announced before any sample under it, as aggregators bill no epoch its host did not announce. */
+        uint64_t first_after = UINT64_MAX, announced_at = 0;
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(p[i].sandbox, v1.rec.id) == 0 && p[i].epoch == epoch_after && p[i].order < first_after)
+                        first_after = p[i].order;
+        char reason[EVENT_REASON_MAX + 1] = "";
+        CHECK(published_restart(c, v1.rec.id, epoch_after, reason, sizeof(reason), &announced_at) &&
+                      announced_at < first_after && strcmp(reason, "counter_back") == 0,
+              "epoch %" PRIu64 " was not announced (restarted, counter_back) before its first sample: reason \"%s\"",
+              epoch_after, reason);
         metrics = http_get_metrics(metrics_port);
         CHECK(metric_value(metrics, "counter_backwards_total") == 1, "counter_backwards_total is %" PRIu64
               " after one reset", metric_value(metrics, "counter_backwards_total"));

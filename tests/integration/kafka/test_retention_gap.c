@@ -45,10 +45,24 @@ static struct usage_event sample(const char *sb, int seq, int64_t t0)
                               STATE_RUNNING, (uint64_t)seq * 10 * NS_PER_SEC, 256 * MIB, 0, 1);
 }
 
-/* One sample to one partition with the record's CreateTime given (ms). */
+/* One sample to one partition with the record's CreateTime given (ms). A
+ * sandbox's `created` event goes first, to partition CREATED (the aggregator
+ * takes provenance by sandbox id, whatever the partition): the offsets of PART
+ * and CTL stay the samples' own. */
+#define CREATED 3
 static void produce_at(struct aggtest *t, int32_t partition, const struct usage_event *ev, int64_t ts_ms)
 {
         char buf[8192];
+        struct usage_event created;
+        if (aggtest_needs_created(t, ev, &created)) {
+                int c = event_encode(&created, buf, sizeof(buf));
+                CHECK(c > 0, "encode");
+                CHECK(rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_PARTITION(CREATED),
+                                        RD_KAFKA_V_KEY(created.account, strlen(created.account)),
+                                        RD_KAFKA_V_VALUE(buf, (size_t)c), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                        RD_KAFKA_V_END) == 0,
+                      "produce the created event");
+        }
         int n = event_encode(ev, buf, sizeof(buf));
         CHECK(n > 0, "encode");
         rd_kafka_resp_err_t e = rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE),

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fold.h"
@@ -49,6 +50,11 @@ static uint64_t total_cpu(const struct sum *s)
         return t;
 }
 
+/* The counter rules below are those of a sandbox whose provenance is settled:
+ * its created event seen (moment unknown: the 366-day bound), every epoch
+ * announced. The provenance rules have tests of their own. */
+#define PROVEN { .created = true, .epoch_max = INT64_MAX }
+
 static struct usage_event sample(uint64_t epoch, uint64_t seq, int64_t wall, enum sandbox_state st, uint64_t cpu)
 {
         return (struct usage_event){ .type = EVENT_SAMPLE, .epoch = epoch, .seq = seq, .wall_ns = wall, .state = st,
@@ -57,7 +63,7 @@ static struct usage_event sample(uint64_t epoch, uint64_t seq, int64_t wall, enu
 
 static void test_first_sample_bills_counter_no_time(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event ev = sample(1, 1, T0 + 10, STATE_RUNNING, 5000);
         assert_int_equal(fold_apply(&st, &ev, collect, &s), FOLD_BILLED);
@@ -68,7 +74,7 @@ static void test_first_sample_bills_counter_no_time(void **unused)
 
 static void test_duplicates_and_old_epochs_change_nothing(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(2, 5, T0, STATE_RUNNING, 100), b = sample(2, 6, T0 + NS_PER_SEC, STATE_RUNNING, 300);
         fold_apply(&st, &a, collect, &s);
@@ -85,7 +91,7 @@ static void test_duplicates_and_old_epochs_change_nothing(void **unused)
 
 static void test_new_epoch_bills_whole_counter(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 900), b = sample(2, 0, T0 + 10, STATE_RUNNING, 40);
         fold_apply(&st, &a, collect, &s);
@@ -97,7 +103,7 @@ static void test_new_epoch_bills_whole_counter(void **unused)
  * item 7: 50 -> 1 then rising to 61 burned 50 + 61 = 111). */
 static void test_counter_back_is_a_restart(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 50 * NS_PER_SEC),
                            b = sample(1, 2, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 1 * NS_PER_SEC),
@@ -145,7 +151,7 @@ static void test_split_is_exact_for_awkward_numbers(void **unused)
 
 static void test_stopped_holds_nothing(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(1, 1, T0, STATE_STOPPED, 50), b = sample(1, 2, T0 + NS_PER_HOUR, STATE_STOPPED, 50);
         fold_apply(&st, &a, collect, &s);
@@ -155,7 +161,7 @@ static void test_stopped_holds_nothing(void **unused)
 
 static void test_impossible_cpu_is_refused(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         /* 2 vCPUs for 60 s can use at most 120 CPU-s (+ an hour of slack for
          * clock skew): 10 hours of CPU in a minute is refused, and changes nothing. */
@@ -214,7 +220,7 @@ static void test_first_sample_bills_whole_held_life(void **unused)
 {
         /* Created 0.3 s before its first sample (shorter than a tick): its
          * whole 0.3 s running is billed, placed before the sample's time. */
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event ev = held(1, T0 + NS_PER_HOUR + 100 * NS_PER_MS, STATE_RUNNING, 7, 300 * NS_PER_MS, 0);
         assert_int_equal(fold_apply(&st, &ev, collect, &s), FOLD_BILLED);
@@ -232,7 +238,7 @@ static void test_held_counters_bill_their_increase_whatever_the_ticks(void **unu
 {
         /* Samples 10 s apart but the sandbox was paused 2.5 s of the second
          * interval: memory 7.5 s, storage 2.5 s x (4 GiB + 1000). */
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = held(1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0, 10 * NS_PER_SEC, 0),
                            b = held(2, T0 + 20 * NS_PER_SEC, STATE_RUNNING, 0, 17500 * NS_PER_MS, 2500 * NS_PER_MS);
@@ -252,7 +258,7 @@ static void test_interval_then_held_bills_no_time_twice(void **unused)
         /* An old collector (no held counters) then a new one: the interval
          * up to the first sample with counters is billed by time, then the
          * counters' increase. Running throughout: 30 s in all. */
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(1, 1, T0, STATE_RUNNING, 0),
                            b = held(2, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0, 500 * NS_PER_SEC, 0),
@@ -268,7 +274,7 @@ static void test_interval_then_held_bills_no_time_twice(void **unused)
  * final counters. */
 static void stop_orders(bool stop_first)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = held(5, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 3 * NS_PER_SEC, 10 * NS_PER_SEC, 0),
                            late = held(6, T0 + 11 * NS_PER_SEC, STATE_RUNNING, 4 * NS_PER_SEC, 11 * NS_PER_SEC, 0),
@@ -302,7 +308,7 @@ static void test_stopped_state_read_back_without_the_flag_is_closed(void **unuse
         /* A state read back from a store that kept only its columns (state
          * stopped, no closed flag): a late sample with a smaller counter is
          * from before the stop, not a restart. */
-        struct fold_state st = { .known = true, .epoch = 1, .seq = 5, .cpu_ns = 900, .wall_ns = T0,
+        struct fold_state st = { .created = true, .epoch_max = INT64_MAX, .known = true, .epoch = 1, .seq = 5, .cpu_ns = 900, .wall_ns = T0,
                                  .state = STATE_STOPPED, .mem_size_bytes = 4 * GiB };
         struct sum s = { 0 };
         struct usage_event late = sample(1, 6, T0 - NS_PER_SEC, STATE_RUNNING, 800);
@@ -317,7 +323,7 @@ static void test_stop_event_closes_the_bill_alone(void **unused)
         /* The collector died after its first sample: the stopped event bills
          * the CPU and held time after it; with epoch missing (0) it is the
          * state's. Paused 5 s at the end: storage with the state's disk bytes. */
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = held(1, T0 + NS_PER_SEC, STATE_RUNNING, NS_PER_SEC, NS_PER_SEC, 0);
         a.epoch = 3;
@@ -336,7 +342,7 @@ static void test_stop_event_closes_the_bill_alone(void **unused)
 
 static void test_stop_event_of_a_sandbox_never_sampled(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event stop = stopped(1, T0 + NS_PER_SEC, 250 * NS_PER_MS, 700 * NS_PER_MS, 0);
         assert_int_equal(fold_apply(&st, &stop, collect, &s), FOLD_BILLED);
@@ -357,7 +363,7 @@ static void test_clock_ahead_bills_the_truth(void **unused)
          * clock and the state's wall time does not move. */
         struct fold_clock clk = { .now_ns = T0 + 20 * NS_PER_SEC, .max_ahead_ns = 300 * NS_PER_SEC,
                                   .max_behind_ns = 0 };
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         unsigned notes = 0;
         struct usage_event a = held(1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0, 10 * NS_PER_SEC, 0),
@@ -379,7 +385,7 @@ static void test_clock_ahead_without_held_counters_bills_no_extra_time(void **un
         /* Interval rule: the sample from the future moves no interval; the
          * next good one bills the time since the last good one. */
         struct fold_clock clk = { .now_ns = T0 + 20 * NS_PER_SEC, .max_ahead_ns = 300 * NS_PER_SEC };
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(1, 1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0),
                            b = sample(1, 2, T0 + 10 * 365 * NS_PER_DAY, STATE_RUNNING, 5),
@@ -396,7 +402,7 @@ static void test_clock_ahead_without_held_counters_bills_no_extra_time(void **un
 static void test_clock_behind_is_placed_at_the_aggregators_clock(void **unused)
 {
         struct fold_clock clk = { .now_ns = T0, .max_ahead_ns = 300 * NS_PER_SEC, .max_behind_ns = NS_PER_DAY };
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         unsigned notes = 0;
         struct usage_event a = held(1, T0 - 3 * NS_PER_DAY, STATE_RUNNING, 5, NS_PER_SEC, 0);
@@ -409,7 +415,7 @@ static void test_clock_behind_is_placed_at_the_aggregators_clock(void **unused)
 
 static void test_seq_generation_jump_is_refused(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         uint64_t g = 7;
         struct usage_event a = sample(1, (g << 32) | 0xFFFFFFFAu, T0, STATE_RUNNING, 10 * NS_PER_SEC),
@@ -432,7 +438,7 @@ static void test_seq_generation_jump_is_refused(void **unused)
 
 static void test_epoch_jump_is_refused(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = sample(4, 1, T0, STATE_RUNNING, 10), forged = sample(INT64_MAX, 1, T0 + 1, STATE_RUNNING, 10),
                            next = sample(4, 2, T0 + 2, STATE_RUNNING, 30);
@@ -446,7 +452,7 @@ static void test_impossible_held_time_is_refused(void **unused)
 {
         /* 10 s between samples cannot hold 2 hours (1 h of slack); a first
          * sample cannot carry more than 366 days. Nothing moves. */
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         struct usage_event a = held(1, T0, STATE_RUNNING, 0, NS_PER_SEC, 0),
                            b = held(2, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0, 2 * NS_PER_HOUR, 0),
@@ -455,14 +461,14 @@ static void test_impossible_held_time_is_refused(void **unused)
         struct fold_state before = st;
         assert_int_equal(fold_apply(&st, &b, collect, &s), FOLD_IMPOSSIBLE);
         assert_memory_equal(&st, &before, sizeof(st));
-        struct fold_state fresh = { 0 };
+        struct fold_state fresh = PROVEN;
         assert_int_equal(fold_apply(&fresh, &first, collect, &s), FOLD_IMPOSSIBLE);
         assert_false(fresh.known);
 }
 
 static void test_held_counter_back_bills_only_beyond_the_highest(void **unused)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         unsigned notes = 0;
         struct usage_event a = held(1, T0, STATE_RUNNING, 0, 50 * NS_PER_SEC, 0),
@@ -495,31 +501,147 @@ static void test_state_text_round_trip_and_v1(void **unused)
 {
         struct fold_state st = { .known = true, .epoch = 3, .seq = (UINT64_C(5) << 32) | 9, .cpu_ns = 123,
                                  .wall_ns = T0, .state = STATE_PAUSED, .mem_size_bytes = 4 * GiB, .disk_bytes = 77,
-                                 .held = true, .running_ns = 11, .paused_ns = 22, .closed = true }, back;
+                                 .held = true, .running_ns = 11, .paused_ns = 22, .closed = true, .created = true,
+                                 .created_ns = T0 - 5, .created_vcpus = 4, .epoch_max = 6, .host = "host-a.1" }, back;
         char buf[FOLD_STATE_TEXT_MAX];
         assert_true(fold_state_format(&st, buf, sizeof(buf)) > 0);
-        assert_int_equal(strncmp(buf, "v2 ", 3), 0);
+        assert_int_equal(strncmp(buf, "v3 ", 3), 0);
         memset(&back, 0xff, sizeof(back));
         assert_int_equal(fold_state_parse(buf, &back), 0);
         assert_true(back.known && back.epoch == 3 && back.seq == st.seq && back.cpu_ns == 123 && back.wall_ns == T0 &&
                     back.state == STATE_PAUSED && back.mem_size_bytes == 4 * GiB && back.disk_bytes == 77 &&
                     back.held && back.running_ns == 11 && back.paused_ns == 22 && back.closed);
+        assert_true(back.created && back.created_ns == T0 - 5 && back.created_vcpus == 4 && back.epoch_max == 6 &&
+                    strcmp(back.host, "host-a.1") == 0);
+        /* No host yet (a state made before its created event) */
+        struct fold_state none = { 0 };
+        assert_true(fold_state_format(&none, buf, sizeof(buf)) > 0);
+        memset(&back, 0xff, sizeof(back));
+        assert_int_equal(fold_state_parse(buf, &back), 0);
+        assert_true(!back.known && !back.created && back.host[0] == '\0');
+        /* v2 and v1 came before provenance: created on any host, their epoch announced */
+        assert_int_equal(fold_state_parse("v2 known=1 epoch=3 seq=4 cpu_ns=5 wall_ns=6 state=0 mem_size_bytes=7"
+                                          " disk_bytes=8 held=1 running_ns=9 paused_ns=10 closed=0", &back), 0);
+        assert_true(back.known && back.epoch == 3 && back.held && back.running_ns == 9 && back.created &&
+                    back.created_ns == 0 && back.epoch_max == 3 && back.host[0] == '\0');
         assert_int_equal(fold_state_parse("v1 known=1 epoch=3 seq=4 cpu_ns=5 wall_ns=6 state=1 mem_size_bytes=7"
                                           " disk_bytes=8", &back), 0);
         assert_true(back.known && back.epoch == 3 && back.seq == 4 && back.cpu_ns == 5 && back.wall_ns == 6 &&
                     back.state == STATE_PAUSED && back.mem_size_bytes == 7 && back.disk_bytes == 8 && !back.held &&
-                    !back.closed);
+                    !back.closed && back.created && back.epoch_max == 3);
         assert_int_equal(fold_state_parse("v3 known=1", &back), -EINVAL);
         assert_int_equal(fold_state_parse("v2 known=1 epoch=3", &back), -EINVAL);
-        buf[strlen(buf) - 1] = '7'; /* closed=7 */
-        assert_int_equal(fold_state_parse(buf, &back), -EINVAL);
+        assert_int_equal(fold_state_parse("v2 known=1 epoch=3 seq=4 cpu_ns=5 wall_ns=6 state=0 mem_size_bytes=7"
+                                          " disk_bytes=8 held=1 running_ns=9 paused_ns=10 closed=7", &back), -EINVAL);
+        char bad[FOLD_STATE_TEXT_MAX + 8];
+        assert_true(fold_state_format(&st, buf, sizeof(buf)) > 0);
+        snprintf(bad, sizeof(bad), "%s two", buf); /* a host is one id */
+        assert_int_equal(fold_state_parse(bad, &back), -EINVAL);
+}
+
+static struct usage_event created_event(const char *host, int64_t wall, uint32_t vcpus)
+{
+        struct usage_event ev = { .type = EVENT_CREATED, .epoch = 1, .wall_ns = wall, .vcpus = vcpus,
+                                  .mem_size_bytes = 4 * GiB };
+        strcpy(ev.host, host);
+        return ev;
+}
+
+static void test_nothing_is_billed_before_created(void **unused)
+{
+        struct fold_state st = { 0 };
+        struct sum s = { 0 };
+        struct usage_event a = sample(1, 1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 5 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &a, collect, &s), FOLD_UNANNOUNCED);
+        assert_false(st.known);
+        assert_int_equal(s.n, 0);
+        struct usage_event c = created_event("h1", T0, 2);
+        assert_int_equal(fold_announce(&st, &c), 0);
+        assert_int_equal(fold_apply(&st, &a, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 5 * NS_PER_SEC);
+        assert_string_equal(st.host, "h1");
+        assert_true(st.created && st.created_ns == T0 && st.created_vcpus == 2);
+}
+
+static void test_first_reading_is_bounded_by_the_time_since_created(void **unused)
+{
+        /* Created with 2 vCPUs at T0; a first reading 10 s later may carry
+         * 2 x (10 s + 60 s of slack) = 140 CPU-s and 70 s of held time. */
+        struct fold_state st = { 0 };
+        struct sum s = { 0 };
+        struct usage_event c = created_event("h1", T0, 2);
+        assert_int_equal(fold_announce(&st, &c), 0);
+        struct usage_event over = sample(1, 1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 140 * NS_PER_SEC + 1);
+        over.vcpus = 1024; /* a sample cannot raise the vCPUs the sandbox was created with */
+        struct fold_state before = st;
+        assert_int_equal(fold_apply(&st, &over, collect, &s), FOLD_IMPOSSIBLE);
+        assert_memory_equal(&st, &before, sizeof(st));
+        struct usage_event held_over = held(1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 0, 70 * NS_PER_SEC + 1, 0);
+        assert_int_equal(fold_apply(&st, &held_over, collect, &s), FOLD_IMPOSSIBLE);
+        struct usage_event ok = sample(1, 1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 140 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &ok, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 140 * NS_PER_SEC);
+}
+
+static void test_an_epoch_needs_its_announcement(void **unused)
+{
+        struct fold_state st = { 0 };
+        struct sum s = { 0 };
+        struct usage_event c = created_event("h1", T0, 2);
+        assert_int_equal(fold_announce(&st, &c), 0);
+        struct usage_event a = sample(1, 1, T0 + 10 * NS_PER_SEC, STATE_RUNNING, 10 * NS_PER_SEC),
+                           forged = sample(2, 1, T0 + 20 * NS_PER_SEC, STATE_RUNNING, 0),
+                           b = sample(1, 2, T0 + 30 * NS_PER_SEC, STATE_RUNNING, 30 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &a, collect, &s), FOLD_BILLED);
+        struct fold_state before = st;
+        assert_int_equal(fold_apply(&st, &forged, collect, &s), FOLD_UNANNOUNCED);
+        assert_memory_equal(&st, &before, sizeof(st));
+        assert_int_equal(fold_apply(&st, &b, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 30 * NS_PER_SEC);
+        /* Announced from another host: refused; from its own: the epoch bills. */
+        struct usage_event r = { .type = EVENT_RESTARTED, .epoch = 2, .wall_ns = T0 + 35 * NS_PER_SEC };
+        strcpy(r.host, "h2");
+        assert_int_equal(fold_announce(&st, &r), -EPERM);
+        strcpy(r.host, "h1");
+        r.epoch = 2 + FOLD_JUMP_MAX;
+        assert_int_equal(fold_announce(&st, &r), -ERANGE);
+        r.epoch = 2;
+        assert_int_equal(fold_announce(&st, &r), 0);
+        struct usage_event e2 = sample(2, 1, T0 + 40 * NS_PER_SEC, STATE_RUNNING, 4 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &e2, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 34 * NS_PER_SEC);
+}
+
+static void test_stopped_behind_the_billed_counter_is_refused(void **unused)
+{
+        struct fold_state st = { 0 };
+        struct sum s = { 0 };
+        struct usage_event c = created_event("h1", T0, 2);
+        fold_announce(&st, &c);
+        struct usage_event a = sample(1, 1, T0 + 100 * NS_PER_SEC, STATE_RUNNING, 100 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &a, collect, &s), FOLD_BILLED);
+        struct usage_event stop = { .type = EVENT_STOPPED, .epoch = 1, .wall_ns = T0 + 110 * NS_PER_SEC,
+                                    .cpu_ns = NS_PER_SEC, .vcpus = 2 };
+        struct fold_state before = st;
+        assert_int_equal(fold_apply(&st, &stop, collect, &s), FOLD_STOP_BEHIND);
+        assert_memory_equal(&st, &before, sizeof(st));
+        stop.cpu_ns = 120 * NS_PER_SEC;
+        stop.wall_ns = T0 + 100 * NS_PER_SEC - FOLD_CPU_SLACK_NS - 1; /* long before the last reading */
+        assert_int_equal(fold_apply(&st, &stop, collect, &s), FOLD_STOP_BEHIND);
+        stop.wall_ns = T0 + 110 * NS_PER_SEC;
+        assert_int_equal(fold_apply(&st, &stop, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 120 * NS_PER_SEC);
+        /* Once stopped, a lower reading is one from before the stop: nothing billed, not refused. */
+        struct usage_event late = sample(1, 2, T0 + 105 * NS_PER_SEC, STATE_RUNNING, 110 * NS_PER_SEC);
+        assert_int_equal(fold_apply(&st, &late, collect, &s), FOLD_BILLED);
+        assert_int_equal(total_cpu(&s), 120 * NS_PER_SEC);
 }
 
 /* A busy hour of a 2 vCPU / 4 GiB sandbox rated with $0.025 per vCPU-hour and
  * $0.0075 per GiB-hour: $0.08. */
 static void rate_hour(uint64_t milli_vcpus, int64_t want_nanodollars)
 {
-        struct fold_state st = { 0 };
+        struct fold_state st = PROVEN;
         struct sum s = { 0 };
         for (int m = 0; m <= 60; m++) {
                 struct usage_event ev = sample(1, (uint64_t)m + 1, T0 + m * 60 * NS_PER_SEC, STATE_RUNNING,
@@ -542,7 +664,7 @@ static void test_golden_thousand_tasks(void **unused)
 {
         struct sum s = { 0 };
         for (int i = 0; i < 1000; i++) {
-                struct fold_state st = { 0 };
+                struct fold_state st = PROVEN;
                 int64_t start = T0 + (int64_t)i * 37 * 60 * NS_PER_SEC;
                 for (int k = 0; k <= 6; k++) {
                         struct usage_event ev = sample(1, (uint64_t)k + 1, start + k * 5 * 60 * NS_PER_SEC,
@@ -568,6 +690,10 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_first_sample_bills_counter_no_time),
+                cmocka_unit_test(test_nothing_is_billed_before_created),
+                cmocka_unit_test(test_first_reading_is_bounded_by_the_time_since_created),
+                cmocka_unit_test(test_an_epoch_needs_its_announcement),
+                cmocka_unit_test(test_stopped_behind_the_billed_counter_is_refused),
                 cmocka_unit_test(test_duplicates_and_old_epochs_change_nothing),
                 cmocka_unit_test(test_new_epoch_bills_whole_counter),
                 cmocka_unit_test(test_counter_back_is_a_restart),
