@@ -44,7 +44,11 @@ struct sandbox {
         char key[EVENT_ID_MAX + 1];
         char host[EVENT_ID_MAX + 1];
         int32_t partition;
+        /* Its size, from its `created` event (or the ledger's row of it): a
+         * reading that does not carry one (the vmm's `stopped` event need
+         * not) is billed at this size. 0: not known. */
         uint32_t vcpus;
+        uint64_t mem_size_bytes;
         struct fold_state fold;
         bool dirty;             /* listed in the batch's dirty list */
         /* What the sandboxes table holds for it (state + 1; 0: unknown), and
@@ -458,22 +462,33 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
         int32_t partition = m->partition;
         *refused = false;
         struct sandbox *sb = sandbox_find(a, in->sandbox);
-        if ((!sb || !sb->fold.known) && in->key[0] == '\0') {
-                *refused = true;
-                return add_dead(a, m->partition, m->offset, m->payload, m->len,
-                                "no key, and no reading of the sandbox billed before");
-        }
         if (!sb) {
                 sb = sandbox_add(a, in->sandbox);
                 if (!sb)
                         return -ENOMEM;
-                snprintf(sb->account, sizeof(sb->account), "%s", in->account);
-                snprintf(sb->key, sizeof(sb->key), "%s", in->key);
                 sb->partition = partition;
         }
+        if (sb->key[0] == '\0') {
+                if (in->key[0] == '\0') {
+                        *refused = true;
+                        return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                        "no key, and neither a reading nor the created event of the sandbox gave one");
+                }
+                snprintf(sb->account, sizeof(sb->account), "%s", in->account);
+                snprintf(sb->key, sizeof(sb->key), "%s", in->key);
+        }
+        /* A reading without the size (the vmm's `stopped` event needs none)
+         * is billed at the size the sandbox was created with. */
         struct usage_event ev = *in; /* a shallow copy the fold reads; in keeps its labels */
         if (!ev.vcpus)
                 ev.vcpus = sb->vcpus;
+        if (!ev.mem_size_bytes && !sb->fold.known)
+                ev.mem_size_bytes = sb->mem_size_bytes;
+        if (!ev.vcpus) {
+                *refused = true;
+                return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                "no vcpus, and neither a reading nor the created event of the sandbox gave them");
+        }
         struct fold_clock clock = { .now_ns = time_wall_ns(),
                                     .max_ahead_ns = a->cfg->max_clock_ahead_ms * NS_PER_MS,
                                     .max_behind_ns = a->cfg->max_clock_behind_ms * NS_PER_MS };
@@ -533,6 +548,28 @@ static int fold_reading(struct agg *a, const rd_kafka_message_t *m, const struct
         return 0;
 }
 
+/* A `created` event gives the sandbox its key and size, for the readings
+ * that do not carry them (the vmm's `stopped` event need not). */
+static int note_created(struct agg *a, const struct usage_event *ev)
+{
+        struct sandbox *sb = sandbox_find(a, ev->sandbox);
+        if (!sb) {
+                sb = sandbox_add(a, ev->sandbox);
+                if (!sb)
+                        return -ENOMEM;
+                sb->partition = INT32_MAX; /* set by its first reading */
+        }
+        if (sb->key[0] == '\0') {
+                snprintf(sb->account, sizeof(sb->account), "%s", ev->account);
+                snprintf(sb->key, sizeof(sb->key), "%s", ev->key);
+        }
+        if (sb->host[0] == '\0')
+                snprintf(sb->host, sizeof(sb->host), "%s", ev->host);
+        sb->vcpus = ev->vcpus;
+        sb->mem_size_bytes = ev->mem_size_bytes;
+        return 0;
+}
+
 /* Takes one message into the batch. Never fails on the message's content. */
 static int take_message(struct agg *a, const rd_kafka_message_t *m)
 {
@@ -553,6 +590,8 @@ static int take_message(struct agg *a, const rd_kafka_message_t *m)
                 event_clear(&ev);
         } else if (ev.type == EVENT_STOPPED && ((r = fold_reading(a, m, &ev, &refused_stop)) < 0 || refused_stop)) {
                 event_clear(&ev); /* dead-lettered (or out of memory): the event is not applied */
+        } else if (ev.type == EVENT_CREATED && (r = note_created(a, &ev)) < 0) {
+                event_clear(&ev);
         } else if (grow((void **)&a->events, &a->capevents, a->nevents + 1, sizeof(*a->events)) < 0) {
                 event_clear(&ev);
                 r = -ENOMEM;
@@ -1304,7 +1343,9 @@ static bool valid_id(const char *s, size_t n)
 }
 
 /* Reads the fold state of the sandboxes ids (n of them, not in memory) into
- * memory, in one query; those the ledger has no row for are remembered as
+ * memory, in one query, with the size and key their `created` event gave (a
+ * sandbox only created so far has no fold state: it comes back unknown, with
+ * its size); those the ledger has no row for are remembered as
  * absent (new sandboxes) until the next prefetch. Returns 0, -EIO, -ENOMEM,
  * or -EPROTO for a row this aggregator cannot read (written by a newer one:
  * billing it from nothing would bill it twice, so nothing is billed). */
@@ -1326,10 +1367,12 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
         }
         const char *params[] = { list.buf };
         PGresult *res = PQexecParams(a->db,
-                                     "SELECT f.sandbox_id, f.account_id, f.key_id, f.fold, f.version,"
-                                     " coalesce(s.host, ''), coalesce(s.vcpus, 1), coalesce(s.state, '')"
-                                     " FROM fold_state f LEFT JOIN sandboxes s ON s.id = f.sandbox_id"
-                                     " WHERE f.sandbox_id = ANY($1::text[])",
+                                     "SELECT i.id, coalesce(f.account_id, s.account_id), coalesce(f.key_id, s.key_id),"
+                                     " f.fold, coalesce(f.version, 0), coalesce(s.host, ''), coalesce(s.vcpus, 1),"
+                                     " coalesce(s.state, ''), coalesce(s.mem_size_bytes, 0)"
+                                     " FROM unnest($1::text[]) AS i(id) LEFT JOIN fold_state f ON f.sandbox_id = i.id"
+                                     " LEFT JOIN sandboxes s ON s.id = i.id"
+                                     " WHERE f.sandbox_id IS NOT NULL OR s.id IS NOT NULL",
                                      1, NULL, params, NULL, NULL, 0);
         free(list.buf);
         int r = query_ok(a, res, PGRES_TUPLES_OK, "load state");
@@ -1338,8 +1381,8 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
                 const char *id = PQgetvalue(res, i, 0);
                 if (sandbox_find(a, id))
                         continue; /* memory is the ledger plus the batch: never older */
-                struct fold_state f;
-                if (fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
+                struct fold_state f = { 0 }; /* no row: only its created event is in the ledger */
+                if (!PQgetisnull(res, i, 3) && fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
                         char q[600];
                         log_error("could not read a sandbox's fold state; not billing it", "sandbox=%s fold=%s", id,
                                   log_quote(q, sizeof(q), PQgetvalue(res, i, 3)));
@@ -1358,6 +1401,7 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
                 s->version = strtoll(PQgetvalue(res, i, 4), NULL, 10);
                 snprintf(s->host, sizeof(s->host), "%s", PQgetvalue(res, i, 5));
                 s->vcpus = (uint32_t)strtoul(PQgetvalue(res, i, 6), NULL, 10);
+                s->mem_size_bytes = strtoull(PQgetvalue(res, i, 8), NULL, 10);
                 enum sandbox_state db;
                 s->db_state = sandbox_state_parse(PQgetvalue(res, i, 7), &db) == 0 ? (int)db + 1 : 0;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));
