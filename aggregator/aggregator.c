@@ -45,7 +45,11 @@ struct sandbox {
         char key[EVENT_ID_MAX + 1];
         char host[EVENT_ID_MAX + 1];
         int32_t partition;
+        /* Its size, from its `created` event (or the ledger's row of it): a
+         * reading that does not carry one (the vmm's `stopped` event need
+         * not) is billed at this size. 0: not known. */
         uint32_t vcpus;
+        uint64_t mem_size_bytes;
         struct fold_state fold;
         bool dirty;             /* listed in the batch's dirty list */
         /* What the sandboxes table holds for it (state + 1; 0: unknown), and
@@ -519,22 +523,35 @@ static int fold_reading(struct agg *a, const struct raw *m, const struct usage_e
         int32_t partition = m->partition;
         *ret = REFUSED;
         struct sandbox *sb = sandbox_find(a, in->sandbox);
-        if ((!sb || !sb->fold.known) && in->key[0] == '\0')
-                return add_dead(a, m->partition, m->offset, m->payload, m->len,
-                                "no key, and no reading of the sandbox billed before");
         if (!sb && !(sb = sandbox_of(a, m, in)))
                 return -ENOMEM;
         char buf[200];
         const char *why = NULL;
-        /* Provenance: only the host that created the sandbox reads its counters. */
-        if (sb->fold.created && sb->fold.host[0] && strcmp(in->host, sb->fold.host) != 0) {
+        /* Provenance: only the host that created the sandbox reads its counters
+         * (a reading that names none is its creator's, like its key and size). */
+        if (sb->fold.created && sb->fold.host[0] && in->host[0] && strcmp(in->host, sb->fold.host) != 0) {
                 snprintf(buf, sizeof(buf), "%s from host %s, but the sandbox was created on host %s",
-                         event_type_name(in->type), in->host[0] ? in->host : "(none)", sb->fold.host);
+                         event_type_name(in->type), in->host, sb->fold.host);
                 return add_dead(a, m->partition, m->offset, m->payload, m->len, buf);
+        }
+        /* A reading without the key or the size (the vmm's `stopped` event needs
+         * none) is billed with the sandbox's: its last reading's, or its created
+         * event's. Before that event it is held like any reading (the fold says so). */
+        if (sb->key[0] == '\0' && in->key[0] != '\0') {
+                snprintf(sb->account, sizeof(sb->account), "%s", in->account);
+                snprintf(sb->key, sizeof(sb->key), "%s", in->key);
         }
         struct usage_event ev = *in; /* a shallow copy the fold reads; in keeps its labels */
         if (!ev.vcpus)
                 ev.vcpus = sb->vcpus;
+        if (!ev.mem_size_bytes && !sb->fold.known)
+                ev.mem_size_bytes = sb->mem_size_bytes;
+        if (sb->fold.created && sb->key[0] == '\0')
+                return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                "no key, and neither a reading nor the created event of the sandbox gave one");
+        if (sb->fold.created && !ev.vcpus)
+                return add_dead(a, m->partition, m->offset, m->payload, m->len,
+                                "no vcpus, and neither a reading nor the created event of the sandbox gave them");
         struct fold_clock clock = { .now_ns = time_wall_ns(),
                                     .max_ahead_ns = a->cfg->max_clock_ahead_ms * NS_PER_MS,
                                     .max_behind_ns = a->cfg->max_clock_behind_ms * NS_PER_MS };
@@ -636,7 +653,8 @@ static int hold(struct agg *a, const struct raw *m, const char *sandbox, const c
          * another aggregator have taken the sandbox's announcement meanwhile, this batch is
          * read again with the state that has it, and the reading is billed, not held. */
         struct sandbox *sb = sandbox_find(a, sandbox);
-        return sb ? mark_dirty(a, sb) : 0;
+        /* (not one known by nothing but a keyless reading: no row without a key) */
+        return sb && sb->key[0] ? mark_dirty(a, sb) : 0;
 }
 
 /* Takes a decoded reading: billed, dead-lettered or held (not again when
@@ -783,8 +801,17 @@ static int take_announcement(struct agg *a, const struct raw *m, struct usage_ev
                 event_clear(ev);
                 return add_dead(a, m->partition, m->offset, m->payload, m->len, why);
         }
-        if (!sb->vcpus)
-                sb->vcpus = ev->vcpus;
+        if (ev->type == EVENT_CREATED) {
+                /* the key and size of the readings that carry none (the vmm's `stopped` event) */
+                if (sb->key[0] == '\0') {
+                        snprintf(sb->account, sizeof(sb->account), "%s", ev->account);
+                        snprintf(sb->key, sizeof(sb->key), "%s", ev->key);
+                }
+                if (!sb->vcpus)
+                        sb->vcpus = ev->vcpus;
+                if (!sb->mem_size_bytes)
+                        sb->mem_size_bytes = ev->mem_size_bytes;
+        }
         if (ev->type == EVENT_RESTARTED)
                 log_info("sandbox's counters restarted: new epoch announced", "sandbox=%s host=%s epoch=%" PRIu64
                          " reason=%s", ev->sandbox, ev->host, ev->epoch, ev->reason);
@@ -1652,7 +1679,9 @@ static bool valid_id(const char *s, size_t n)
 }
 
 /* Reads the fold state of the sandboxes ids (n of them, not in memory) into
- * memory, in one query; those the ledger has no row for are remembered as
+ * memory, in one query, with the size and key their `created` event gave (a
+ * sandbox only created so far has no fold state: it comes back unknown, with
+ * its size); those the ledger has no row for are remembered as
  * absent (new sandboxes) until the next prefetch. Returns 0, -EIO, -ENOMEM,
  * or -EPROTO for a row this aggregator cannot read (written by a newer one:
  * billing it from nothing would bill it twice, so nothing is billed). */
@@ -1674,10 +1703,12 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
         }
         const char *params[] = { list.buf };
         PGresult *res = PQexecParams(a->db,
-                                     "SELECT f.sandbox_id, f.account_id, f.key_id, f.fold, f.version,"
-                                     " coalesce(s.host, ''), coalesce(s.vcpus, 1), coalesce(s.state, '')"
-                                     " FROM fold_state f LEFT JOIN sandboxes s ON s.id = f.sandbox_id"
-                                     " WHERE f.sandbox_id = ANY($1::text[])",
+                                     "SELECT i.id, coalesce(f.account_id, s.account_id), coalesce(f.key_id, s.key_id),"
+                                     " f.fold, coalesce(f.version, 0), coalesce(s.host, ''), coalesce(s.vcpus, 1),"
+                                     " coalesce(s.state, ''), coalesce(s.mem_size_bytes, 0)"
+                                     " FROM unnest($1::text[]) AS i(id) LEFT JOIN fold_state f ON f.sandbox_id = i.id"
+                                     " LEFT JOIN sandboxes s ON s.id = i.id"
+                                     " WHERE f.sandbox_id IS NOT NULL OR s.id IS NOT NULL",
                                      1, NULL, params, NULL, NULL, 0);
         free(list.buf);
         int r = query_ok(a, res, PGRES_TUPLES_OK, "load state");
@@ -1686,8 +1717,8 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
                 const char *id = PQgetvalue(res, i, 0);
                 if (sandbox_find(a, id))
                         continue; /* memory is the ledger plus the batch: never older */
-                struct fold_state f;
-                if (fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
+                struct fold_state f = { 0 }; /* no row: only its created event is in the ledger */
+                if (!PQgetisnull(res, i, 3) && fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
                         char q[600];
                         log_error("could not read a sandbox's fold state; not billing it", "sandbox=%s fold=%s", id,
                                   log_quote(q, sizeof(q), PQgetvalue(res, i, 3)));
@@ -1706,6 +1737,7 @@ static int load_sandboxes(struct agg *a, char (*ids)[EVENT_ID_MAX + 1], size_t n
                 s->version = strtoll(PQgetvalue(res, i, 4), NULL, 10);
                 snprintf(s->host, sizeof(s->host), "%s", PQgetvalue(res, i, 5));
                 s->vcpus = (uint32_t)strtoul(PQgetvalue(res, i, 6), NULL, 10);
+                s->mem_size_bytes = strtoull(PQgetvalue(res, i, 8), NULL, 10);
                 enum sandbox_state db;
                 s->db_state = sandbox_state_parse(PQgetvalue(res, i, 7), &db) == 0 ? (int)db + 1 : 0;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));

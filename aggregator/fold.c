@@ -237,7 +237,11 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
         bool closed = st->closed || stop || st->state == STATE_STOPPED || ev->state == STATE_STOPPED;
         enum fold_result r = FOLD_BILLED;
         uint64_t cpu, cpu_to;
-        if (new_epoch || (ev->cpu_ns < st->cpu_ns && !closed)) {
+        /* A higher epoch after the stop is no restart either: the `stopped`
+         * event carries its final counter's epoch, so only one that did not
+         * say it (billed in epoch 0) can be followed by a higher one, the
+         * collector's final sample of the same counter. */
+        if ((new_epoch && !st->closed && st->state != STATE_STOPPED) || (!new_epoch && ev->cpu_ns < st->cpu_ns && !closed)) {
                 cpu = cpu_to = ev->cpu_ns; /* the counter restarted from zero */
                 if (!new_epoch)
                         r = FOLD_COUNTER_RESET;

@@ -24,10 +24,20 @@
 # (heapstat.c): the judgement must then say "grows". API_WRAPPER (e.g.
 # "valgrind --tool=massif --massif-out-file=/tmp/api.massif") is put before
 # tally-api's command, to see where its heap goes.
+#
+# The verdict is the exit status: 0 only when the ledger is exact, nothing
+# failed and no daemon grows (RSS or heap beyond its noise, or descriptors);
+# 1 otherwise. A run shorter than MIN_MINUTES (6) cannot call a steady leak
+# growth (below, "growth and noise") and is refused before it starts.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
 MINUTES=${1:-10}
+# A steady leak of r a minute grows (last - 2) x r = (MINUTES - 3) x r against a noise of at
+# least 2 x r: only from 6 minutes on can it exceed it.
+MIN_MINUTES=6
+[[ "$MINUTES" =~ ^[0-9]+$ ]] && [ "$MINUTES" -ge "$MIN_MINUTES" ] ||
+  die "a soak of ${MINUTES} minutes can call no steady leak growth: give at least $MIN_MINUTES"
 SANDBOXES=${SANDBOXES:-200}
 CHURN=${CHURN:-2}
 API_RPS=${API_RPS:-10}
@@ -286,3 +296,21 @@ printf '{"duration_s": %d, "sandboxes_created": %d, "errors": %d, "leak_kib_per_
   "$DURATION" "$CREATED" "$ERRORS" "$LEAK_KIB_PER_MIN" "$([ "$SOAK_TCACHE" = 1 ] && echo true || echo false)" "$(json_of 2 <"$WORK/rss")" "$(json_of 3 <"$WORK/rss")" "$(json_of 4 <"$WORK/rss")" \
   "$(json_of 2 <"$WORK/heap")" "$(json_of 3 <"$WORK/heap")" "$(json_of 4 <"$WORK/heap")" \
   "$(json_of 2 <"$WORK/fds")" "$LEDGER_EXACT" "$mismatches"
+
+# The verdict (see the head of this file).
+failed=()
+[ "$LEDGER_EXACT" = true ] || failed+=("the ledger is not exact ($mismatches mismatches, $TRUTHS of $CREATED truths)")
+[ "$ERRORS" = 0 ] || failed+=("$ERRORS errors")
+for what in rss heap; do
+  while read -r d g z grows _; do
+    if [ "$grows" = true ]; then failed+=("$d's $what grows $g KiB beyond its noise $z"); fi
+  done <"$WORK/$what"
+done
+while read -r d g _; do
+  if [ "$g" -gt 0 ]; then failed+=("$d's descriptors grow by $g"); fi
+done <"$WORK/fds"
+if [ ${#failed[@]} -gt 0 ]; then
+  for f in "${failed[@]}"; do say "soak FAILED: $f"; done
+  exit 1
+fi
+say "soak passed: ledger exact, no errors, no growth in $MINUTES minutes"

@@ -12,7 +12,9 @@
  *
  * Needs TALLY_TEST_PG_URL and TALLY_MIGRATE_BIN (scripts/test and
  * scripts/fuzz provide both). Checked beyond "no crash, no sanitizer report":
- * every answer is an HTTP/1.x status line, and the server still answers
+ * every answer is an HTTP/1.x status line, a whole request without a body
+ * gets one (test_http_answer_due: a connection closed without an answer is a
+ * handler that refused to make one), and the server still answers
  * GET /healthz after each input. */
 #include "log.h"
 #include "server.h"
@@ -109,6 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ssize_t n = exchange(data, size, out, sizeof(out) - 1);
         if (n < 0)
                 FAIL("could not connect to the server");
+        if (n == 0 && test_http_answer_due((const char *)data, size))
+                FAIL("a whole request without a body got no answer");
         out[n] = '\0';
         if (n > 0 && strncmp(out, "HTTP/1.", 7) != 0)
                 FAIL("an answer that is not HTTP: %.80s", out);

@@ -264,44 +264,6 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
         return (ssize_t)test_http_exchange(fd, req, len, out, cap, ANSWER_WAIT_S);
 }
 
-/* Whether req starts with a plain, whole request head that announces no
- * body: "METHOD /path HTTP/1.x", then "Name: value" lines up to a blank line,
- * neither Content-Length nor Transfer-Encoding among them. libmicrohttpd
- * hands every such request to the handler, so no answer at all means the
- * handler refused to make one (it returned MHD_NO). Anything odder may be
- * dropped by libmicrohttpd itself, and a head with a body may end unanswered:
- * the input can stop short of the body it announced. */
-static bool answer_due(const char *req, size_t len)
-{
-        const char *end = memmem(req, len, "\r\n\r\n", 4);
-        if (!end || memchr(req, '\0', (size_t)(end - req)))
-                return false;
-        const char *eol = memchr(req, '\r', (size_t)(end - req) + 1), *p = req;
-        while (p < eol && *p >= 'A' && *p <= 'Z')
-                p++;
-        if (p == req || p >= eol || *p++ != ' ' || *p != '/')
-                return false;
-        while (p < eol && *p > ' ' && *p < 0x7f)
-                p++;
-        if (eol[1] != '\n' || eol - p != 9 || (memcmp(p, " HTTP/1.1", 9) != 0 && memcmp(p, " HTTP/1.0", 9) != 0))
-                return false;
-        for (const char *l = eol + 2; l < end + 2; l = memchr(l, '\n', (size_t)(end + 2 - l)) + 1) {
-                const char *le = memchr(l, '\r', (size_t)(end + 2 - l));
-                const char *colon = memchr(l, ':', (size_t)(le - l));
-                if (!colon || colon == l || le[1] != '\n')
-                        return false;
-                for (const char *c = l; c < le; c++)
-                        if ((unsigned char)*c < ' ' || (unsigned char)*c >= 0x7f)
-                                return false;
-                for (const char *c = l; c < colon; c++)
-                        if (*c == ' ' || *c == '\t')
-                                return false;
-                if (strncasecmp(l, "Content-Length:", 15) == 0 || strncasecmp(l, "Transfer-Encoding:", 18) == 0)
-                        return false;
-        }
-        return true;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         if (!vmm)
@@ -311,7 +273,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t len;
         char *req = with_ids(data, size, &len);
         ssize_t n = exchange(req, len, out, sizeof(out) - 1);
-        bool due = answer_due(req, len);
+        bool due = test_http_answer_due(req, len);
         free(req);
         if (n < 0)
                 FAIL("could not connect to the API");

@@ -270,6 +270,37 @@ bool test_pid_running(pid_t pid)
         return running;
 }
 
+bool test_http_answer_due(const char *req, size_t len)
+{
+        const char *end = memmem(req, len, "\r\n\r\n", 4);
+        if (!end || memchr(req, '\0', (size_t)(end - req)))
+                return false;
+        const char *eol = memchr(req, '\r', (size_t)(end - req) + 1), *p = req;
+        while (p < eol && *p >= 'A' && *p <= 'Z')
+                p++;
+        if (p == req || p >= eol || *p++ != ' ' || *p != '/')
+                return false;
+        while (p < eol && *p > ' ' && *p < 0x7f)
+                p++;
+        if (eol[1] != '\n' || eol - p != 9 || (memcmp(p, " HTTP/1.1", 9) != 0 && memcmp(p, " HTTP/1.0", 9) != 0))
+                return false;
+        for (const char *l = eol + 2; l < end + 2; l = memchr(l, '\n', (size_t)(end + 2 - l)) + 1) {
+                const char *le = memchr(l, '\r', (size_t)(end + 2 - l));
+                const char *colon = memchr(l, ':', (size_t)(le - l));
+                if (!colon || colon == l || le[1] != '\n')
+                        return false;
+                for (const char *c = l; c < le; c++)
+                        if ((unsigned char)*c < ' ' || (unsigned char)*c >= 0x7f)
+                                return false;
+                for (const char *c = l; c < colon; c++)
+                        if (*c == ' ' || *c == '\t')
+                                return false;
+                if (strncasecmp(l, "Content-Length:", 15) == 0 || strncasecmp(l, "Transfer-Encoding:", 18) == 0)
+                        return false;
+        }
+        return true;
+}
+
 size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s)
 {
         struct timeval tv = { .tv_sec = timeout_s };

@@ -63,6 +63,15 @@ bool test_pid_running(pid_t pid);
  * otherwise idle until the server's timeout. */
 bool test_http_answer_complete(const char *buf, size_t len, bool head);
 
+/* Whether req starts with a plain, whole request head that announces no
+ * body: "METHOD /path HTTP/1.x", then "Name: value" lines up to a blank line,
+ * neither Content-Length nor Transfer-Encoding among them. libmicrohttpd
+ * hands every such request to the handler, so no answer at all means the
+ * handler refused to make one (it returned MHD_NO). Anything odder may be
+ * dropped by libmicrohttpd itself, and a head with a body may end unanswered:
+ * the input can stop short of the body it announced. */
+bool test_http_answer_due(const char *req, size_t len);
+
 /* One HTTP exchange on a connected socket fd, which it closes: sends all of
  * req (stopping early if the server closes: it may answer 400 or 413 before
  * reading everything), shuts the sending side, and reads until the server

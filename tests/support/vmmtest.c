@@ -49,7 +49,8 @@ void test_cleanup_at_exit(void (*cleanup)(void))
 }
 
 /* TALLY_TEST_CASES (a comma-separated list of names) runs only those cases: for
- * replaying one by hand; unset, every case runs. */
+ * replaying one by hand; unset, every case runs. A name that matches no case
+ * is a failure (a misspelt name would otherwise run nothing and pass). */
 static bool case_selected(const char *name)
 {
         const char *only = getenv("TALLY_TEST_CASES");
@@ -66,8 +67,26 @@ static bool case_selected(const char *name)
         return false;
 }
 
+/* Fails every name in TALLY_TEST_CASES that is none of the cases. */
+static void check_case_names(const struct test_case *cases, size_t n)
+{
+        const char *only = getenv("TALLY_TEST_CASES");
+        if (!only || !*only)
+                return;
+        for (const char *p = only; *p;) {
+                const char *end = strchr(p, ',');
+                size_t len = end ? (size_t)(end - p) : strlen(p);
+                bool found = false;
+                for (size_t i = 0; i < n && !found; i++)
+                        found = strlen(cases[i].name) == len && strncmp(cases[i].name, p, len) == 0;
+                CHECK(found, "TALLY_TEST_CASES names '%.*s', which is none of this test's cases", (int)len, p);
+                p += len + (end != NULL);
+        }
+}
+
 void test_run_cases(const struct test_case *cases, size_t n)
 {
+        check_case_names(cases, n);
         for (size_t i = 0; i < n; i++) {
                 if (!case_selected(cases[i].name))
                         continue;

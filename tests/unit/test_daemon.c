@@ -2,11 +2,7 @@
  * daemon_memory_trim). They read glibc's own counts (mallinfo2) and this
  * process's RSS; under a sanitizer or valgrind, whose allocators replace
  * glibc's, there is nothing of glibc's to test and they are skipped. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
+#include "unit.h"
 
 #include "daemon.h"
 #include "timeutil.h"
@@ -43,7 +39,7 @@ static long rss_kib(void)
 static void large_blocks_stay_mapped(void **state)
 {
         if (!glibc_allocator())
-                skip();
+                UNIT_SKIP("malloc is not glibc's (a sanitizer or valgrind)");
         daemon_memory_setup();
         char *big = malloc(4 << 20);
         assert_non_null(big);
@@ -66,7 +62,7 @@ static void large_blocks_stay_mapped(void **state)
 static void trim_returns_free_pages(void **state)
 {
         if (!glibc_allocator())
-                skip();
+                UNIT_SKIP("malloc is not glibc's (a sanitizer or valgrind)");
         enum { N = 4096, SIZE = 8192, KEEP = 64 }; /* 32 MiB of blocks below the mmap threshold */
         char **blocks = calloc(N, sizeof(*blocks));
         assert_non_null(blocks);
@@ -107,5 +103,5 @@ int main(void)
                 cmocka_unit_test(trim_returns_free_pages),
                 cmocka_unit_test(trim_interval),
         };
-        return cmocka_run_group_tests(tests, NULL, NULL);
+        return unit_run(tests);
 }

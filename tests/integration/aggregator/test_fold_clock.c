@@ -1,9 +1,11 @@
 /* Integration (issue 9, item 3): sample times are checked against the
  * aggregator's own clock. A 30-minute sandbox (samples every 60 s, 0.5 vCPU
  * busy, 2 GiB) with one sample whose host clock jumped +1 h, +10 years or to
- * 2199 is billed exactly its 1,800 s and 900 CPU-s — not 4,500 s for 1,800,
- * nor 87,601 hourly rows — in a handful of rows, and billing does not stall:
- * a good sample sent afterwards is committed within seconds.
+ * 2199, or back 401 days or to 2020 (beyond max_clock_behind_ms, 400 days),
+ * is billed exactly its 1,800 s and 900 CPU-s — not 4,500 s for 1,800, nor
+ * 87,601 hourly rows, nor usage placed years in the past — in a handful of
+ * rows, and billing does not stall: a good sample sent afterwards is
+ * committed within seconds.
  *
  * Through the real development broker and a real tally-aggregator writing to
  * PostgreSQL. Truth by hand: 1,800 s x 2 GiB = 3865470566400000000000
@@ -62,6 +64,9 @@ int main(void)
         life(&t, "sb-fc-decade", base, mid + 10 * 365 * NS_PER_DAY, true);
         life(&t, "sb-fc-decade-interval", base, mid + 10 * 365 * NS_PER_DAY, false);
         life(&t, "sb-fc-2199", base, aggtest_utc(2199, 6, 1, 12, 0, 0), true);
+        life(&t, "sb-fc-behind", base, mid - 401 * NS_PER_DAY, true);
+        life(&t, "sb-fc-behind-interval", base, mid - 401 * NS_PER_DAY, false);
+        life(&t, "sb-fc-2020", base, aggtest_utc(2020, 1, 1, 0, 0, 0), true);
         aggtest_flush(&t);
 
         pid_t agg = aggtest_spawn(&t, NULL);
@@ -71,8 +76,17 @@ int main(void)
         expect(&t, "sb-fc-decade", "+10 years on one sample");
         expect(&t, "sb-fc-decade-interval", "+10 years on one sample, no held counters");
         expect(&t, "sb-fc-2199", "2199 on one sample");
+        expect(&t, "sb-fc-behind", "-401 days on one sample");
+        expect(&t, "sb-fc-behind-interval", "-401 days on one sample, no held counters");
+        expect(&t, "sb-fc-2020", "2020 on one sample");
         char *v = aggtest_query(&t, "SELECT count(*) FROM usage_hourly WHERE hour > now() + interval '1 hour'");
         CHECK(v && strcmp(v, "0") == 0, "no usage placed in the future: %s rows", v ? v : "?");
+        free(v);
+        v = aggtest_query(&t, "SELECT count(*) FROM usage_hourly WHERE hour < now() - interval '1 day'");
+        CHECK(v && strcmp(v, "0") == 0, "no usage placed at a clock far behind: %s rows", v ? v : "?");
+        free(v);
+        v = aggtest_query(&t, "SELECT count(*) FROM dead_letters");
+        CHECK(v && strcmp(v, "0") == 0, "no dead letters (a wrong clock is not a bad message): %s", v ? v : "?");
         free(v);
 
         /* No stall: a good sample now is committed promptly. */
@@ -91,6 +105,7 @@ int main(void)
         snprintf(log, sizeof(log), "%s/aggregator.0.log", t.dir);
         char *text = test_read_file(log);
         CHECK(text && strstr(text, "ahead of the aggregator's clock"), "the clock jump is logged");
+        CHECK(text && strstr(text, "too far behind the aggregator's clock"), "the clock far behind is logged");
         free(text);
 
         CHECK(aggtest_terminate(agg) == 0, "unclean stop");

@@ -15,9 +15,11 @@
  * 1,022,222.2) — worked by hand, not by tally's code. Before each crossing
  * sample the test sees no alert (and no block, no command); after it the
  * alert, the block and the command must appear within 2 s of the sample
- * being produced, and the alert's recorded spend must lie between the
- * threshold and the threshold plus 2 s of burn. A key without a limit never
- * alerts, and replays fire nothing twice. */
+ * being produced, and the alert must record the spend exactly: the key's
+ * spend after the crossing sample, s x 200,000 / 9 nano-dollars rounded
+ * once (23 s: 511,111; 37 s: 822,222; 46 s: 1,022,222), never the threshold
+ * it crossed. A key without a limit never alerts, and replays fire nothing
+ * twice. */
 #include "aggtest.h"
 #include "control.h"
 #include "kafka.h"
@@ -30,7 +32,6 @@
 
 #define GiB (UINT64_C(1) << 30)
 #define LIMIT 1010000
-#define BURN_2S 44444 /* nano-dollars 2 s of the sandbox burns (44,444.4, rounded down) */
 
 static struct aggtest t;
 static int64_t t0;
@@ -113,8 +114,10 @@ static int64_t command_seen(const char *key)
 
 /* Produces the crossing sample `second` and waits, at most 2 s from just
  * before it was produced, until the key shows `want` alerts (and, at 100%, is
- * blocked and its command seen). Checks the alert's recorded spend. */
-static void cross(const char *key, const char *sandbox, int second, int pct, const char *before_want, const char *want)
+ * blocked and its command seen). Checks the alert's recorded spend: exactly
+ * `spend` (nothing after the crossing sample is produced before the check). */
+static void cross(const char *key, const char *sandbox, int second, int pct, const char *before_want, const char *want,
+                  int64_t spend_want)
 {
         char *before = alerts_of(key);
         CHECK(strcmp(before, before_want) == 0,
@@ -155,10 +158,10 @@ static void cross(const char *key, const char *sandbox, int second, int pct, con
         snprintf(sql, sizeof(sql), "SELECT spend_nanodollars FROM alerts WHERE key_id = '%s' AND threshold_pct = %d", key,
                  pct);
         char *v = q(sql);
-        int64_t spend = *v ? strtoll(v, NULL, 10) : -1, threshold = (int64_t)LIMIT * pct / 100;
-        CHECK(spend >= threshold && spend <= threshold + BURN_2S,
-              "%s's %d%% alert recorded spend %" PRId64 " nd: want %" PRId64 "..%" PRId64 " (the threshold, plus at"
-              " most 2 s of burn)", key, pct, spend, threshold, threshold + (int64_t)BURN_2S);
+        int64_t spend = *v ? strtoll(v, NULL, 10) : -1;
+        CHECK(spend == spend_want,
+              "%s's %d%% alert recorded spend %" PRId64 " nd: want %" PRId64 " (the spend after second %d; the"
+              " threshold is %d)", key, pct, spend, spend_want, second, LIMIT * pct / 100);
         free(v);
 }
 
@@ -202,17 +205,17 @@ int main(void)
         busy("kn", "sb-n", 0, 200);
         busy("kp", "sb-p", 0, 22);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up");
-        cross("kp", "sb-p", 23, 50, "", "50");
+        cross("kp", "sb-p", 23, 50, "", "50", 511111);
         busy("kp", "sb-p", 24, 36);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up");
-        cross("kp", "sb-p", 37, 80, "50", "50,80");
+        cross("kp", "sb-p", 37, 80, "50", "50,80", 822222);
         busy("kp", "sb-p", 38, 45);
         busy("ks", "sb-s", 0, 45);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up");
         expect("SELECT coalesce(string_agg(threshold_pct::text, ',' ORDER BY threshold_pct), '') FROM alerts"
                " WHERE key_id = 'ks'", "50,80", "stop-policy key below its limit");
-        cross("kp", "sb-p", 46, 100, "50,80", "50,80,100");
-        cross("ks", "sb-s", 46, 100, "50,80", "50,80,100");
+        cross("kp", "sb-p", 46, 100, "50,80", "50,80,100", 1022222);
+        cross("ks", "sb-s", 46, 100, "50,80", "50,80,100", 1022222);
         expect("SELECT key_blocked('kp', now() + interval '1 day')::text", "false", "a new UTC day lifts the block");
 
         /* Replays and more usage: no alert fires twice. */

@@ -114,7 +114,9 @@ def main():
         notifier = start_notifier(db.url, work, smtp.port, ["--give-up-after-s", str(GIVE_UP_S)])
 
         # ---- A: an alert reaches the webhook, signed, and the mail sink ----
-        record_threshold(db, ka, "al_a", 50, 505000, 1010000)
+        # The spend recorded (511,111: the crossing sample's) is not the threshold (505,000): an
+        # alert that carried the threshold instead would show.
+        record_threshold(db, ka, "al_a", 50, 511111, 1010000)
         eid_a = db.q(f"SELECT event_id FROM alerts WHERE key_id = '{ka}'")
         got = wait_for(lambda: rcv.requests("/ok/a"), 10)
         check(len(got) == 1, f"the receiver got {len(got)} requests for A")
@@ -123,10 +125,10 @@ def main():
             ev = json.loads(g["body"])
             check(g["event_id"] == eid_a and ev["id"] == eid_a, f"event id {g['event_id']} vs {eid_a}")
             check(ev["type"] == "spend.threshold_reached" and ev["version"] == 1 and ev["account"] == "al_a"
-                  and ev["key"] == ka and ev["threshold_pct"] == 50 and ev["spend_nanodollars"] == 505000
+                  and ev["key"] == ka and ev["threshold_pct"] == 50 and ev["spend_nanodollars"] == 511111
                   and ev["limit_nanodollars"] == 1010000 and ev["day"] and ev["time"], f"payload {ev}")
             check(verify_signature(secret_a, g["sig"], g["body"]), f"signature does not verify: {g['sig']}")
-            check(not verify_signature(secret_a, g["sig"], g["body"].replace(b"505000", b"505001")),
+            check(not verify_signature(secret_a, g["sig"], g["body"].replace(b"511111", b"511112")),
                   "a changed body verifies")
             check(not verify_signature("whsec_" + "0" * 64, g["sig"], g["body"]), "a wrong secret verifies")
             t = int(g["sig"].split(",")[0][2:])
@@ -144,7 +146,7 @@ def main():
             d = mail[0]["data"]
             check(mail[0]["from"] == "<alerts@tally.test>", f"envelope sender {mail[0]['from']}")
             check("owner@alerts.test" in mail[0]["rcpt"][0] and "From: tally <alerts@tally.test>" in d and "X-Tally-Event-Id: " + eid_a in d
-                  and "reached 50% of its daily spend limit" in d and "$0.000505000" in d
+                  and "reached 50% of its daily spend limit" in d and "$0.000511111" in d
                   and "Dashboard: https://dashboard.tally.test/" in d, f"mail {d}")
         ok = wait_for(lambda: db.q(f"SELECT count(*) FROM alert_deliveries WHERE account_id = 'al_a'"
                                    " AND state = 'delivered'") == "2", 5)

@@ -95,6 +95,16 @@ int main(void)
         fprintf(stderr, "its limit projected %" PRId64 " s after the warning\n", ahead_s);
         CHECK(ahead_s > 0 && ahead_s <= 120, "projected_at is %" PRId64 " s after the warning (want seconds)",
               ahead_s);
+        /* The warning records the key's spend when it fired: its total after
+         * some whole second s of samples, s x 200,000 / 9 nano-dollars
+         * rounded once (22,222; 44,444; 66,667; ...), never 0 or the limit. */
+        char *recorded = q("SELECT spend_nanodollars FROM alerts WHERE key_id = 'kfast' AND type = 'spend.limit_projected'");
+        int64_t rec = strtoll(recorded, NULL, 10);
+        bool whole = false;
+        for (int64_t s = 1; s <= 12 && !whole; s++)
+                whole = rec == (s * 200000 + 4) / 9; /* half away from zero: +4.5/9, and no ninth is a half */
+        CHECK(whole, "the warning recorded spend %s nd: not the key's spend after any second of samples", recorded);
+        free(recorded);
         char *spend = q("SELECT nanodollars FROM spend_daily WHERE key_id = 'kslow'");
         CHECK(strtoll(spend, NULL, 10) > 0, "the slow key spent nothing (%s): the test proves nothing", spend);
         free(fast);

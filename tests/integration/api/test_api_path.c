@@ -4,11 +4,15 @@
  * through tally-api and burns CPU in it (tally-vmm, process backend, real
  * cgroups); tally-collector samples it, the broker carries it, the
  * aggregator rates it into PostgreSQL. Then GET /v1/usage and GET /v1/spend
- * must show, to the nano-dollar, the cost that usage_hourly holds — worked
- * out by this test's own SQL from usage_hourly and plan_rates: per (day,
- * meter) row, the exact sum of usage x rate divided once by the unit and
- * rounded half up (docs/billing.md); the day's spend, all meters summed
- * exactly, then rounded once (spend_daily's rule). */
+ * must show, to the nano-dollar, the cost of the usage billed — worked out
+ * by this test's own SQL from usage_hourly and the default plan's rates typed
+ * here by hand ($0.025 per vCPU-hour, $0.0075 per GiB-hour, $0.08 per
+ * GB-month: 25,000,000, 7,500,000 and 80,000,000 nano-dollars), never with
+ * the system's own rate_at(): per (day, meter) row, the exact sum of usage x
+ * rate divided once by the unit and rounded half up (docs/billing.md); the
+ * day's spend, all meters summed exactly, then rounded once (spend_daily's
+ * rule). The CPU billed must equal, to the ns, the sandbox's cgroup counter
+ * read by the test from the kernel once its processes ended. */
 #include "pipe.h"
 #include "support.h"
 #include "vmmtest.h"
@@ -153,6 +157,18 @@ int main(void)
         CHECK(r.status == 201 && *id, "create: %ld %s", r.status, r.body);
         resp_free(&r);
         char path[256];
+        /* Its cgroup, from the vmm (tally-api does not say where it lives on
+         * the host), held so the test reads its counter after the stop. */
+        struct sb truth = { 0 };
+        snprintf(truth.id, sizeof(truth.id), "%s", id);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+        struct call vc;
+        json_t *vj = pipe_api(&P, "GET", path, NULL, &vc);
+        const char *cg = vj ? json_string_value(json_object_get(vj, "cgroup_cpu")) : NULL;
+        CHECK(cg, "the vmm does not say where sandbox %s's cgroup is", id);
+        snprintf(truth.cpu_dir, sizeof(truth.cpu_dir), "%s", cg ? cg : "");
+        json_decref(vj);
+        bool held = cg && pipe_hold(&truth) == 0;
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
         r = http("POST", path, key, NULL, NULL,
                  "{\"command\":[\"sh\",\"-c\",\"i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done\"]}");
@@ -163,6 +179,7 @@ int main(void)
         r = http("DELETE", path, key, NULL, NULL, NULL);
         CHECK(r.status == 200, "delete: %ld %s", r.status, r.body);
         resp_free(&r);
+        bool have_truth = held && pipe_read_truth(&truth) == 0;
         pipe_wait_removed(&P, id, 15000);
         pipe_wait_caught_up(&P, 20000);
 
@@ -171,16 +188,19 @@ int main(void)
         snprintf(sql, sizeof(sql),
                  "SELECT sum(cpu_ns) FROM usage_hourly WHERE sandbox_id = '%s' AND key_id = '%s'", id, key_id);
         char *cpu = pipe_query(&P, sql);
-        CHECK(cpu && strtoll(cpu, NULL, 10) > 100000000, "usage_hourly holds %s ns of CPU for the sandbox",
-              cpu ? cpu : "none");
+        CHECK(have_truth && truth.truth_cpu_ns > 100000000, "the kernel's counter: %" PRIu64 " ns (read: %s)",
+              truth.truth_cpu_ns, have_truth ? "yes" : "no");
+        CHECK(cpu && strtoull(cpu, NULL, 10) == truth.truth_cpu_ns,
+              "usage_hourly holds %s ns of CPU for the sandbox, the kernel's counter %" PRIu64 " ns", cpu ? cpu : "none",
+              truth.truth_cpu_ns);
         free(cpu);
         /* per (UTC day, meter): exact sum of base usage x the hour's rate, divided once, rounded half up */
         snprintf(sql, sizeof(sql),
                  "WITH u AS (SELECT (hour AT TIME ZONE 'UTC')::date AS day, hour, cpu_ns::numeric AS cpu, mem_byte_ns AS mem,"
                  "                  storage_byte_ns AS st FROM usage_hourly WHERE sandbox_id = '%s'),"
-                 " m AS (SELECT day, 'cpu' AS meter, sum(cpu * rate_at('default', 'cpu', hour)) AS x, 3600000000000::numeric AS b FROM u GROUP BY day"
-                 "       UNION ALL SELECT day, 'memory', sum(mem * rate_at('default', 'memory', hour)), 1073741824::numeric * 3600000000000 FROM u GROUP BY day"
-                 "       UNION ALL SELECT day, 'storage', sum(st * rate_at('default', 'storage', hour)), 1000000000::numeric * 2592000000000000 FROM u GROUP BY day)"
+                 " m AS (SELECT day, 'cpu' AS meter, sum(cpu * 25000000) AS x, 3600000000000::numeric AS b FROM u GROUP BY day"
+                 "       UNION ALL SELECT day, 'memory', sum(mem * 7500000), 1073741824::numeric * 3600000000000 FROM u GROUP BY day"
+                 "       UNION ALL SELECT day, 'storage', sum(st * 80000000), 1000000000::numeric * 2592000000000000 FROM u GROUP BY day)"
                  " SELECT sum(div(2 * x + b, 2 * b)) FROM m",
                  id);
         char *want_usage = pipe_query(&P, sql);
@@ -189,9 +209,9 @@ int main(void)
                  "WITH u AS (SELECT hour, cpu_ns::numeric AS cpu, mem_byte_ns AS mem, storage_byte_ns AS st FROM usage_hourly"
                  "           WHERE key_id = '%s' AND (hour AT TIME ZONE 'UTC')::date = (now() AT TIME ZONE 'UTC')::date),"
                  " l AS (SELECT 1073741824::numeric * 703125 * 3600000000000 AS d)"
-                 " SELECT div(2 * sum(cpu * rate_at('default', 'cpu', hour) * (l.d / 3600000000000)"
-                 "                  + mem * rate_at('default', 'memory', hour) * (l.d / (1073741824::numeric * 3600000000000))"
-                 "                  + st * rate_at('default', 'storage', hour) * (l.d / (1000000000::numeric * 2592000000000000)))"
+                 " SELECT div(2 * sum(cpu * 25000000 * (l.d / 3600000000000)"
+                 "                  + mem * 7500000 * (l.d / (1073741824::numeric * 3600000000000))"
+                 "                  + st * 80000000 * (l.d / (1000000000::numeric * 2592000000000000)))"
                  "            + l.d, 2 * l.d) FROM u, l GROUP BY l.d",
                  key_id);
         char *want_spend = pipe_query(&P, sql);

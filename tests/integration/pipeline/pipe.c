@@ -321,6 +321,12 @@ int pipe_stop_with_truth(struct pipeline *p, struct sb *s)
         if (!*s->hold && pipe_hold(s) < 0)
                 return -1;
         int r = pipe_action(p, s, "stop", &s->stop);
+        int t = pipe_read_truth(s);
+        return r == 0 && t == 0 ? 0 : -1;
+}
+
+int pipe_read_truth(struct sb *s)
+{
         /* The processes are gone once cgroup.procs is empty; a dying task is
          * charged its last slice before it leaves, so the counter then stays. */
         int left = -1;
@@ -338,7 +344,7 @@ int pipe_stop_with_truth(struct pipeline *p, struct sb *s)
         s->truth_cpu_ns = (uint64_t)(b >= 0 ? b : 0);
         s->have_truth = left == 0 && a >= 0 && a == b;
         CHECK(rmdir(s->hold) == 0, "could not remove %s: %s", s->hold, strerror(errno));
-        return r == 0 && s->have_truth ? 0 : -1;
+        return s->have_truth ? 0 : -1;
 }
 
 /* ---- waiting for the pipeline ---- */

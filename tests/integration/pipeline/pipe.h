@@ -73,6 +73,11 @@ int pipe_hold(struct sb *s);
  * the cgroup has no process left, reads its CPU counter, checks it stays put,
  * and removes the hold. Returns 0 or -1 (checked). */
 int pipe_stop_with_truth(struct pipeline *p, struct sb *s);
+/* The second half of pipe_stop_with_truth, for a sandbox stopped some other
+ * way (through tally-api, say) after pipe_hold: waits until its cgroup has no
+ * process left, reads the counter into s->truth_cpu_ns, checks it stays put,
+ * removes the hold. Returns 0 or -1 (checked). */
+int pipe_read_truth(struct sb *s);
 
 /* The kernel's CPU counter of a CPU cgroup folder, in ns (v2: usage_usec x
  * 1000); -1 when unreadable. */
