@@ -130,6 +130,23 @@ static void refused(PGconn *c, const char *role, const char *sql)
         CHECK(strcmp(st, "42501") == 0, "%s may: %s (SQLSTATE %s, want 42501 insufficient_privilege)", role, sql, st);
 }
 
+/* A write into a view: PostgreSQL refuses one it cannot apply (a view with joins or
+ * aggregates, 55000 or 0A000) before it checks rights, so the right is read too. */
+static void refused_view(PGconn *admin, PGconn *c, const char *role, const char *sql, const char *view,
+                         const char *column, const char *priv)
+{
+        const char *st = attempt(c, sql, NULL);
+        CHECK(strcmp(st, "00000") != 0, "%s may: %s", role, sql);
+        char q[512];
+        if (column)
+                snprintf(q, sizeof(q), "SELECT has_column_privilege('%s', '%s', '%s', '%s')", role, view, column, priv);
+        else
+                snprintf(q, sizeof(q), "SELECT has_table_privilege('%s', '%s', '%s')", role, view, priv);
+        char *v = one(admin, q);
+        CHECK(strcmp(v, "f") == 0, "%s has %s on %s%s%s", role, priv, view, column ? "." : "", column ? column : "");
+        free(v);
+}
+
 static bool may(size_t ri, const char *table, const char *priv, const char *column)
 {
         for (int i = 0; allowed[ri].may[i]; i++) {
@@ -152,7 +169,7 @@ static bool may(size_t ri, const char *table, const char *priv, const char *colu
         return false;
 }
 
-/* Every table and view of public and finance with its columns: "schema.table\tcol,col,...". */
+/* Every table and view of public and finance: schema, name, kind, its columns but the generated ones. */
 static PGresult *relations(PGconn *admin)
 {
         PGresult *r = PQexec(admin,
@@ -160,6 +177,7 @@ static PGresult *relations(PGconn *admin)
                              "       string_agg(quote_ident(a.attname), ',' ORDER BY a.attnum)"
                              "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                              "  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+                             "   AND a.attgenerated = ''" /* nobody writes a generated column */
                              " WHERE n.nspname IN ('public', 'finance') AND c.relkind IN ('r', 'p', 'v')"
                              " GROUP BY 1, 2, 3 ORDER BY 1, 2");
         if (PQresultStatus(r) != PGRES_TUPLES_OK) {
@@ -230,19 +248,28 @@ static int forbidden_writes(PGconn *admin, size_t ri, PGconn *c)
                                 tried++;
                                 continue;
                         }
-                        refused(c, role, sql);
+                        if (view)
+                                refused_view(admin, c, role, sql, q, NULL, whole[w]);
+                        else
+                                refused(c, role, sql);
                         tried++;
                 }
                 char *save = NULL;
                 for (char *col = strtok_r(cols, ",", &save); col; col = strtok_r(NULL, ",", &save)) {
                         if (!(pub && may(ri, name, "INSERT", col))) {
                                 snprintf(sql, sizeof(sql), "INSERT INTO %s (%s) SELECT NULL WHERE false", q, col);
-                                refused(c, role, sql);
+                                if (view)
+                                        refused_view(admin, c, role, sql, q, col, "INSERT");
+                                else
+                                        refused(c, role, sql);
                                 tried++;
                         }
                         if (!(pub && may(ri, name, "UPDATE", col))) {
                                 snprintf(sql, sizeof(sql), "UPDATE %s SET %s = NULL WHERE false", q, col);
-                                refused(c, role, sql);
+                                if (view)
+                                        refused_view(admin, c, role, sql, q, col, "UPDATE");
+                                else
+                                        refused(c, role, sql);
                                 tried++;
                         }
                 }
@@ -257,15 +284,13 @@ static void never(PGconn *c, const char *role)
 {
         static const char *const sql[] = {
                 "COPY (SELECT 1) TO PROGRAM 'touch /tmp/tally-pg-roles-pwned'",
-                "COPY usage_hourly TO PROGRAM 'cat >/dev/null'",
+                "COPY public.usage_hourly TO PROGRAM 'cat >/dev/null'",
                 "COPY (SELECT 1) TO '/tmp/tally-pg-roles-file'",
                 "CREATE TEMP TABLE t_read (line text); COPY t_read FROM '/etc/passwd'",
                 "SELECT pg_read_file('/etc/passwd')",
                 "SELECT pg_read_binary_file('postgresql.conf')",
                 "SELECT pg_ls_dir('.')",
                 "SELECT lo_import('/etc/passwd')",
-                "SET ROLE tally_owner",
-                "SET ROLE tally_aggregator",
                 "SET ROLE tally",
                 "SET SESSION AUTHORIZATION tally",
                 "CREATE ROLE tally_pg_roles_intruder",
@@ -274,8 +299,6 @@ static void never(PGconn *c, const char *role)
                 "GRANT pg_execute_server_program TO CURRENT_USER",
                 "GRANT pg_read_server_files TO CURRENT_USER",
                 "GRANT tally_owner TO CURRENT_USER",
-                "CREATE DATABASE tally_pg_roles_intruder",
-                "ALTER SYSTEM SET log_statement = 'none'",
                 "SELECT pg_reload_conf()",
                 "CREATE EXTENSION IF NOT EXISTS dblink",
                 "LOAD 'passwordcheck'",
@@ -286,30 +309,66 @@ static void never(PGconn *c, const char *role)
                  * feature error after the check, which a right already passed. */
                 CHECK(strcmp(st, "42501") == 0, "%s may: %s (SQLSTATE %s)", role, sql[i], st);
         }
+        /* SET ROLE to another of tally's roles. */
+        static const char *const others[] = { "tally_owner", "tally_aggregator", "tally_api", "finance" };
+        for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
+                if (strcmp(others[i], role) == 0 || (strcmp(role, "tally_finance") == 0 && strcmp(others[i], "finance") == 0))
+                        continue;
+                char set[64];
+                snprintf(set, sizeof(set), "SET ROLE %s", others[i]);
+                const char *st = attempt(c, set, NULL);
+                CHECK(strcmp(st, "42501") == 0, "%s may: %s (SQLSTATE %s)", role, set, st);
+        }
+        /* These run outside a transaction block only. */
+        static const char *const bare[] = {
+                "CREATE DATABASE tally_pg_roles_intruder",
+                "ALTER SYSTEM SET log_statement = 'none'",
+        };
+        for (size_t i = 0; i < sizeof(bare) / sizeof(bare[0]); i++) {
+                PGresult *r = PQexec(c, bare[i]);
+                const char *code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+                CHECK(code && strcmp(code, "42501") == 0, "%s may: %s (SQLSTATE %s)", role, bare[i], code ? code : "00000");
+                PQclear(r);
+        }
 }
 
 /* DDL on tally's tables and CREATE anywhere: only the owner. */
 static void no_ddl(PGconn *c, const char *role)
 {
         static const char *const sql[] = {
-                "ALTER TABLE usage_hourly ADD COLUMN intruder int",
-                "ALTER TABLE closed_invoices DISABLE TRIGGER USER",
-                "ALTER TABLE key_blocks DISABLE ROW LEVEL SECURITY",
-                "DROP TABLE spend_daily",
-                "DROP TRIGGER usage_rollup_insert ON usage_hourly",
-                "CREATE OR REPLACE FUNCTION rate_at(p_plan text, p_meter text, p_at timestamptz) RETURNS bigint"
+                "ALTER TABLE public.usage_hourly ADD COLUMN intruder int",
+                "ALTER TABLE public.closed_invoices DISABLE TRIGGER USER",
+                "ALTER TABLE public.key_blocks DISABLE ROW LEVEL SECURITY",
+                "DROP TABLE public.spend_daily",
+                "DROP TRIGGER usage_rollup_insert ON public.usage_hourly",
+                "CREATE OR REPLACE FUNCTION public.rate_at(p_plan text, p_meter text, p_at timestamptz) RETURNS bigint"
                 " LANGUAGE sql AS 'SELECT 0::bigint'",
                 "CREATE TABLE public.intruder (a int)",
                 "CREATE FUNCTION public.intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'",
                 "CREATE SCHEMA intruder",
                 "CREATE TABLE finance.intruder (a int)",
-                "GRANT ALL ON usage_hourly TO PUBLIC",
-                "CREATE POLICY intruder ON key_blocks USING (true)",
+                "CREATE POLICY intruder ON public.key_blocks USING (true)",
         };
         for (size_t i = 0; i < sizeof(sql) / sizeof(sql[0]); i++) {
                 const char *st = attempt(c, sql[i], NULL);
                 CHECK(strcmp(st, "42501") == 0, "%s may: %s (SQLSTATE %s)", role, sql[i], st);
         }
+}
+
+/* GRANT by a role without the grant option is refused, or (a role with some right on the
+ * table) "succeeds" with a warning and grants nothing: what PUBLIC may do is unchanged. */
+static void no_grant(PGconn *admin, PGconn *c, const char *role)
+{
+        PGresult *r = PQexec(c, "GRANT ALL ON public.usage_hourly, public.spend_daily TO PUBLIC");
+        PQclear(r);
+        r = PQexec(c, "GRANT ALL ON public.usage_hourly, public.spend_daily TO tally_vmm");
+        PQclear(r);
+        char *v = one(admin, "SELECT has_table_privilege('public', 'public.usage_hourly', 'UPDATE')"
+                             " OR has_table_privilege('public', 'public.spend_daily', 'DELETE')"
+                             " OR has_table_privilege('tally_vmm', 'public.usage_hourly', 'UPDATE')"
+                             " OR has_table_privilege('tally_vmm', 'public.spend_daily', 'INSERT')");
+        CHECK(strcmp(v, "f") == 0, "%s granted rights on usage_hourly or spend_daily to others", role);
+        free(v);
 }
 
 static void passwordless_refused(const char *role)
@@ -414,18 +473,19 @@ int main(void)
                 tried += forbidden_writes(admin, i, c);
                 never(c, role);
                 no_ddl(c, role);
+                no_grant(admin, c, role);
                 if (strcmp(role, "tally_aggregator") != 0) {
                         refused(c, role, "CREATE TEMP TABLE intruder (a int)");
                         long rows = -1;
                         /* the attack as it was made: a bill rewritten to 1 ns */
-                        refused(c, role, "UPDATE usage_hourly SET cpu_ns = 1 WHERE sandbox_id = 'sb_r'");
-                        refused(c, role, "UPDATE spend_daily SET cpu_rated = 1 WHERE key_id = 'key_r'");
+                        refused(c, role, "UPDATE public.usage_hourly SET cpu_ns = 1 WHERE sandbox_id = 'sb_r'");
+                        refused(c, role, "UPDATE public.spend_daily SET cpu_rated = 1 WHERE key_id = 'key_r'");
                         (void)rows;
                 }
-                refused(c, role, "DELETE FROM usage_hourly WHERE sandbox_id = 'sb_r'");
-                refused(c, role, "DELETE FROM spend_daily");
-                refused(c, role, "DELETE FROM fold_state");
-                refused(c, role, "TRUNCATE usage_hourly");
+                refused(c, role, "DELETE FROM public.usage_hourly WHERE sandbox_id = 'sb_r'");
+                refused(c, role, "DELETE FROM public.spend_daily");
+                refused(c, role, "DELETE FROM public.fold_state");
+                refused(c, role, "TRUNCATE public.usage_hourly");
                 PQfinish(c);
         }
         fprintf(stderr, "forbidden writes tried: %d\n", tried);
