@@ -534,13 +534,25 @@ kafka_status() {
 # with it and look into them) and PGPASSFILE, every role's password (tests start each
 # program as its own role: tests/support's test_role_url).
 start_test_pg() {
-  local work=$1 port role
+  local work=$1 port
   port=$(free_port)
-  TALLY_PG_FSYNC=${TALLY_PG_FSYNC:-off} pg_start "$work/pg/data" "$port" "$work/postgresql.log" "$work/secrets"
-  for role in tally "${PG_LOGINS[@]}"; do cat "$(pg_passfile "$work/secrets" "$role")"; done >"$work/secrets/pgpass"
-  chmod 600 "$work/secrets/pgpass"
+  pg_test_start "$work/pg/data" "$port" "$work/postgresql.log" "$work/secrets"
   export PGPASSFILE=$work/secrets/pgpass
   export TALLY_TEST_PG_URL="postgresql://tally@127.0.0.1:$port/postgres"
+}
+
+# pg_role_url URL ROLE: URL (postgresql://USER@...) as ROLE; the benchmarks start each
+# program as its own role with it (tests/support's test_role_url for the tests).
+pg_role_url() { sed -E "s|^(postgres(ql)?://)[^@/]*@|\1$2@|" <<<"$1"; }
+
+# pg_test_start DATADIR PORT LOGFILE SECRETS: pg_start for tests (fsync off unless
+# TALLY_PG_FSYNC says otherwise), and SECRETS/pgpass: every role's password, the
+# superuser's too, for the tests' PGPASSFILE.
+pg_test_start() {
+  local role
+  TALLY_PG_FSYNC=${TALLY_PG_FSYNC:-off} pg_start "$@"
+  for role in tally "${PG_LOGINS[@]}"; do cat "$(pg_passfile "$4" "$role")"; done >"$4/pgpass"
+  chmod 600 "$4/pgpass"
 }
 
 # start_test_services WORK: a throwaway PostgreSQL cluster (start_test_pg) and development

@@ -58,6 +58,10 @@ ALTER FUNCTION alerts_outbox() SECURITY DEFINER SET search_path = public, pg_tem
 ALTER FUNCTION spend_projection() SECURITY DEFINER SET search_path = public, pg_temp;
 ALTER FUNCTION key_blocks_skip_alert_only() SECURITY DEFINER SET search_path = public, pg_temp;
 
+-- Every program checks the schema's version before it starts (common/db.c).
+GRANT SELECT ON schema_migrations TO tally_aggregator, tally_api, tally_admin, tally_vmm, tally_notifier,
+    tally_close_due;
+
 -- No SECURITY DEFINER function is anyone's by default (008 left a few to PUBLIC);
 -- each is granted below to the roles that call it.
 DO $$

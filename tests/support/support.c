@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -21,6 +22,15 @@
 extern char **environ;
 
 int test_failures;
+
+/* SCRAM (every connection to the test cluster) draws its nonce from OpenSSL, which by
+ * default tears itself down at exit before the atexit handlers a test registered
+ * before its first connection (dropping its database) run: those would crash. Set
+ * up before main, without that teardown. */
+__attribute__((constructor)) static void openssl_for_the_whole_run(void)
+{
+        OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
 
 int test_result(void)
 {
