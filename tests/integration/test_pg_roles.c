@@ -391,6 +391,18 @@ static void passwordless_refused(const char *role)
 
 int main(void)
 {
+        /* First what needs no role of tally's: the cluster's superuser needs a password too,
+         * and pg_hba.conf trusts nobody. */
+        const char *cluster = test_env("TALLY_TEST_PG_URL");
+        db_url = (char *)cluster;
+        passwordless_refused("tally");
+        PGconn *sup = PQconnectdb(cluster);
+        char *hba = one(sup, "SELECT string_agg(DISTINCT auth_method, ',' ORDER BY auth_method) FROM pg_hba_file_rules");
+        CHECK(strcmp(hba, "scram-sha-256") == 0, "pg_hba.conf's methods are %s, want scram-sha-256 only", hba);
+        free(hba);
+        char *super = one(sup, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user");
+        PQfinish(sup);
+
         db_url = test_db_create("pgroles");
         char *margv[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, "apply", NULL };
         char *err = NULL;
@@ -405,14 +417,16 @@ int main(void)
                 return 1;
         }
 
-        /* Connections: SCRAM for everyone. */
-        passwordless_refused("tally"); /* the cluster's superuser */
+        /* Connections: SCRAM for every role. */
         passwordless_refused("tally_owner");
         for (size_t i = 0; i < NROLES; i++)
                 passwordless_refused(allowed[i].role);
-        char *hba = one(admin, "SELECT string_agg(DISTINCT auth_method, ',') FROM pg_hba_file_rules");
-        CHECK(strcmp(hba, "scram-sha-256") == 0, "pg_hba.conf's methods are %s, want scram-sha-256 only", hba);
-        free(hba);
+        /* The programs' own connections are no superuser's (test_run gave tally-migrate its role). */
+        char *migrated_by = one(admin, "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'usage_hourly'");
+        CHECK(strcmp(super, "t") == 0 && strcmp(migrated_by, "tally_owner") == 0,
+              "tally-migrate ran as %s (the test's own connection is a superuser: %s)", migrated_by, super);
+        free(migrated_by);
+        free(super);
 
         /* The roles' attributes and memberships. */
         char *bad = one(admin,
