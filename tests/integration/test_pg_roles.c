@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* What each role may change: "table:PRIV" (every column) or "table:PRIV(col,col)"
  * for INSERT and UPDATE; DELETE, TRUNCATE, REFERENCES and TRIGGER are whole-table.
@@ -373,13 +374,21 @@ static void no_grant(PGconn *admin, PGconn *c, const char *role)
 
 static void passwordless_refused(const char *role)
 {
+        static char *empty; /* no password anywhere: libpq's pgpass file is an empty one */
+        if (!empty) {
+                char *dir = test_tmpdir("pgroles");
+                if (asprintf(&empty, "%s/empty.pgpass", dir) < 0)
+                        abort();
+                fclose(fopen(empty, "w"));
+                chmod(empty, 0600);
+                free(dir);
+        }
         char *url = test_role_url(db_url, role), conninfo[1024];
-        /* no password anywhere: libpq's pgpass file is /dev/null */
-        snprintf(conninfo, sizeof(conninfo), "%s%spassfile=/dev/null", url, strchr(url, '?') ? "&" : "?");
+        snprintf(conninfo, sizeof(conninfo), "%s%spassfile=%s", url, strchr(url, '?') ? "&" : "?", empty);
         PGconn *c = PQconnectdb(conninfo);
         CHECK(PQstatus(c) != CONNECTION_OK, "%s connected without a password", role);
         PQfinish(c);
-        snprintf(conninfo, sizeof(conninfo), "%s%spassfile=/dev/null&password=wrong", url, strchr(url, '?') ? "&" : "?");
+        snprintf(conninfo, sizeof(conninfo), "%s%spassfile=%s&password=wrong", url, strchr(url, '?') ? "&" : "?", empty);
         c = PQconnectdb(conninfo);
         CHECK(PQstatus(c) != CONNECTION_OK, "%s connected with a wrong password", role);
         if (PQstatus(c) != CONNECTION_OK)
