@@ -77,9 +77,10 @@ END $$;
 -- tally_aggregator: folds samples into the ledger, rates them, enforces limits.
 GRANT SELECT, INSERT, UPDATE ON fold_state, sandboxes, usage_hourly, spend_daily, hosts, consumer_offsets
     TO tally_aggregator;
--- (rating_gaps' new rows come back to be logged: RETURNING reads them)
-GRANT SELECT, INSERT ON key_blocks, rating_gaps TO tally_aggregator;
-GRANT INSERT ON alerts, dead_letters, offset_gaps TO tally_aggregator;
+-- (rating_gaps' new rows come back to be logged: RETURNING reads them; ON CONFLICT
+-- (key_id, day, threshold_pct) reads alerts' columns)
+GRANT SELECT, INSERT ON key_blocks, rating_gaps, alerts TO tally_aggregator;
+GRANT INSERT ON dead_letters, offset_gaps TO tally_aggregator;
 GRANT USAGE ON SEQUENCE alerts_id_seq, dead_letters_id_seq, offset_gaps_id_seq TO tally_aggregator;
 -- rating (rate_at, account_plan) and the limits: no key hash, no name
 GRANT SELECT ON price_plans, plan_rates TO tally_aggregator;
