@@ -1386,11 +1386,15 @@ static int64_t lag_quantile(const struct agg *a, uint64_t num, uint64_t den)
 static int resync(struct agg *a);
 
 /* Is the last failure one the database would repeat for the same batch (its
- * content), rather than the connection, a deadlock, a serialization conflict
- * or the server's resources? Only those are searched for a poison message. */
+ * content), rather than the connection, a deadlock, a serialization conflict,
+ * the server's resources or a right the aggregator's role lacks (42501: the
+ * set-up's fault, retried until an administrator grants it, never a message
+ * set aside)? Only those are searched for a poison message. */
 static bool content_error(const struct agg *a, int r)
 {
         if (r != -EIO || !a->db || PQstatus(a->db) != CONNECTION_OK || !a->last_error[0])
+                return false;
+        if (strncmp(a->last_error, "42501", 5) == 0)
                 return false;
         static const char *const transient[] = { "08", "40", "53", "55", "57", "58", "XX", "??" };
         for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)

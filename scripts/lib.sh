@@ -151,31 +151,133 @@ free_port() {
   die "no free port found in $lo-$hi"
 }
 
-# pg_start DATADIR PORT LOGFILE: initialises the cluster if needed, starts it,
-# and creates database "tally". DATADIR's parents must be searchable by the
-# PostgreSQL user.
+# ---- PostgreSQL: a private cluster, SCRAM passwords only, one role per program.
+# The cluster's superuser (named tally, made by initdb) is used only here, to make the
+# roles and databases; tally's programs log in as the roles sql/roles/roles.sql makes,
+# with the grants sql/013_roles.sql gives (docs/security.md). Passwords are generated
+# into a secrets folder (0700; one pgpass file per role, 0600).
+
+# The login each program connects as (its role's name). tally_finance is a login in
+# the finance group (a person's, for the finance views).
+PG_LOGINS=(tally_owner tally_aggregator tally_api tally_admin tally_vmm tally_notifier tally_close_due tally_finance)
+
+# pg_passfile SECRETS ROLE: the role's pgpass file (libpq's PGPASSFILE or passfile=).
+pg_passfile() { echo "$1/pg-$2.pgpass"; }
+
+# pg_secret SECRETS ROLE: makes ROLE's password (random, 32 characters) and pgpass file once;
+# prints the password.
+pg_secret() {
+  local dir=$1 role=$2 f pw
+  f=$(pg_passfile "$dir" "$role")
+  (umask 077; mkdir -p "$dir")
+  chmod 700 "$dir"
+  if [ ! -s "$f" ]; then
+    pw=$(head -c 24 /dev/urandom | base64 | tr -d '/+=\n' | cut -c1-32)
+    (umask 077; printf '*:*:*:%s:%s\n' "$role" "$pw" >"$f.tmp")
+    mv "$f.tmp" "$f"
+  fi
+  chmod 600 "$f"
+  cut -d: -f5- <"$f"
+}
+
+# pg_admin_psql SECRETS PORT DB ARGS...: psql as the cluster's superuser.
+pg_admin_psql() {
+  local dir=$1 port=$2 db=$3; shift 3
+  PGPASSFILE=$(pg_passfile "$dir" tally) "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 \
+    -h 127.0.0.1 -p "$port" -U tally -d "$db" "$@"
+}
+
+# pg_start DATADIR PORT LOGFILE SECRETS: initialises the cluster if needed (SCRAM for
+# every connection, the superuser's password in SECRETS), starts it, makes tally's
+# roles with their passwords (SECRETS/pg-ROLE.pgpass) and database "tally", owned by
+# tally_owner. DATADIR's parents must be searchable by the PostgreSQL user.
 pg_start() {
-  local data=$1 port=$2 log=$3
+  local data=$1 port=$2 log=$3 secrets=$4 pw
   ensure_pg_user
   mkdir -p "$(dirname "$data")" "$(dirname "$log")"
   if [ "$(id -u)" -eq 0 ]; then chown "$(pg_user)" "$(dirname "$data")"; touch "$log"; chown "$(pg_user)" "$log"; fi
   as_pg test -x "$(dirname "$data")" || die "PostgreSQL's user $(pg_user) cannot reach $(dirname "$data")"
+  pw=$(pg_secret "$secrets" tally)
   if [ ! -f "$data/PG_VERSION" ]; then
-    as_pg "$PG_BIN/initdb" -D "$data" -U tally --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    # The superuser's password reaches initdb in a file only PostgreSQL's user reads, removed at once.
+    local pwfile; pwfile=$(dirname "$data")/.initdb-pw
+    (umask 077; printf '%s\n' "$pw" >"$pwfile")
+    [ "$(id -u)" -eq 0 ] && chown "$(pg_user)" "$pwfile"
+    as_pg "$PG_BIN/initdb" -D "$data" -U tally --auth=scram-sha-256 --pwfile="$pwfile" -E UTF8 --locale=C.UTF-8 >/dev/null \
+      || { rm -f "$pwfile"; die "initdb failed in $data"; }
+    rm -f "$pwfile"
   fi
+  local trusting=0
+  grep -Eq '^[^#]*[[:space:]]trust([[:space:]]|$)' "$data/pg_hba.conf" 2>/dev/null && trusting=1
   if ! as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 start \
-      -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=${TALLY_PG_FSYNC:-on} -c max_connections=200" >/dev/null \
+      -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=${TALLY_PG_FSYNC:-on} -c max_connections=200 -c password_encryption=scram-sha-256" >/dev/null \
       || { tail -20 "$log" >&2; die "PostgreSQL did not start (log: $log)"; }
+  fi
+  if [ $trusting = 1 ]; then
+    # A cluster made before passwords (initdb --auth=trust): its superuser gets one, then
+    # every line of pg_hba.conf asks for SCRAM.
+    say "PostgreSQL in $data trusted local connections: giving it passwords (SCRAM) now"
+    "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U tally -d postgres \
+      -c "SET password_encryption = 'scram-sha-256'; ALTER ROLE tally PASSWORD '$pw'" >/dev/null \
+      || die "could not set the password of PostgreSQL's superuser"
+    as_pg sed -i -E 's/^([^#]*[[:space:]])trust([[:space:]]|$)/\1scram-sha-256\2/' "$data/pg_hba.conf"
+    as_pg "$PG_BIN/pg_ctl" -D "$data" reload >/dev/null
   fi
   local i
   for i in $(seq 1 50); do
-    "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U tally -d postgres -c 'SELECT 1' >/dev/null 2>&1 && break
+    pg_admin_psql "$secrets" "$port" postgres -c 'SELECT 1' >/dev/null 2>&1 && break
     sleep 0.2
   done
-  "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -U tally -d postgres -tAc \
-    "SELECT 1 FROM pg_database WHERE datname = 'tally'" | grep -q 1 \
-    || "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U tally tally
+  pg_roles "$secrets" "$port"
+  pg_admin_psql "$secrets" "$port" postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'tally'" | grep -q 1 \
+    || pg_admin_psql "$secrets" "$port" postgres -c 'CREATE DATABASE tally OWNER tally_owner'
+  pg_adopt "$secrets" "$port" tally
+}
+
+# pg_roles SECRETS PORT: tally's roles (sql/roles/roles.sql, run as the superuser), each
+# login's password from SECRETS, and the finance login tally_finance.
+pg_roles() {
+  local secrets=$1 port=$2 role sql=""
+  for role in "${PG_LOGINS[@]}"; do
+    sql+="ALTER ROLE $role LOGIN PASSWORD '$(pg_secret "$secrets" "$role")';"
+  done
+  pg_admin_psql "$secrets" "$port" postgres -f "$TALLY_ROOT/sql/roles/roles.sql" >/dev/null \
+    || die "could not make tally's PostgreSQL roles (sql/roles/roles.sql)"
+  pg_admin_psql "$secrets" "$port" postgres >/dev/null <<SQL || die "could not set the PostgreSQL roles' passwords"
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tally_finance') THEN
+    CREATE ROLE tally_finance LOGIN IN ROLE finance;
+  END IF;
+END \$\$;
+ALTER ROLE tally_finance SET search_path = finance;
+SET password_encryption = 'scram-sha-256';
+$sql
+SQL
+}
+
+# pg_adopt SECRETS PORT DB: gives DB and everything of tally's in it to tally_owner (a
+# database a superuser migrated, before roles: the migrations must then run as the owner).
+pg_adopt() {
+  pg_admin_psql "$1" "$2" "$3" >/dev/null <<'SQL' || die "could not give database $3 to tally_owner"
+DO $$
+DECLARE r record;
+BEGIN
+  EXECUTE format('ALTER DATABASE %I OWNER TO tally_owner', current_database());
+  FOR r IN SELECT c.oid::regclass AS o FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname IN ('public', 'finance') AND c.relkind IN ('r', 'p', 'v', 'm')
+              AND c.relowner <> 'tally_owner'::regrole LOOP
+    EXECUTE format('ALTER TABLE %s OWNER TO tally_owner', r.o);
+  END LOOP;
+  FOR r IN SELECT p.oid::regprocedure AS f FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname IN ('public', 'finance') AND p.proowner <> 'tally_owner'::regrole LOOP
+    EXECUTE format('ALTER ROUTINE %s OWNER TO tally_owner', r.f);
+  END LOOP;
+  IF EXISTS (SELECT FROM pg_namespace WHERE nspname = 'finance' AND nspowner <> 'tally_owner'::regrole) THEN
+    ALTER SCHEMA finance OWNER TO tally_owner;
+  END IF;
+END $$;
+SQL
 }
 
 # pg_data_dir STATE: where a state folder's cluster lives: STATE/pg when the
@@ -427,17 +529,41 @@ kafka_status() {
   [ "$up" -gt 0 ]
 }
 
-# start_test_services WORK: a throwaway PostgreSQL cluster and development
-# broker under WORK, for tests and benchmarks; exports TALLY_TEST_PG_URL,
+# start_test_pg WORK: a throwaway PostgreSQL cluster under WORK, with tally's roles;
+# exports TALLY_TEST_PG_URL (the cluster's superuser: tests make their databases
+# with it and look into them) and PGPASSFILE, every role's password (tests start each
+# program as its own role: tests/support's test_role_url).
+start_test_pg() {
+  local work=$1 port
+  port=$(free_port)
+  pg_test_start "$work/pg/data" "$port" "$work/postgresql.log" "$work/secrets"
+  export PGPASSFILE=$work/secrets/pgpass
+  export TALLY_TEST_PG_URL="postgresql://tally@127.0.0.1:$port/postgres"
+}
+
+# pg_role_url URL ROLE: URL (postgresql://USER@...) as ROLE; the benchmarks start each
+# program as its own role with it (tests/support's test_role_url for the tests).
+pg_role_url() { sed -E "s|^(postgres(ql)?://)[^@/]*@|\1$2@|" <<<"$1"; }
+
+# pg_test_start DATADIR PORT LOGFILE SECRETS: pg_start for tests (fsync off unless
+# TALLY_PG_FSYNC says otherwise), and SECRETS/pgpass: every role's password, the
+# superuser's too, for the tests' PGPASSFILE.
+pg_test_start() {
+  local role
+  TALLY_PG_FSYNC=${TALLY_PG_FSYNC:-off} pg_start "$@"
+  for role in tally "${PG_LOGINS[@]}"; do cat "$(pg_passfile "$4" "$role")"; done >"$4/pgpass"
+  chmod 600 "$4/pgpass"
+}
+
+# start_test_services WORK: a throwaway PostgreSQL cluster (start_test_pg) and development
+# broker under WORK, for tests and benchmarks; exports TALLY_TEST_PG_URL, PGPASSFILE,
 # TALLY_TEST_BROKERS, TALLY_TEST_BROKER_CONTROL and TALLY_TEST_WORK.
 # stop_test_services WORK removes them.
 start_test_services() {
-  local work=$1 build=${2:-$TALLY_ROOT/build} port
+  local work=$1 build=${2:-$TALLY_ROOT/build}
   chmod 755 "$work"
-  port=$(free_port)
-  TALLY_PG_FSYNC=${TALLY_PG_FSYNC:-off} pg_start "$work/pg/data" "$port" "$work/postgresql.log"
+  start_test_pg "$work"
   broker_start "$build/broker/tally-broker" "$work/run" 0
-  export TALLY_TEST_PG_URL="postgresql://tally@127.0.0.1:$port/postgres"
   export TALLY_TEST_BROKERS; TALLY_TEST_BROKERS=$(cat "$work/run/broker.bootstrap")
   export TALLY_TEST_BROKER_CONTROL=$work/run/broker.sock
   export TALLY_TEST_WORK=$work

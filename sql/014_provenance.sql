@@ -19,3 +19,8 @@ CREATE TABLE held_readings (
 );
 CREATE INDEX held_readings_sandbox ON held_readings (sandbox_id);
 CREATE INDEX held_readings_held_at ON held_readings (held_at);
+
+-- tally_aggregator (013's roles): holds, replays and expires the readings; an
+-- expired one moves to dead_letters, whose new rows come back to be logged.
+GRANT SELECT, INSERT, DELETE ON held_readings TO tally_aggregator;
+GRANT SELECT (partition, "offset", reason) ON dead_letters TO tally_aggregator;

@@ -63,7 +63,7 @@ cleanup() {
 trap cleanup EXIT
 TALLY_PARTITIONS=$PARTITIONS start_test_services "$WORK" "$BUILD"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
-"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+"$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
 psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" "$@"; }
 committed() { psql -tAc "SELECT coalesce(sum(next_offset), 0) FROM consumer_offsets WHERE group_id = 'tally-aggregator'"; }
 # Waits that fail (die) at their timeout, never carry on.
@@ -84,7 +84,7 @@ wait_log() { # FILE PATTERN TIMEOUT_S
 # What the ledger billed the sandboxes named PREFIX-N: sandboxes, CPU ns, memory byte-ns.
 billed() { psql -tAc "SELECT count(DISTINCT sandbox_id) || ' ' || coalesce(sum(cpu_ns), 0) || ' ' || coalesce(sum(mem_byte_ns), 0)
                         FROM usage_hourly WHERE sandbox_id LIKE '$1-%'"; }
-start_agg() { "$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info "$@" 2>"$WORK/agg.$1.log" & AGG_PID=$!; }
+start_agg() { "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info "$@" 2>"$WORK/agg.$1.log" & AGG_PID=$!; }
 
 # CPU seconds x 100 (user + system) of a process, and of every process of this PostgreSQL.
 cpu_of() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
@@ -118,7 +118,7 @@ phases() {
   E2E_LOAD=$(load1)
   PG0=$(pg_cpu) BR0=$(broker_cpu)
   T0=$(date +%s%N)
-  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.e2e.log" &
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.e2e.log" &
   AGG_PID=$!
   wait_committed "$TOTAL" 600
   T1=$(date +%s%N)
@@ -179,7 +179,7 @@ phases() {
   LAT_SANDBOXES=5000
   LAT_BEFORE=$(billed bench-lat)
   [ "$LAT_BEFORE" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $LAT_BEFORE"
-  "$AGG" --database-url "$DB" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
   AGG_PID=$!
   wait_log "$WORK/agg.lat.log" "partition assigned" 30
   sleep 1
@@ -210,10 +210,10 @@ if [ "$KAFKA" = apache ]; then
   say "the same phases against Apache Kafka $(kafka_version), one node, $PARTITIONS partitions"
   kafka_start "$WORK/kafka" 1 "$PARTITIONS" 1209600000 "${TALLY_KAFKA_HEAP:-1g}" >/dev/null
   BROKERS=$(cat "$WORK/kafka/bootstrap")
-  psql -c "CREATE DATABASE tally_apache"
+  psql -c "CREATE DATABASE tally_apache OWNER tally_owner"
   DEV_DB=$DB
   DB="${TALLY_TEST_PG_URL%/*}/tally_apache"
-  "$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+  "$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
   phases
   for v in "${D[@]}"; do eval "APACHE_$v=\$$v; $v=\$DEV_$v"; done
   DB=$DEV_DB
@@ -226,7 +226,7 @@ psql -c "INSERT INTO accounts (id, name) VALUES ('bench-freeze-acct', 'bench')" 
      -c "INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars, limit_policy)
          SELECT 'bench-freeze-' || i, 'bench-freeze-acct', sha256(('bench-freeze-' || i)::bytea), 10000000, 'pause'
            FROM generate_series(0, $TRIALS - 1) AS i"
-"$AGG" --database-url "$DB" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info 2>"$WORK/agg.freeze.log" &
+"$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info 2>"$WORK/agg.freeze.log" &
 AGG_PID=$!
 wait_log "$WORK/agg.freeze.log" "partition assigned" 30
 # The real tally-vmm carries the pause out (process sandboxes, its own cgroup parent).

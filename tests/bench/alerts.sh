@@ -13,7 +13,7 @@ WORK=$(mktemp -d /tmp/tally-bench-alerts.XXXXXX)
 trap 'stop_test_services "$WORK"' EXIT
 start_test_services "$WORK" "$BUILD"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
-"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+"$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
 OUT=$(python3 "$TALLY_ROOT/tests/bench/alerts.py" "$DB" "$BUILD/notifier/tally-notifier" "$COUNT" "$INTERVAL_MS")
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$OUT" "$1"; }
 printf '%-44s %12s   %s\n' "figure" "measured" "goal (issue 13)"

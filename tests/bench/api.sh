@@ -36,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 start_test_services "$WORK" "$BUILD"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
-"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+"$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
 psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" "$@"; }
 
 SECRET=tk_bench0123456789abcdef0123456789abcdef0123456789
@@ -103,7 +103,7 @@ wrk_run() { # PATH -> "RPS P99_MS NON2XX API_CPU_US PG_CPU_US"
 HTTP=false
 if [ -x "$API" ]; then
   HTTP=true
-  "$API" --database-url="$DB" --port=0 --rate-per-s=1000000 --rate-burst=1000000 --log-level=warn \
+  "$API" --database-url="$(pg_role_url "$DB" tally_api)" --port=0 --rate-per-s=1000000 --rate-burst=1000000 --log-level=warn \
     --cookie-secure=false 2>"$WORK/api.log" &
   API_PID=$!
   # The port is logged at start (level info); ask the kernel instead, whatever the log level.

@@ -25,7 +25,7 @@ cleanup() { stop_test_services "$WORK"; }
 trap cleanup EXIT
 start_test_services "$WORK" "$BUILD"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
-"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+"$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
 psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" "$@"; }
 now_ns() { date +%s%N; }
 secs() { local ms=$(( ($2 - $1) / 1000000 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
@@ -75,7 +75,7 @@ say "previewed in $(secs 0 "$PREVIEW_NS") s"
 
 say "closing $MONTH with tally-admin"
 T0=$(now_ns)
-"$BUILD/api/tally-admin" --database-url "$DB" close-month "$MONTH" >"$WORK/close.out"
+"$BUILD/api/tally-admin" --database-url "$(pg_role_url "$DB" tally_admin)" close-month "$MONTH" >"$WORK/close.out"
 T1=$(now_ns)
 CLOSE_NS=$((T1 - T0))
 cat "$WORK/close.out" >&2

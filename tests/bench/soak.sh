@@ -75,7 +75,7 @@ start_test_services "$WORK" "$BUILD"
 mkdir -p "$STATE"
 DB="${TALLY_TEST_PG_URL%/*}/tally"
 BROKERS=$TALLY_TEST_BROKERS
-"$BUILD/ledger/tally-migrate" --database-url "$DB" --log-level warn
+"$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
 SECRET=tk_soak0123456789abcdef0123456789abcdef0123456789ab
 "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" <<SQL
 INSERT INTO accounts (id, name) VALUES ('soak', 'soak');
@@ -91,13 +91,13 @@ start_daemon() { # NAME ARGS...: started with heapstat.c preloaded, writing its 
   PIDS+=($!)
 }
 start_daemon vmm "$BUILD/vmm/tally-vmm" --state-dir "$STATE" --kafka-brokers "$BROKERS" --cgroup-parent "$CG" \
-  --backend process --limits-database-url "$DB" --timeout-max-s 86400 --log-level warn \
+  --backend process --limits-database-url "$(pg_role_url "$DB" tally_vmm)" --timeout-max-s 86400 --log-level warn \
   --vcpu-overcommit-percent 10000
 start_daemon collector "$BUILD/collector/tally-collector" --state-dir "$STATE" --kafka-brokers "$BROKERS" \
   --tick-ms 1000 --metrics-port 0 --log-level warn
-start_daemon aggregator "$BUILD/aggregator/tally-aggregator" --database-url "$DB" --kafka-brokers "$BROKERS" \
+start_daemon aggregator "$BUILD/aggregator/tally-aggregator" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" \
   --log-level warn
-start_daemon api ${API_WRAPPER:-} "$BUILD/api/tally-api" --database-url "$DB" --port 0 --vmm-sockets "$SOCK" --rate-per-s 1000000 \
+start_daemon api ${API_WRAPPER:-} "$BUILD/api/tally-api" --database-url "$(pg_role_url "$DB" tally_api)" --port 0 --vmm-sockets "$SOCK" --rate-per-s 1000000 \
   --rate-burst 1000000 --cookie-secure=false --log-level warn
 for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || die "tally-vmm opened no socket: $(tail -3 "$WORK/vmm.log")"

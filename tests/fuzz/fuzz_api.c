@@ -40,6 +40,7 @@ static struct api_config cfg;
 static struct api_server *srv;
 static int port;
 static char *db_url;
+static char *api_url; /* db_url as tally_api, the role tally-api logs in as */
 
 static void seed(void)
 {
@@ -65,6 +66,8 @@ static void stop(void)
         if (db_url)
                 test_db_drop(db_url);
         db_url = NULL;
+        free(api_url);
+        api_url = NULL;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -73,8 +76,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         log_set_level(LOG_LEVEL_ERROR);
         db_url = test_db_create("fuzz_api");
         seed();
+        api_url = test_role_url(db_url, "tally_api");
         cfg = (struct api_config){
-                .database_url = db_url, .listen_address = "127.0.0.1", .port = 0,
+                .database_url = api_url, .listen_address = "127.0.0.1", .port = 0,
                 .vmm_sockets = "/nonexistent/tally-fuzz-vmm.sock", .threads = 2, .max_connections = 64,
                 .per_ip_connections = 64, .connection_timeout_s = 5, .body_max_bytes = 65536, .db_pool_size = 2,
                 .session_ttl_s = 3600, .cookie_secure = false, .rate_per_s = 1000000, .rate_burst = 1000000,

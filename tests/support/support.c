@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -21,6 +22,15 @@
 extern char **environ;
 
 int test_failures;
+
+/* SCRAM (every connection to the test cluster) draws its nonce from OpenSSL, which by
+ * default tears itself down at exit before the atexit handlers a test registered
+ * before its first connection (dropping its database) run: those would crash. Set
+ * up before main, without that teardown. */
+__attribute__((constructor)) static void openssl_for_the_whole_run(void)
+{
+        OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
 
 int test_result(void)
 {
@@ -67,7 +77,8 @@ char *test_db_create(const char *prefix)
         static unsigned counter;
         char name[64], sql[128];
         snprintf(name, sizeof(name), "t_%s_%d_%u", prefix, (int)getpid(), counter++);
-        snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
+        /* Owned by tally_owner, as in production: tally-migrate (as that role) creates every object. */
+        snprintf(sql, sizeof(sql), "CREATE DATABASE %s OWNER tally_owner", name);
         admin_exec(sql);
         const char *base = test_env("TALLY_TEST_PG_URL");
         const char *slash = strrchr(base, '/');
@@ -85,6 +96,120 @@ void test_db_drop(char *url)
         snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", strrchr(url, '/') + 1);
         admin_exec(sql);
         free(url);
+}
+
+/* The PostgreSQL role each of tally's programs logs in as (sql/roles/roles.sql,
+ * docs/security.md); tally-admin's close-due is the timer's own role. */
+static const char *program_role(char *const argv[])
+{
+        static const struct {
+                const char *program, *role;
+        } roles[] = {
+                { "tally-migrate", "tally_owner" }, { "tally-aggregator", "tally_aggregator" },
+                { "tally-api", "tally_api" },       { "tally-admin", "tally_admin" },
+                { "tally-vmm", "tally_vmm" },       { "tally-notifier", "tally_notifier" },
+        };
+        const char *slash = strrchr(argv[0], '/');
+        const char *name = slash ? slash + 1 : argv[0];
+        for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++)
+                if (strcmp(name, roles[i].program) == 0) {
+                        if (strcmp(name, "tally-admin") == 0)
+                                for (int a = 1; argv[a]; a++)
+                                        if (strcmp(argv[a], "close-due") == 0)
+                                                return "tally_close_due";
+                        return roles[i].role;
+                }
+        return NULL;
+}
+
+/* The user of a postgresql://USER@... URL: [*ret_start, *ret_end). Returns false if it has none. */
+static bool url_user(const char *url, const char **ret_start, const char **ret_end)
+{
+        const char *p = strstr(url, "://");
+        if (!p)
+                return false;
+        p += 3;
+        const char *at = strchr(p, '@'), *slash = strchr(p, '/');
+        if (!at || (slash && slash < at))
+                return false;
+        const char *colon = memchr(p, ':', (size_t)(at - p)); /* user:password@ */
+        *ret_start = p;
+        *ret_end = colon ? colon : at;
+        return true;
+}
+
+char *test_role_url(const char *url, const char *role)
+{
+        const char *start, *end;
+        char *out;
+        if (!url_user(url, &start, &end)) {
+                fprintf(stderr, "FAIL: %s names no user\n", url);
+                exit(1);
+        }
+        const char *at = strchr(start, '@');
+        if (asprintf(&out, "%.*s%s%s", (int)(start - url), url, role, at) < 0)
+                abort();
+        return out;
+}
+
+/* argv as the program runs it: a --database-url or --limits-database-url naming the
+ * test cluster's superuser (a URL of test_db_create) names the program's own role
+ * instead. Returns NULL when nothing changes; else a malloc'd copy whose rewritten
+ * URLs are malloc'd too (role_argv_free). */
+static char **role_argv(char *const argv[])
+{
+        const char *role = program_role(argv);
+        const char *admin = getenv("TALLY_TEST_PG_URL"), *as, *ae;
+        if (!role || !admin || !url_user(admin, &as, &ae))
+                return NULL;
+        int n = 0;
+        while (argv[n])
+                n++;
+        char **copy = calloc((size_t)n + 1, sizeof(char *));
+        bool changed = false;
+        for (int i = 0; i < n; i++) {
+                copy[i] = argv[i];
+                const char *v = NULL;
+                const char *flags[] = { "--database-url", "--limits-database-url" };
+                for (size_t f = 0; f < 2 && !v; f++) {
+                        size_t fl = strlen(flags[f]);
+                        if (strncmp(argv[i], flags[f], fl) == 0 && argv[i][fl] == '=')
+                                v = argv[i] + fl + 1;
+                        else if (strcmp(argv[i], flags[f]) == 0 && i + 1 < n) {
+                                copy[i + 1] = argv[i + 1];
+                                v = argv[++i];
+                        }
+                }
+                const char *us, *ue;
+                if (!v || !url_user(v, &us, &ue) || ue - us != ae - as || strncmp(us, as, (size_t)(ae - as)) != 0)
+                        continue;
+                char *url = test_role_url(v, role);
+                if (v == argv[i]) { /* --flag URL */
+                        copy[i] = url;
+                } else {
+                        char *flag;
+                        if (asprintf(&flag, "%.*s=%s", (int)(v - argv[i] - 1), argv[i], url) < 0)
+                                abort();
+                        free(url);
+                        copy[i] = flag;
+                }
+                changed = true;
+        }
+        if (!changed) {
+                free(copy);
+                return NULL;
+        }
+        return copy;
+}
+
+static void role_argv_free(char **copy, char *const argv[])
+{
+        if (!copy)
+                return;
+        for (int i = 0; copy[i]; i++)
+                if (copy[i] != argv[i])
+                        free(copy[i]);
+        free(copy);
 }
 
 static char *drain(int fd)
@@ -110,10 +235,12 @@ int test_run(char *const argv[], char **out, char **err)
         posix_spawn_file_actions_adddup2(&fa, po[1], 1);
         posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
         pid_t pid;
-        if (posix_spawn(&pid, argv[0], &fa, NULL, argv, environ) != 0) {
+        char **as_role = role_argv(argv);
+        if (posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, environ) != 0) {
                 fprintf(stderr, "FAIL: could not run %s: %s\n", argv[0], strerror(errno));
                 exit(1);
         }
+        role_argv_free(as_role, argv);
         posix_spawn_file_actions_destroy(&fa);
         close(po[1]);
         close(pe[1]);
@@ -144,7 +271,9 @@ pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path)
         posix_spawn_file_actions_addopen(&fa, 2, err_path ? err_path : "/dev/null",
                                          O_WRONLY | O_CREAT | O_TRUNC, 0644);
         pid_t pid;
-        int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+        char **as_role = role_argv(argv);
+        int r = posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, environ);
+        role_argv_free(as_role, argv);
         posix_spawn_file_actions_destroy(&fa);
         if (r != 0) {
                 fprintf(stderr, "FAIL: could not start %s: %s\n", argv[0], strerror(r));

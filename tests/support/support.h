@@ -32,6 +32,15 @@ char *test_db_create(const char *prefix);
 /* Drops it (forcing connections off) and frees url. */
 void test_db_drop(char *url);
 
+/* The URL as role (malloc'd): the same database, user role. The databases are
+ * the cluster superuser's URLs (the test's own connections look into and seed
+ * them); tally's programs log in as their own roles (sql/roles/roles.sql) with
+ * the passwords of PGPASSFILE (scripts/lib.sh start_test_pg). test_run and
+ * test_spawn do it for them: a --database-url or --limits-database-url with the
+ * superuser's URL given to tally-migrate, -aggregator, -api, -admin (close-due:
+ * tally_close_due), -vmm or -notifier names that program's role instead. */
+char *test_role_url(const char *url, const char *role);
+
 /* Runs argv to completion (envp NULL: this environment), capturing stdout and
  * stderr (malloc'd, NUL-terminated; pass NULL to discard). Returns the exit
  * status, or 128+signal. */

@@ -1,7 +1,9 @@
 """testsupport.py — what the Python integration tests share with the C ones
-(support.h): a port for a server started later, and waiting out a UTC day that
-would end during a test. Imported with tests/support on sys.path."""
+(support.h): a port for a server started later, waiting out a UTC day that
+would end during a test, and a database URL as one of tally's PostgreSQL roles.
+Imported with tests/support on sys.path."""
 import random
+import re
 import socket
 import sys
 import time
@@ -28,6 +30,16 @@ def port_range():
         return high + 1, 65535
     print(f"warning: the ephemeral port range {low}-{high} leaves no ports outside it", file=sys.stderr)
     return 1024, 65535
+
+
+def role_url(url, role):
+    """url (postgresql://USER@host:port/db) as role: what a tally program started
+    by a test logs in as (support.h's test_role_url; the passwords are in the
+    PGPASSFILE scripts/lib.sh's start_test_pg exports)."""
+    out, n = re.subn(r"^(postgres(?:ql)?://)[^@/]*@", lambda m: m.group(1) + role + "@", url, count=1)
+    if n != 1:
+        raise SystemExit(f"FAIL: {url} names no user")
+    return out
 
 
 def free_port():

@@ -22,7 +22,7 @@ import uuid
 
 # Ports and the UTC day, shared with the other Python tests (tests/support/testsupport.py).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
-from testsupport import free_port, wait_out_utc_day  # noqa: E402,F401
+from testsupport import free_port, role_url, wait_out_utc_day  # noqa: E402,F401
 
 FAILURES = []
 CHECKS = [0]
@@ -236,10 +236,11 @@ class Db:
         base = env("TALLY_TEST_PG_URL")
         self.name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.admin_url = base
-        self.psql(f"CREATE DATABASE {self.name}", url=base)
+        self.psql(f"CREATE DATABASE {self.name} OWNER tally_owner", url=base)
         self.url = re.sub(r"/[^/?]*(\?|$)", f"/{self.name}\\1", base.split("://", 1)[1], count=1)
         self.url = base.split("://", 1)[0] + "://" + self.url
-        r = subprocess.run([env("TALLY_MIGRATE_BIN"), "--database-url", self.url], capture_output=True, text=True)
+        r = subprocess.run([env("TALLY_MIGRATE_BIN"), "--database-url", role_url(self.url, "tally_owner")],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             print("FAIL: tally-migrate: " + r.stderr, file=sys.stderr)
             sys.exit(1)
@@ -304,7 +305,7 @@ def self_signed_cert(workdir):
 
 def start_notifier(db_url, workdir, smtp_port, extra=(), name="notifier"):
     mport = free_port()
-    argv = [env("TALLY_NOTIFIER_BIN"), "--database-url", db_url, "--allow-http", "127.0.0.1",
+    argv = [env("TALLY_NOTIFIER_BIN"), "--database-url", role_url(db_url, "tally_notifier"), "--allow-http", "127.0.0.1",
             "--smtp-url", f"smtp://127.0.0.1:{smtp_port}", "--smtp-from", "tally <alerts@tally.test>",
             "--dashboard-url", "https://dashboard.tally.test/", "--metrics-port", str(mport),
             "--retry-base-ms", "200", "--retry-max-ms", "2000", "--timeout-ms", "20000", "--log-level", "debug"]
@@ -324,7 +325,7 @@ def http_get(url):
 class Api:
     def __init__(self, db_url, workdir):
         self.log = os.path.join(workdir, "api.log")
-        self.proc = Proc([env("TALLY_API_BIN"), "--database-url", db_url, "--port", "0",
+        self.proc = Proc([env("TALLY_API_BIN"), "--database-url", role_url(db_url, "tally_api"), "--port", "0",
                           "--cookie-secure=false", "--vmm-sockets", os.path.join(workdir, "no-vmm.sock"),
                           "--rate-per-s", "100", "--rate-burst", "1000"], self.log)
         m = wait_for(lambda: re.search(r'msg="listening".* port=(\d+)', self.proc.text()), 20)
@@ -366,7 +367,9 @@ class Api:
 
 
 def admin(db_url, *args):
-    r = subprocess.run([env("TALLY_ADMIN_BIN"), "--database-url", db_url] + list(args), capture_output=True, text=True)
+    role = "tally_close_due" if "close-due" in args else "tally_admin"
+    r = subprocess.run([env("TALLY_ADMIN_BIN"), "--database-url", role_url(db_url, role)] + list(args),
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"tally-admin {args}: {r.stderr}")
     return r.stdout

@@ -58,7 +58,7 @@
 
 static struct pipeline P;
 static uint64_t rng;
-static char lib_sh[600], pg_data[600], pg_log[600], pg_port[16];
+static char lib_sh[600], pg_data[600], pg_log[600], pg_port[16], pg_secrets[600];
 static char broker_sock[600], broker_file[600];
 static pid_t broker, api_pid = -1, notifier_pid = -1;
 static int vmms, aggregators, apis, notifiers, api_port, kills, kills_by[5];
@@ -77,14 +77,14 @@ static int rnd_in(int lo, int hi)
         return lo + (int)(rnd() % (uint64_t)(hi - lo + 1));
 }
 
-/* ---- the private PostgreSQL, through scripts/lib.sh as the suite's ---- */
+/* ---- the private PostgreSQL, through scripts/lib.sh as the suite's (SCRAM, tally's roles) ---- */
 
-static int lib(const char *fn, const char *a1, const char *a2, const char *a3, char **out)
+static int lib(const char *fn, const char *a1, const char *a2, const char *a3, const char *a4, char **out)
 {
         char *err = NULL;
         char script[128];
         snprintf(script, sizeof(script), "source \"$0\"; %s \"$@\"", fn);
-        char *argv[] = { "/bin/bash", "-c", script, lib_sh, (char *)a1, (char *)a2, (char *)a3, NULL };
+        char *argv[] = { "/bin/bash", "-c", script, lib_sh, (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL };
         int rc = test_run(argv, out, &err);
         if (rc != 0)
                 fprintf(stderr, "%s: exit %d: %s\n", fn, rc, err ? err : "");
@@ -99,13 +99,13 @@ static void pg_start_private(void)
         bool up = false;
         for (int attempt = 0; attempt < 5 && !up; attempt++) {
                 char *port = NULL;
-                if (lib("free_port", NULL, NULL, NULL, &port) != 0 || !port) {
+                if (lib("free_port", NULL, NULL, NULL, NULL, &port) != 0 || !port) {
                         fprintf(stderr, "FAIL: no free port for PostgreSQL\n");
                         exit(1);
                 }
                 snprintf(pg_port, sizeof(pg_port), "%d", atoi(port));
                 free(port);
-                up = lib("pg_start", pg_data, pg_port, pg_log, NULL) == 0;
+                up = lib("pg_test_start", pg_data, pg_port, pg_log, pg_secrets, NULL) == 0;
         }
         if (!up) {
                 fprintf(stderr, "FAIL: the test's PostgreSQL did not start (log %s)\n", pg_log);
@@ -114,6 +114,10 @@ static void pg_start_private(void)
         char url[128];
         snprintf(url, sizeof(url), "postgresql://tally@127.0.0.1:%s/postgres", pg_port);
         setenv("TALLY_TEST_PG_URL", url, 1);
+        /* this cluster's passwords (the daemons log in as their roles: test_role_url) */
+        char pass[640];
+        snprintf(pass, sizeof(pass), "%s/pgpass", pg_secrets);
+        setenv("PGPASSFILE", pass, 1);
 }
 
 static void pg_restart(void)
@@ -128,7 +132,7 @@ static void pg_restart(void)
         free(err);
         test_sleep_ms(2000);
         bool up = false;
-        for (int attempt = 0; attempt < 5 && !(up = lib("pg_start", pg_data, pg_port, pg_log, NULL) == 0); attempt++)
+        for (int attempt = 0; attempt < 5 && !(up = lib("pg_test_start", pg_data, pg_port, pg_log, pg_secrets, NULL) == 0); attempt++)
                 test_sleep_ms(1000);
         CHECK(up, "PostgreSQL did not start again");
         fprintf(stderr, "chaos: PostgreSQL restarted (immediate stop, down %" PRId64 " ms)\n",
@@ -890,6 +894,7 @@ static void setup(void)
         snprintf(lib_sh, sizeof(lib_sh), "%s", test_env("TALLY_LIB_SH"));
         snprintf(pg_data, sizeof(pg_data), "%s/pg/data", P.dir);
         snprintf(pg_log, sizeof(pg_log), "%s/postgresql.log", P.dir);
+        snprintf(pg_secrets, sizeof(pg_secrets), "%s/pg-secrets", P.dir);
         pg_start_private();
         snprintf(P.state_dir, sizeof(P.state_dir), "%s/state", P.dir);
         snprintf(P.sock, sizeof(P.sock), "%s/vmm.sock", P.state_dir);

@@ -129,6 +129,28 @@ def main():
         if not instance.startswith("tally-") or instance == "tally":
             fail(f"the cgroup parent {instance} is not derived from the state folder")
 
+        # The database as the finance role, as printed: the finance views, and nothing of the ledger.
+        fin = re.search(r"PGPASSFILE=(\S+) psql (postgresql://\S+)", out)
+        if not fin or "tally_finance@" not in fin.group(2):
+            fail("scripts/up did not print how to reach the database as the finance role")
+        secrets = os.path.join(state, "secrets")
+        if os.stat(secrets).st_mode & 0o077 or any(os.stat(os.path.join(secrets, f)).st_mode & 0o077
+                                                  for f in os.listdir(secrets)):
+            fail(f"{secrets} or a file in it can be read by others than its owner")
+        def finance_psql(sql):
+            return subprocess.run(["psql", "-X", "-tA", fin.group(2), "-c", sql], capture_output=True, text=True,
+                                  env=dict(os.environ, PGPASSFILE=fin.group(1)), timeout=30)
+        p = finance_psql("SELECT count(*) FROM invoices")
+        if p.returncode != 0:
+            fail(f"the printed finance command cannot read finance.invoices: {p.stderr}")
+        p = finance_psql("SELECT count(*) FROM public.usage_hourly")
+        if p.returncode == 0 or "permission denied" not in p.stderr:
+            fail(f"the finance role reads usage_hourly: {p.stdout}{p.stderr}")
+        p = subprocess.run(["psql", "-X", "-tA", fin.group(2), "-c", "SELECT 1"], capture_output=True, text=True,
+                           env=dict(os.environ, PGPASSFILE="/dev/null"), timeout=30)
+        if p.returncode == 0:
+            fail("PostgreSQL let the finance login in without a password")
+
         keys = json.load(open(os.path.join(state, "demo", "keys.json")))
         cookie, csrf = sign_in(base, email, pw)
 
@@ -190,8 +212,8 @@ def main():
             fail(f"a blocked key could start a sandbox: {st} {body}")
 
         # tally-admin's terminal views agree with /v1.
-        admin = [os.path.join(BUILD, "api", "tally-admin"),
-                 f"--database-url=postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally"]
+        # As the operator would: the state folder's tally-admin (tally_admin's URL and password file).
+        admin = [os.path.join(state, "tally-admin")]
         def admin_out(*args, columns="100"):
             p = subprocess.run(admin + list(args), capture_output=True, text=True, timeout=30,
                                env=dict(os.environ, COLUMNS=columns))
@@ -228,6 +250,7 @@ def main():
                                                       os.path.join(os.path.dirname(__file__), "dashboard.cjs"))],
                               env=dict(os.environ, TALLY_URL=base, TALLY_EMAIL=email, TALLY_PASSWORD=pw,
                                        TALLY_DATABASE_URL=f"postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally",
+                                       PGPASSFILE=os.path.join(state, "secrets", "pg-tally.pgpass"),
                                        TALLY_KEY_ID=keys["agents"]["id"], TALLY_SCREENSHOT=snap,
                                        TALLY_ROOT=ROOT),
                               capture_output=True, text=True, timeout=120)

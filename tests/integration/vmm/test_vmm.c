@@ -897,7 +897,9 @@ static void make_limits_db(void)
 {
         db_url = test_db_create("vmm");
         PGconn *c = PQconnectdb(db_url);
-        PGresult *r = PQexec(c, "CREATE TABLE blocked (account_id text, key_id text)");
+        /* tally-vmm reads it as its own role, tally_vmm (test_spawn), as it reads key_blocks */
+        PGresult *r = PQexec(c, "CREATE TABLE blocked (account_id text, key_id text);"
+                                "GRANT SELECT ON blocked TO tally_vmm");
         CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "create table: %s", PQerrorMessage(c));
         PQclear(r);
         char sql[256];
