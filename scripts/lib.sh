@@ -281,6 +281,123 @@ kafka_tool() {
   java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" "$cls" "$@"
 }
 
+# ---- Who may connect to Apache Kafka (docs/kafka.md, "Principals and ACLs"). Every connection
+# authenticates with SASL/SCRAM-SHA-512 and may do only what an ACL allows. Principals:
+#   admin          the nodes themselves (between brokers, to the controllers) and scripts/kafka's
+#                  own tools: the one super user
+#   aggregator     every tally-aggregator: reads usage (group tally-aggregator), writes control
+#   host-<ID>      one per host, its tally-collector and tally-vmm: write usage, read control
+#                  (group tally-vmm-<ID>); TALLY_KAFKA_HOSTS lists the IDs ("ID ID ...")
+# Passwords are random, kept in one file ("user password" lines, 0600): TALLY_KAFKA_CREDENTIALS
+# when set (scripts/test: one file for every cluster of a test run), else DIR/credentials.
+KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+
+kafka_credentials() { echo "${TALLY_KAFKA_CREDENTIALS:-$1/credentials}"; }
+
+# kafka_password FILE USER: USER's password in FILE, a new random one added first when it has none.
+kafka_password() {
+  local f=$1 u=$2
+  mkdir -p "$(dirname "$f")"
+  (
+    flock 9
+    local pw
+    pw=$(awk -v u="$u" '$1 == u { print $2; exit }' "$f" 2>/dev/null || true)
+    if [ -z "$pw" ]; then
+      pw=$(head -c 30 /dev/urandom | base64 | tr -d '/+=\n' | cut -c1-32)
+      (umask 077; echo "$u $pw" >>"$f")
+    fi
+    chmod 600 "$f"
+    echo "$pw"
+  ) 9>>"$f.lock"
+}
+
+# kafka_client_settings DIR USER: what a tally daemon connecting as USER sets, as kafka_settings
+# (its password goes apart, as kafka_sasl_password: kafka_password).
+kafka_client_settings() {
+  echo "security.protocol=SASL_PLAINTEXT,sasl.mechanisms=$KAFKA_SASL_MECHANISM,sasl.username=$2"
+}
+
+# kafka_hosts: the host IDs whose principals a new cluster gets.
+kafka_hosts() { echo "${TALLY_KAFKA_HOSTS:-}"; }
+
+# kafka_admin_config DIR: DIR/admin.properties, the admin client settings of Kafka's tools (0600).
+kafka_admin_config() {
+  local dir=$1 pw
+  pw=$(kafka_password "$(kafka_credentials "$dir")" admin)
+  (umask 077; cat >"$dir/admin.properties" <<PROPS
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=$KAFKA_SASL_MECHANISM
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$pw";
+PROPS
+  )
+}
+
+# kafka_bootstrap DIR: DIR's bootstrap list, also while kafka_start has not written DIR/bootstrap yet.
+kafka_bootstrap() {
+  if [ -f "$1/bootstrap" ]; then cat "$1/bootstrap"; else cat "$1/bootstrap.pending"; fi
+}
+
+# kafka_acl DIR ARGS...: one kafka-acls command on DIR's cluster, as admin.
+kafka_acl() {
+  local dir=$1; shift
+  kafka_tool org.apache.kafka.tools.AclCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
+    --command-config "$dir/admin.properties" "$@" >/dev/null
+}
+
+# kafka_host_acls DIR ID: host-ID's ACLs: write usage, read control in its own consumer group
+# (tally-vmm-ID). With TALLY_KAFKA_HOST_GROUPS=prefixed (the tests' one host principal, standing
+# for every --host-id a test gives its vmm) the group is any tally-vmm-*.
+kafka_host_acls() {
+  local dir=$1 id=$2 group=(--group "tally-vmm-$2")
+  [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ] && group=(--resource-pattern-type prefixed --group tally-vmm-)
+  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Write --topic usage &
+  local a=$!
+  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control &
+  local b=$!
+  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read "${group[@]}" || { wait $a $b; return 1; }
+  wait $a && wait $b
+}
+
+# kafka_host_add DIR ID: a principal for one more host on DIR's running cluster: its SCRAM
+# credential (password added to the credentials file) and its ACLs.
+kafka_host_add() {
+  local dir=$1 id=$2 pw
+  pw=$(kafka_password "$(kafka_credentials "$dir")" "host-$id")
+  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
+    --command-config "$dir/admin.properties" --alter --entity-type users --entity-name "host-$id" \
+    --add-config "$KAFKA_SASL_MECHANISM=[password=$pw]" >/dev/null || die "could not add the credential of host-$id"
+  kafka_host_acls "$dir" "$id" || die "could not set the ACLs of host-$id"
+  say "host-$id may write usage and read control (group tally-vmm-$id)"
+}
+
+# kafka_host_revoke DIR ID: host-ID's ACLs removed (its open connections are refused from their
+# next request on) and its credential deleted (no new connection authenticates).
+kafka_host_revoke() {
+  local dir=$1 id=$2 f
+  kafka_acl "$dir" --remove --force --allow-principal "User:host-$id" --operation Write --topic usage &
+  local a=$!
+  kafka_acl "$dir" --remove --force --allow-principal "User:host-$id" --operation Read --topic control \
+    --group "tally-vmm-$id" || { wait $a; die "could not remove the ACLs of host-$id"; }
+  wait $a || die "could not remove the ACLs of host-$id"
+  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
+    --command-config "$dir/admin.properties" --alter --entity-type users --entity-name "host-$id" \
+    --delete-config "$KAFKA_SASL_MECHANISM" >/dev/null || die "could not delete the credential of host-$id"
+  f=$(kafka_credentials "$dir")
+  (flock 9; awk -v u="host-$id" '$1 != u' "$f" >"$f.new" && chmod 600 "$f.new" && mv "$f.new" "$f") 9>>"$f.lock"
+  say "host-$id revoked: no ACL, no credential"
+}
+
+# kafka_acls DIR: every principal's ACLs on a new cluster (the topics exist).
+kafka_acls() {
+  local dir=$1 id pids=() p
+  kafka_acl "$dir" --add --allow-principal User:aggregator --operation Read --topic usage --group tally-aggregator &
+  pids+=($!)
+  kafka_acl "$dir" --add --allow-principal User:aggregator --operation Write --topic control &
+  pids+=($!)
+  for id in $(kafka_hosts); do kafka_host_acls "$dir" "$id" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || die "could not set the ACLs of the kafka cluster in $dir"; done
+}
+
 # kafka_start_node DIR N: starts node N of DIR's cluster in the background (its
 # server.properties written and its storage formatted before).
 kafka_start_node() {
@@ -316,8 +433,8 @@ kafka_create_topic() {
   local extra=() c
   for c in ${TALLY_KAFKA_TOPIC_CONFIG:-}; do extra+=(--config "$c"); done
   for i in $(seq 1 30); do
-    if out=$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(cat "$dir/bootstrap.pending")" \
-               --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor "$rf" \
+    if out=$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
+               --command-config "$dir/admin.properties" --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor "$rf" \
                --config "retention.ms=$retention" --config "min.insync.replicas=$minisr" "${extra[@]}" 2>&1); then
       return 0
     fi
@@ -361,18 +478,27 @@ kafka_start() {
   (IFS=,; echo "${bootstrap[*]}") >"$dir/bootstrap.pending"
   # A random cluster id (16 bytes, base64url); it may begin with "-", hence --cluster-id=ID below.
   cluster=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  # Credentials first: the nodes' own (admin) goes into each server.properties, and every
+  # principal's SCRAM credential into the metadata at format time.
+  local creds admin_pw scram=() u
+  creds=$(kafka_credentials "$dir")
+  admin_pw=$(kafka_password "$creds" admin)
+  kafka_admin_config "$dir"
+  for u in admin aggregator $(for n in $(kafka_hosts); do echo "host-$n"; done); do
+    scram+=(--add-scram "$KAFKA_SASL_MECHANISM=[name=$u,password=$(kafka_password "$creds" "$u")]")
+  done
   local pids=()
   for n in $(seq 1 "$nodes"); do
-    sed -e "s|@NODE_ID@|$n|" -e "s|@VOTERS@|$voters|" \
+    (umask 077; sed -e "s|@NODE_ID@|$n|" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" -e "s|@VOTERS@|$voters|" \
         -e "s|@PORT@|$(cat "$dir/node.$n/port")|" -e "s|@CONTROLLER_PORT@|$(cat "$dir/node.$n/controller_port")|" \
         -e "s|@DATA_DIR@|$dir/node.$n/data|" -e "s|@PARTITIONS@|$parts|" \
         -e "s|@REPLICATION@|$nodes|" -e "s|@MIN_ISR@|$(( nodes > 1 ? 2 : 1 ))|" \
         -e "s|@RETENTION_MS@|$retention|" -e "s|@RETENTION_CHECK_MS@|${TALLY_KAFKA_RETENTION_CHECK_MS:-300000}|" \
         -e "s|@SEGMENT_BYTES@|${TALLY_KAFKA_SEGMENT_BYTES:-1073741824}|" \
-        "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties"
+        "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties")
     rm -rf "$dir/node.$n/data"
     kafka_tool kafka.tools.StorageTool format "--cluster-id=$cluster" -c "$dir/node.$n/server.properties" \
-      >"$dir/node.$n/format.log" 2>&1 &
+      "${scram[@]}" >"$dir/node.$n/format.log" 2>&1 &
     pids+=($!)
   done
   for n in $(seq 1 "$nodes"); do
@@ -384,8 +510,9 @@ kafka_start() {
   local a=$!
   kafka_create_topic "$dir" control "$parts" "$retention" || { wait $a; return 1; }
   wait $a || return 1
+  kafka_acls "$dir"
   mv "$dir/bootstrap.pending" "$dir/bootstrap"
-  say "kafka $(kafka_version): $nodes node(s) on $(cat "$dir/bootstrap"), topics usage and control ($parts partitions, retention ${retention} ms) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  say "kafka $(kafka_version): $nodes node(s) on $(cat "$dir/bootstrap"), topics usage and control ($parts partitions, retention ${retention} ms), SASL/$KAFKA_SASL_MECHANISM and ACLs for admin, aggregator${TALLY_KAFKA_HOSTS:+, host-${TALLY_KAFKA_HOSTS// /, host-}} (credentials: $creds) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
 
 kafka_kill_node() {

@@ -110,10 +110,12 @@ int test_run(char *const argv[], char **out, char **err)
         posix_spawn_file_actions_adddup2(&fa, po[1], 1);
         posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
         pid_t pid;
-        if (posix_spawn(&pid, argv[0], &fa, NULL, argv, environ) != 0) {
+        char **env = test_kafka_environ(argv[0]);
+        if (posix_spawn(&pid, argv[0], &fa, NULL, argv, env ? env : environ) != 0) {
                 fprintf(stderr, "FAIL: could not run %s: %s\n", argv[0], strerror(errno));
                 exit(1);
         }
+        test_kafka_environ_free(env);
         posix_spawn_file_actions_destroy(&fa);
         close(po[1]);
         close(pe[1]);
@@ -144,7 +146,9 @@ pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path)
         posix_spawn_file_actions_addopen(&fa, 2, err_path ? err_path : "/dev/null",
                                          O_WRONLY | O_CREAT | O_TRUNC, 0644);
         pid_t pid;
-        int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+        char **env = test_kafka_environ(argv[0]);
+        int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, env ? env : environ);
+        test_kafka_environ_free(env);
         posix_spawn_file_actions_destroy(&fa);
         if (r != 0) {
                 fprintf(stderr, "FAIL: could not start %s: %s\n", argv[0], strerror(r));
