@@ -282,7 +282,8 @@ kafka_tool() {
 }
 
 # ---- Who may connect to Apache Kafka (docs/kafka.md, "Principals and ACLs"). Every connection
-# authenticates with SASL/SCRAM-SHA-512 and may do only what an ACL allows. Principals:
+# authenticates with SASL/PLAIN (kafka/server.properties.in says why not SCRAM) and may do only
+# what an ACL allows. Principals:
 #   admin          the nodes themselves (between brokers, to the controllers) and scripts/kafka's
 #                  own tools: the one super user
 #   aggregator     every tally-aggregator: reads usage (group tally-aggregator), writes control
@@ -290,7 +291,7 @@ kafka_tool() {
 #                  (group tally-vmm-<ID>); TALLY_KAFKA_HOSTS lists the IDs ("ID ID ...")
 # Passwords are random, kept in one file ("user password" lines, 0600): TALLY_KAFKA_CREDENTIALS
 # when set (scripts/test: one file for every cluster of a test run), else DIR/credentials.
-KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+KAFKA_SASL_MECHANISM=PLAIN
 
 kafka_credentials() { echo "${TALLY_KAFKA_CREDENTIALS:-$1/credentials}"; }
 
@@ -327,7 +328,7 @@ kafka_admin_config() {
   (umask 077; cat >"$dir/admin.properties" <<PROPS
 security.protocol=SASL_PLAINTEXT
 sasl.mechanism=$KAFKA_SASL_MECHANISM
-sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$pw";
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$pw";
 PROPS
   )
 }
@@ -356,35 +357,6 @@ kafka_host_acls() {
   local b=$!
   kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read "${group[@]}" || { wait $a $b; return 1; }
   wait $a && wait $b
-}
-
-# kafka_host_add DIR ID: a principal for one more host on DIR's running cluster: its SCRAM
-# credential (password added to the credentials file) and its ACLs.
-kafka_host_add() {
-  local dir=$1 id=$2 pw
-  pw=$(kafka_password "$(kafka_credentials "$dir")" "host-$id")
-  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
-    --command-config "$dir/admin.properties" --alter --entity-type users --entity-name "host-$id" \
-    --add-config "$KAFKA_SASL_MECHANISM=[password=$pw]" >/dev/null || die "could not add the credential of host-$id"
-  kafka_host_acls "$dir" "$id" || die "could not set the ACLs of host-$id"
-  say "host-$id may write usage and read control (group tally-vmm-$id)"
-}
-
-# kafka_host_revoke DIR ID: host-ID's ACLs removed (its open connections are refused from their
-# next request on) and its credential deleted (no new connection authenticates).
-kafka_host_revoke() {
-  local dir=$1 id=$2 f
-  kafka_acl "$dir" --remove --force --allow-principal "User:host-$id" --operation Write --topic usage &
-  local a=$!
-  kafka_acl "$dir" --remove --force --allow-principal "User:host-$id" --operation Read --topic control \
-    --group "tally-vmm-$id" || { wait $a; die "could not remove the ACLs of host-$id"; }
-  wait $a || die "could not remove the ACLs of host-$id"
-  kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
-    --command-config "$dir/admin.properties" --alter --entity-type users --entity-name "host-$id" \
-    --delete-config "$KAFKA_SASL_MECHANISM" >/dev/null || die "could not delete the credential of host-$id"
-  f=$(kafka_credentials "$dir")
-  (flock 9; awk -v u="host-$id" '$1 != u' "$f" >"$f.new" && chmod 600 "$f.new" && mv "$f.new" "$f") 9>>"$f.lock"
-  say "host-$id revoked: no ACL, no credential"
 }
 
 # kafka_acls DIR: every principal's ACLs on a new cluster (the topics exist).
@@ -478,18 +450,17 @@ kafka_start() {
   (IFS=,; echo "${bootstrap[*]}") >"$dir/bootstrap.pending"
   # A random cluster id (16 bytes, base64url); it may begin with "-", hence --cluster-id=ID below.
   cluster=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
-  # Credentials first: the nodes' own (admin) goes into each server.properties, and every
-  # principal's SCRAM credential into the metadata at format time.
-  local creds admin_pw scram=() u
+  # Credentials first: every principal's user and password go into each server.properties.
+  local creds admin_pw users="" u
   creds=$(kafka_credentials "$dir")
   admin_pw=$(kafka_password "$creds" admin)
   kafka_admin_config "$dir"
   for u in admin aggregator $(for n in $(kafka_hosts); do echo "host-$n"; done); do
-    scram+=(--add-scram "$KAFKA_SASL_MECHANISM=[name=$u,password=$(kafka_password "$creds" "$u")]")
+    users+="${users:+ }user_$u=\"$(kafka_password "$creds" "$u")\""
   done
   local pids=()
   for n in $(seq 1 "$nodes"); do
-    (umask 077; sed -e "s|@NODE_ID@|$n|" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" -e "s|@VOTERS@|$voters|" \
+    (umask 077; sed -e "s|@NODE_ID@|$n|" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" -e "s|@PLAIN_USERS@|$users|" -e "s|@VOTERS@|$voters|" \
         -e "s|@PORT@|$(cat "$dir/node.$n/port")|" -e "s|@CONTROLLER_PORT@|$(cat "$dir/node.$n/controller_port")|" \
         -e "s|@DATA_DIR@|$dir/node.$n/data|" -e "s|@PARTITIONS@|$parts|" \
         -e "s|@REPLICATION@|$nodes|" -e "s|@MIN_ISR@|$(( nodes > 1 ? 2 : 1 ))|" \
@@ -498,7 +469,7 @@ kafka_start() {
         "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties")
     rm -rf "$dir/node.$n/data"
     kafka_tool kafka.tools.StorageTool format "--cluster-id=$cluster" -c "$dir/node.$n/server.properties" \
-      "${scram[@]}" >"$dir/node.$n/format.log" 2>&1 &
+      >"$dir/node.$n/format.log" 2>&1 &
     pids+=($!)
   done
   for n in $(seq 1 "$nodes"); do

@@ -40,7 +40,7 @@ char *test_kafka_password(const char *user)
  * same for scripts/up's daemons; test_kafka_conf_as sets the same on a conf). */
 static void client_settings(char *out, size_t size, const char *user)
 {
-        snprintf(out, size, "security.protocol=SASL_PLAINTEXT,sasl.mechanisms=SCRAM-SHA-512,sasl.username=%s", user);
+        snprintf(out, size, "security.protocol=SASL_PLAINTEXT,sasl.mechanisms=PLAIN,sasl.username=%s", user);
 }
 
 rd_kafka_conf_t *test_kafka_conf_as(rd_kafka_conf_t *conf, const char *user)
@@ -55,7 +55,7 @@ rd_kafka_conf_t *test_kafka_conf_as(rd_kafka_conf_t *conf, const char *user)
                                 "scripts/test --kafka apache\n", user, getenv("TALLY_KAFKA_CREDENTIALS") ?: "unset");
                 exit(1);
         }
-        const char *pairs[][2] = { { "security.protocol", "SASL_PLAINTEXT" }, { "sasl.mechanisms", "SCRAM-SHA-512" },
+        const char *pairs[][2] = { { "security.protocol", "SASL_PLAINTEXT" }, { "sasl.mechanisms", "PLAIN" },
                                    { "sasl.username", user }, { "sasl.password", pw } };
         char err[256];
         for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {

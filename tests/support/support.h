@@ -118,7 +118,7 @@ void test_kafka_restart_node(struct test_kafka *k, int node);
 pid_t test_kafka_node_pid(struct test_kafka *k, int node);
 
 /* Who a test's Kafka clients are on Apache Kafka, where every connection
- * authenticates (SASL/SCRAM) and ACLs allow each principal its own topics
+ * authenticates (SASL/PLAIN) and ACLs allow each principal its own topics
  * (scripts/lib.sh, docs/kafka.md "Principals and ACLs"). The passwords are in
  * the test run's credentials file, TALLY_KAFKA_CREDENTIALS (scripts/test sets
  * it; test_kafka_start, when it is unset, points it at the first cluster's).
