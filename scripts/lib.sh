@@ -349,14 +349,21 @@ kafka_acl() {
 # (tally-vmm-ID). With TALLY_KAFKA_HOST_GROUPS=prefixed (the tests' one host principal, standing
 # for every --host-id a test gives its vmm) the group is any tally-vmm-*.
 kafka_host_acls() {
-  local dir=$1 id=$2 group=(--group "tally-vmm-$2")
-  [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ] && group=(--resource-pattern-type prefixed --group tally-vmm-)
+  local dir=$1 id=$2 a r=0
   kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Write --topic usage &
-  local a=$!
-  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control &
-  local b=$!
-  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read "${group[@]}" || { wait $a $b; return 1; }
-  wait $a && wait $b
+  a=$!
+  if [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ]; then
+    # A pattern type applies to every resource of one command: the topic's ACL apart.
+    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control &
+    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read \
+      --resource-pattern-type prefixed --group tally-vmm- || r=1
+    wait $! || r=1
+  else
+    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control \
+      --group "tally-vmm-$id" || r=1
+  fi
+  wait $a || r=1
+  return $r
 }
 
 # kafka_acls DIR: every principal's ACLs on a new cluster (the topics exist).
