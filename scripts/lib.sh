@@ -19,7 +19,7 @@ TALLY_DEB_PACKAGES=(
   clang llvm bpftool libbpf-dev libclang-rt-14-dev
   libseccomp-dev e2fsprogs
   python3 wrk
-  maven openjdk-17-jre-headless
+  maven openjdk-17-jre-headless openjdk-17-jdk-headless
   chromium
 )
 # Commands a package provides, installed only when the command is missing: nodejs
@@ -338,43 +338,46 @@ kafka_bootstrap() {
   if [ -f "$1/bootstrap" ]; then cat "$1/bootstrap"; else cat "$1/bootstrap.pending"; fi
 }
 
-# kafka_acl DIR ARGS...: one kafka-acls command on DIR's cluster, as admin.
-kafka_acl() {
-  local dir=$1; shift
-  kafka_tool org.apache.kafka.tools.AclCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
-    --command-config "$dir/admin.properties" "$@" >/dev/null
+# kafka_acl_tool: the folder of kafka/TallyAcls.class, compiled once (keyed by the source and
+# the jars) into the cache beside the jars. One JVM creates all of a cluster's ACLs.
+kafka_acl_tool() {
+  local libs=${KAFKA_LIBS:-$(kafka_fetch)} src=$TALLY_ROOT/kafka/TallyAcls.java dir
+  dir=$(kafka_cache)/tally-acls-$(cat "$src" <(basename "$libs") | md5sum | cut -c1-8)
+  if [ ! -f "$dir/TallyAcls.class" ]; then
+    command -v javac >/dev/null || die "javac is not installed (scripts/lib.sh installs openjdk-17-jdk-headless)"
+    (
+      flock 9
+      if [ ! -f "$dir/TallyAcls.class" ]; then
+        rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+        javac -nowarn -cp "$libs/*" -d "$dir.tmp" "$src" >&2 || die "could not compile $src"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+      fi
+    ) 9>"$(kafka_cache)/.lock" || exit 1
+  fi
+  echo "$dir"
 }
 
-# kafka_host_acls DIR ID: host-ID's ACLs: write usage, read control in its own consumer group
+# kafka_acls DIR: every principal's ACLs on a new cluster, as admin: the aggregator's, and
+# host-ID's for each of kafka_hosts: write usage, read control in its own consumer group
 # (tally-vmm-ID). With TALLY_KAFKA_HOST_GROUPS=prefixed (the tests' one host principal, standing
 # for every --host-id a test gives its vmm) the group is any tally-vmm-*.
-kafka_host_acls() {
-  local dir=$1 id=$2 a r=0
-  kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Write --topic usage &
-  a=$!
-  if [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ]; then
-    # A pattern type applies to every resource of one command: the topic's ACL apart.
-    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control &
-    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read \
-      --resource-pattern-type prefixed --group tally-vmm- || r=1
-    wait $! || r=1
-  else
-    kafka_acl "$dir" --add --allow-principal "User:host-$id" --operation Read --topic control \
-      --group "tally-vmm-$id" || r=1
-  fi
-  wait $a || r=1
-  return $r
-}
-
-# kafka_acls DIR: every principal's ACLs on a new cluster (the topics exist).
 kafka_acls() {
-  local dir=$1 id pids=() p
-  kafka_acl "$dir" --add --allow-principal User:aggregator --operation Read --topic usage --group tally-aggregator &
-  pids+=($!)
-  kafka_acl "$dir" --add --allow-principal User:aggregator --operation Write --topic control &
-  pids+=($!)
-  for id in $(kafka_hosts); do kafka_host_acls "$dir" "$id" & pids+=($!); done
-  for p in "${pids[@]}"; do wait "$p" || die "could not set the ACLs of the kafka cluster in $dir"; done
+  local dir=$1 id tool group
+  tool=$(kafka_acl_tool)
+  {
+    echo "User:aggregator Read Topic Literal usage"
+    echo "User:aggregator Read Group Literal tally-aggregator"
+    echo "User:aggregator Write Topic Literal control"
+    for id in $(kafka_hosts); do
+      group="Literal tally-vmm-$id"
+      [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ] && group="Prefixed tally-vmm-"
+      echo "User:host-$id Write Topic Literal usage"
+      echo "User:host-$id Read Topic Literal control"
+      echo "User:host-$id Read Group $group"
+    done
+  } | java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$tool:$KAFKA_LIBS/*" TallyAcls \
+        "$(kafka_bootstrap "$dir")" "$dir/admin.properties" >"$dir/acls.log" 2>&1 \
+    || { tail -20 "$dir/acls.log" >&2; die "could not set the ACLs of the kafka cluster in $dir"; }
 }
 
 # kafka_start_node DIR N: starts node N of DIR's cluster in the background (its
