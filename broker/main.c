@@ -3,7 +3,7 @@
  * on exit. It authenticates no one and knows no ACLs (librdkafka's mock cluster
  * has neither a SASL handshake nor an authorizer), so it listens on 127.0.0.1
  * only and says at start that it is for development. Production points every
- * daemon at a real Kafka cluster with SASL/SCRAM and ACLs (docs/kafka.md). */
+ * daemon at a real Kafka cluster with SASL and ACLs (docs/kafka.md). */
 #include "config.h"
 #include "daemon.h"
 #include "devbroker.h"
@@ -201,7 +201,7 @@ int main(int argc, char **argv)
          * the loopback port may produce and read every topic. It is never the production path. */
         log_warn("development broker: for development only",
                  "auth=none acls=none listen=127.0.0.1 note=\"any local process may produce and read every topic;"
-                 " production runs Apache Kafka with SASL/SCRAM and ACLs (docs/kafka.md)\"");
+                 " production runs Apache Kafka with SASL and ACLs (docs/kafka.md)\"");
         printf("bootstrap=%s\n", devbroker_bootstrap(b));
         fflush(stdout);
 
