@@ -1,6 +1,9 @@
 /* tally-broker — the Kafka development broker (librdkafka's mock cluster).
  * For development and tests only: it keeps messages in memory and forgets them
- * on exit. Production points every daemon at a real Kafka cluster. */
+ * on exit. It authenticates no one and knows no ACLs (librdkafka's mock cluster
+ * has neither a SASL handshake nor an authorizer), so it listens on 127.0.0.1
+ * only and says at start that it is for development. Production points every
+ * daemon at a real Kafka cluster with SASL and ACLs (docs/kafka.md). */
 #include "config.h"
 #include "daemon.h"
 #include "devbroker.h"
@@ -194,6 +197,11 @@ int main(int argc, char **argv)
                  " note=\"in memory only; beyond either limit a partition's oldest messages are dropped\"",
                  devbroker_bootstrap(b), (long long)cfg.brokers, (long long)cfg.partitions, (long long)keep_bytes,
                  (long long)keep_batches);
+        /* The mock cluster has no SASL handshake and no authorizer: anyone who can reach
+         * the loopback port may produce and read every topic. It is never the production path. */
+        log_warn("development broker: for development only",
+                 "auth=none acls=none listen=127.0.0.1 note=\"any local process may produce and read every topic;"
+                 " production runs Apache Kafka with SASL and ACLs (docs/kafka.md)\"");
         printf("bootstrap=%s\n", devbroker_bootstrap(b));
         fflush(stdout);
 

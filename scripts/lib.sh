@@ -19,7 +19,7 @@ TALLY_DEB_PACKAGES=(
   clang llvm bpftool libbpf-dev libclang-rt-14-dev
   libseccomp-dev e2fsprogs
   python3 wrk
-  maven openjdk-17-jre-headless
+  maven openjdk-17-jre-headless openjdk-17-jdk-headless
   chromium
 )
 # Commands a package provides, installed only when the command is missing: nodejs
@@ -383,6 +383,105 @@ kafka_tool() {
   java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" "$cls" "$@"
 }
 
+# ---- Who may connect to Apache Kafka (docs/kafka.md, "Principals and ACLs"). Every connection
+# authenticates with SASL/PLAIN (kafka/server.properties.in says why not SCRAM) and may do only
+# what an ACL allows. Principals:
+#   admin          the nodes themselves (between brokers, to the controllers) and scripts/kafka's
+#                  own tools: the one super user
+#   aggregator     every tally-aggregator: reads usage (group tally-aggregator), writes control
+#   host-<ID>      one per host, its tally-collector and tally-vmm: write usage, read control
+#                  (group tally-vmm-<ID>); TALLY_KAFKA_HOSTS lists the IDs ("ID ID ...")
+# Passwords are random, kept in one file ("user password" lines, 0600): TALLY_KAFKA_CREDENTIALS
+# when set (scripts/test: one file for every cluster of a test run), else DIR/credentials.
+KAFKA_SASL_MECHANISM=PLAIN
+
+kafka_credentials() { echo "${TALLY_KAFKA_CREDENTIALS:-$1/credentials}"; }
+
+# kafka_password FILE USER: USER's password in FILE, a new random one added first when it has none.
+kafka_password() {
+  local f=$1 u=$2
+  mkdir -p "$(dirname "$f")"
+  (
+    flock 9
+    local pw
+    pw=$(awk -v u="$u" '$1 == u { print $2; exit }' "$f" 2>/dev/null || true)
+    if [ -z "$pw" ]; then
+      pw=$(head -c 30 /dev/urandom | base64 | tr -d '/+=\n' | cut -c1-32)
+      (umask 077; echo "$u $pw" >>"$f")
+    fi
+    chmod 600 "$f"
+    echo "$pw"
+  ) 9>>"$f.lock"
+}
+
+# kafka_client_settings DIR USER: what a tally daemon connecting as USER sets, as kafka_settings
+# (its password goes apart, as kafka_sasl_password: kafka_password).
+kafka_client_settings() {
+  echo "security.protocol=SASL_PLAINTEXT,sasl.mechanisms=$KAFKA_SASL_MECHANISM,sasl.username=$2"
+}
+
+# kafka_hosts: the host IDs whose principals a new cluster gets.
+kafka_hosts() { echo "${TALLY_KAFKA_HOSTS:-}"; }
+
+# kafka_admin_config DIR: DIR/admin.properties, the admin client settings of Kafka's tools (0600).
+kafka_admin_config() {
+  local dir=$1 pw
+  pw=$(kafka_password "$(kafka_credentials "$dir")" admin)
+  (umask 077; cat >"$dir/admin.properties" <<PROPS
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=$KAFKA_SASL_MECHANISM
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$pw";
+PROPS
+  )
+}
+
+# kafka_bootstrap DIR: DIR's bootstrap list, also while kafka_start has not written DIR/bootstrap yet.
+kafka_bootstrap() {
+  if [ -f "$1/bootstrap" ]; then cat "$1/bootstrap"; else cat "$1/bootstrap.pending"; fi
+}
+
+# kafka_acl_tool: the folder of kafka/TallyAcls.class, compiled once (keyed by the source and
+# the jars) into the cache beside the jars. One JVM creates all of a cluster's ACLs.
+kafka_acl_tool() {
+  local libs=${KAFKA_LIBS:-$(kafka_fetch)} src=$TALLY_ROOT/kafka/TallyAcls.java dir
+  dir=$(kafka_cache)/tally-acls-$(cat "$src" <(basename "$libs") | md5sum | cut -c1-8)
+  if [ ! -f "$dir/TallyAcls.class" ]; then
+    command -v javac >/dev/null || die "javac is not installed (scripts/lib.sh installs openjdk-17-jdk-headless)"
+    (
+      flock 9
+      if [ ! -f "$dir/TallyAcls.class" ]; then
+        rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+        javac -nowarn -cp "$libs/*" -d "$dir.tmp" "$src" >&2 || die "could not compile $src"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+      fi
+    ) 9>"$(kafka_cache)/.lock" || exit 1
+  fi
+  echo "$dir"
+}
+
+# kafka_acls DIR: every principal's ACLs on a new cluster, as admin: the aggregator's, and
+# host-ID's for each of kafka_hosts: write usage, read control in its own consumer group
+# (tally-vmm-ID). With TALLY_KAFKA_HOST_GROUPS=prefixed (the tests' one host principal, standing
+# for every --host-id a test gives its vmm) the group is any tally-vmm-*.
+kafka_acls() {
+  local dir=$1 id tool group
+  tool=$(kafka_acl_tool)
+  {
+    echo "User:aggregator Read Topic Literal usage"
+    echo "User:aggregator Read Group Literal tally-aggregator"
+    echo "User:aggregator Write Topic Literal control"
+    for id in $(kafka_hosts); do
+      group="Literal tally-vmm-$id"
+      [ "${TALLY_KAFKA_HOST_GROUPS:-}" = prefixed ] && group="Prefixed tally-vmm-"
+      echo "User:host-$id Write Topic Literal usage"
+      echo "User:host-$id Read Topic Literal control"
+      echo "User:host-$id Read Group $group"
+    done
+  } | java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp "$tool:$KAFKA_LIBS/*" TallyAcls \
+        "$(kafka_bootstrap "$dir")" "$dir/admin.properties" >"$dir/acls.log" 2>&1 \
+    || { tail -20 "$dir/acls.log" >&2; die "could not set the ACLs of the kafka cluster in $dir"; }
+}
+
 # kafka_start_node DIR N: starts node N of DIR's cluster in the background (its
 # server.properties written and its storage formatted before).
 kafka_start_node() {
@@ -418,8 +517,8 @@ kafka_create_topic() {
   local extra=() c
   for c in ${TALLY_KAFKA_TOPIC_CONFIG:-}; do extra+=(--config "$c"); done
   for i in $(seq 1 30); do
-    if out=$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(cat "$dir/bootstrap.pending")" \
-               --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor "$rf" \
+    if out=$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$(kafka_bootstrap "$dir")" \
+               --command-config "$dir/admin.properties" --create --if-not-exists --topic "$name" --partitions "$parts" --replication-factor "$rf" \
                --config "retention.ms=$retention" --config "min.insync.replicas=$minisr" "${extra[@]}" 2>&1); then
       return 0
     fi
@@ -463,15 +562,23 @@ kafka_start() {
   (IFS=,; echo "${bootstrap[*]}") >"$dir/bootstrap.pending"
   # A random cluster id (16 bytes, base64url); it may begin with "-", hence --cluster-id=ID below.
   cluster=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  # Credentials first: every principal's user and password go into each server.properties.
+  local creds admin_pw users="" u
+  creds=$(kafka_credentials "$dir")
+  admin_pw=$(kafka_password "$creds" admin)
+  kafka_admin_config "$dir"
+  for u in admin aggregator $(for n in $(kafka_hosts); do echo "host-$n"; done); do
+    users+="${users:+ }user_$u=\"$(kafka_password "$creds" "$u")\""
+  done
   local pids=()
   for n in $(seq 1 "$nodes"); do
-    sed -e "s|@NODE_ID@|$n|" -e "s|@VOTERS@|$voters|" \
+    (umask 077; sed -e "s|@NODE_ID@|$n|" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" -e "s|@PLAIN_USERS@|$users|" -e "s|@VOTERS@|$voters|" \
         -e "s|@PORT@|$(cat "$dir/node.$n/port")|" -e "s|@CONTROLLER_PORT@|$(cat "$dir/node.$n/controller_port")|" \
         -e "s|@DATA_DIR@|$dir/node.$n/data|" -e "s|@PARTITIONS@|$parts|" \
         -e "s|@REPLICATION@|$nodes|" -e "s|@MIN_ISR@|$(( nodes > 1 ? 2 : 1 ))|" \
         -e "s|@RETENTION_MS@|$retention|" -e "s|@RETENTION_CHECK_MS@|${TALLY_KAFKA_RETENTION_CHECK_MS:-300000}|" \
         -e "s|@SEGMENT_BYTES@|${TALLY_KAFKA_SEGMENT_BYTES:-1073741824}|" \
-        "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties"
+        "$TALLY_ROOT/kafka/server.properties.in" >"$dir/node.$n/server.properties")
     rm -rf "$dir/node.$n/data"
     kafka_tool kafka.tools.StorageTool format "--cluster-id=$cluster" -c "$dir/node.$n/server.properties" \
       >"$dir/node.$n/format.log" 2>&1 &
@@ -486,8 +593,9 @@ kafka_start() {
   local a=$!
   kafka_create_topic "$dir" control "$parts" "$retention" || { wait $a; return 1; }
   wait $a || return 1
+  kafka_acls "$dir"
   mv "$dir/bootstrap.pending" "$dir/bootstrap"
-  say "kafka $(kafka_version): $nodes node(s) on $(cat "$dir/bootstrap"), topics usage and control ($parts partitions, retention ${retention} ms) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  say "kafka $(kafka_version): $nodes node(s) on $(cat "$dir/bootstrap"), topics usage and control ($parts partitions, retention ${retention} ms), SASL/$KAFKA_SASL_MECHANISM and ACLs for admin, aggregator${TALLY_KAFKA_HOSTS:+, host-${TALLY_KAFKA_HOSTS// /, host-}} (credentials: $creds) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
 
 kafka_kill_node() {

@@ -236,10 +236,12 @@ int test_run(char *const argv[], char **out, char **err)
         posix_spawn_file_actions_adddup2(&fa, pe[1], 2);
         pid_t pid;
         char **as_role = role_argv(argv);
-        if (posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, environ) != 0) {
+        char **env = test_kafka_environ(argv[0]);
+        if (posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, env ? env : environ) != 0) {
                 fprintf(stderr, "FAIL: could not run %s: %s\n", argv[0], strerror(errno));
                 exit(1);
         }
+        test_kafka_environ_free(env);
         role_argv_free(as_role, argv);
         posix_spawn_file_actions_destroy(&fa);
         close(po[1]);
@@ -272,7 +274,9 @@ pid_t test_spawn(char *const argv[], const char *out_path, const char *err_path)
                                          O_WRONLY | O_CREAT | O_TRUNC, 0644);
         pid_t pid;
         char **as_role = role_argv(argv);
-        int r = posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, environ);
+        char **env = test_kafka_environ(argv[0]);
+        int r = posix_spawn(&pid, argv[0], &fa, NULL, as_role ? as_role : argv, env ? env : environ);
+        test_kafka_environ_free(env);
         role_argv_free(as_role, argv);
         posix_spawn_file_actions_destroy(&fa);
         if (r != 0) {

@@ -4,6 +4,7 @@
  * not pass. */
 #pragma once
 
+#include <librdkafka/rdkafka.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -133,3 +134,31 @@ void test_kafka_kill_node(struct test_kafka *k, int node);
 void test_kafka_restart_node(struct test_kafka *k, int node);
 /* Apache Kafka only: the process id of node (1..nodes), 0 if it does not run. */
 pid_t test_kafka_node_pid(struct test_kafka *k, int node);
+
+/* Who a test's Kafka clients are on Apache Kafka, where every connection
+ * authenticates (SASL/PLAIN) and ACLs allow each principal its own topics
+ * (scripts/lib.sh, docs/kafka.md "Principals and ACLs"). The passwords are in
+ * the test run's credentials file, TALLY_KAFKA_CREDENTIALS (scripts/test sets
+ * it; test_kafka_start, when it is unset, points it at the first cluster's).
+ * On the development broker, which authenticates no one, all of this is
+ * nothing. */
+/* USER's password (malloc'd), or NULL when the file has none. */
+char *test_kafka_password(const char *user);
+/* conf (or a new conf when NULL), set up to connect as user ("admin",
+ * "aggregator", "host-test") on Apache Kafka; as it is on the development
+ * broker. Exits the test when user has no password. */
+rd_kafka_conf_t *test_kafka_conf_as(rd_kafka_conf_t *conf, const char *user);
+/* The test's own clients: admin, the super user (a test plays hosts and
+ * aggregators alike, and reads what they wrote). */
+rd_kafka_conf_t *test_kafka_conf(rd_kafka_conf_t *conf);
+/* The environment a spawned program gets (test_run, test_spawn): the test's
+ * own, plus, on Apache Kafka, TALLY_KAFKA_SETTINGS and
+ * TALLY_KAFKA_SASL_PASSWORD for the principal that program connects as:
+ * tally-aggregator as aggregator, tally-vmm and tally-collector as host-test
+ * (the tests' one host principal; its group ACL covers every tally-vmm-<id>).
+ * A test that sets TALLY_KAFKA_SETTINGS itself keeps it. Returns NULL when
+ * the program gets the test's environment unchanged, else a malloc'd array
+ * (its first two strings malloc'd, the rest borrowed from environ). */
+char **test_kafka_environ(const char *program);
+/* Frees what test_kafka_environ returned (NULL is fine). */
+void test_kafka_environ_free(char **env);

@@ -54,7 +54,7 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions)
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         /* Producer batches stay well below the aggregator's fetch sizes. */
         const char *const extra[] = { "message.timeout.ms=120000", "batch.size=262144", NULL };
-        t->producer = kafka_producer_new(t->bootstrap, conf, extra, errbuf, sizeof(errbuf));
+        t->producer = kafka_producer_new(t->bootstrap, test_kafka_conf(conf), extra, errbuf, sizeof(errbuf));
         if (!t->producer) {
                 fprintf(stderr, "FAIL: producer: %s\n", errbuf);
                 exit(1);

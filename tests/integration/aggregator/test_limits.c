@@ -181,7 +181,7 @@ int main(void)
         /* The test's view of the control topic, joined before any crossing. */
         char err[512];
         const char *const pairs[] = { "fetch.wait.max.ms=50", NULL };
-        control = kafka_consumer_new(t.bootstrap, "limits-test-control", NULL, pairs, err, sizeof(err));
+        control = kafka_consumer_new(t.bootstrap, "limits-test-control", test_kafka_conf(NULL), pairs, err, sizeof(err));
         if (!control) {
                 fprintf(stderr, "FAIL: consumer: %s\n", err);
                 return 1;

@@ -244,7 +244,7 @@ struct consumer *consumer_new(const char *brokers)
         char group[64], err[512];
         snprintf(group, sizeof(group), "collector-test-%d-%d", (int)getpid(), counter++);
         struct consumer *c = calloc(1, sizeof(*c));
-        c->rk = kafka_consumer_new(brokers, group, NULL, NULL, err, sizeof(err));
+        c->rk = kafka_consumer_new(brokers, group, test_kafka_conf(NULL), NULL, err, sizeof(err));
         if (!c->rk) {
                 fprintf(stderr, "FAIL: consumer: %s\n", err);
                 exit(1);

@@ -93,7 +93,7 @@ static rd_kafka_t *producer(struct aggtest *t, const char *refresh_ms)
         const char *const extra[] = { refresh, "message.timeout.ms=120000", NULL };
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
-        rd_kafka_t *rk = kafka_producer_new(t->bootstrap, conf, extra, err, sizeof(err));
+        rd_kafka_t *rk = kafka_producer_new(t->bootstrap, test_kafka_conf(conf), extra, err, sizeof(err));
         if (!rk) {
                 fprintf(stderr, "FAIL: producer: %s\n", err);
                 exit(1);

@@ -369,7 +369,7 @@ int pipe_wait_removed(struct pipeline *p, const char *id, int timeout_ms)
 static int64_t topic_end(struct pipeline *p)
 {
         char err[512];
-        rd_kafka_t *k = kafka_producer_new(p->brokers, NULL, NULL, err, sizeof(err));
+        rd_kafka_t *k = kafka_producer_new(p->brokers, test_kafka_conf(NULL), NULL, err, sizeof(err));
         if (!k) {
                 CHECK(0, "producer: %s", err);
                 return -1;

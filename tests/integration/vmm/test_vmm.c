@@ -202,7 +202,7 @@ static void open_usage_consumer(void)
         static int opened;
         char err[512], group[96];
         snprintf(group, sizeof(group), "test-vmm-%d-%d", (int)getpid(), opened++);
-        usage_consumer = kafka_consumer_new(brokers, group, NULL, NULL, err, sizeof(err));
+        usage_consumer = kafka_consumer_new(brokers, group, test_kafka_conf(NULL), NULL, err, sizeof(err));
         CHECK(usage_consumer != NULL, "consumer: %s", err);
         rd_kafka_topic_partition_list_t *t = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(t, TOPIC_USAGE, RD_KAFKA_PARTITION_UA);
@@ -701,7 +701,7 @@ static void test_control(void)
         json_t *a = create("key-ctl", "1", "64", "120", NULL), *b = create("key-ctl", "1", "64", "120", NULL),
                *other = create("key-other", "1", "64", "120", NULL);
         char err[512];
-        rd_kafka_t *p = kafka_producer_new(brokers, NULL, NULL, err, sizeof(err));
+        rd_kafka_t *p = kafka_producer_new(brokers, test_kafka_conf(NULL), NULL, err, sizeof(err));
         CHECK(p != NULL, "producer: %s", err);
         /* Warm the producer (connection, producer id) with a command about no sandbox of
          * ours, so the clock below measures tally-vmm, not this test's start-up. */

@@ -276,7 +276,7 @@ static void open_usage_consumer(void)
 {
         char err[512], group[96];
         snprintf(group, sizeof(group), "test-vmmd-%d", (int)getpid());
-        usage_consumer = kafka_consumer_new(test_env("TALLY_TEST_BROKERS"), group, NULL, NULL, err, sizeof(err));
+        usage_consumer = kafka_consumer_new(test_env("TALLY_TEST_BROKERS"), group, test_kafka_conf(NULL), NULL, err, sizeof(err));
         CHECK(usage_consumer != NULL, "consumer: %s", err);
         rd_kafka_topic_partition_list_t *t = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(t, TOPIC_USAGE, RD_KAFKA_PARTITION_UA);
