@@ -809,7 +809,7 @@ static enum MHD_Result refuse_early(struct api_server *s, struct MHD_Connection 
 static enum MHD_Result header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
         (void)kind;
-        *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+        *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF, or "&" and "=" */
         return MHD_YES;
 }
 
@@ -825,9 +825,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                 clock_gettime(CLOCK_MONOTONIC, &st->start);
                 *con_cls = st;
                 struct api_error e = { 0 };
-                size_t hb = 0;
+                size_t hb = 0, ub = strlen(url);
                 MHD_get_connection_values(c, MHD_HEADER_KIND, header_bytes, &hb);
-                if (strlen(url) > URL_MAX) {
+                MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, header_bytes, &ub); /* the query, decoded */
+                if (ub > URL_MAX) {
                         api_fail(&e, 414, "uri_too_long", NULL, "the URL is longer than %d bytes", URL_MAX);
                         return refuse_early(s, c, st, method, url, &e, size);
                 }
