@@ -141,6 +141,8 @@ struct conn_state {
         size_t len;
         bool too_big;
         bool answered; /* the answer is queued; what still comes is dropped */
+        bool started;  /* handle() has seen the request's head */
+        size_t uri_len; /* the URI as sent, with its query */
         struct timespec start;
         enum phase phase;
         struct MHD_Connection *conn;
@@ -788,6 +790,27 @@ static bool to_worker(struct api_server *s, struct conn_state *st)
         return false;
 }
 
+static struct conn_state *conn_state_new(void)
+{
+        struct conn_state *st = calloc(1, sizeof(*st));
+        if (st)
+                clock_gettime(CLOCK_MONOTONIC, &st->start);
+        return st;
+}
+
+/* libmicrohttpd's first look at a request: the URI as sent, query and all
+ * (handle() sees the path without it). What it returns is the request's
+ * state from then on. */
+static void *uri_seen(void *cls, const char *uri, struct MHD_Connection *c)
+{
+        (void)cls;
+        (void)c;
+        struct conn_state *st = conn_state_new();
+        if (st)
+                st->uri_len = strlen(uri);
+        return st;
+}
+
 /* Answers now, before the body is read: the request is refused whole
  * (libmicrohttpd closes the connection after the answer). */
 static enum MHD_Result refuse_early(struct api_server *s, struct MHD_Connection *c, struct conn_state *st,
@@ -820,15 +843,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         struct conn_state *st = *con_cls;
         (void)version;
         if (!st) {
-                if (!(st = calloc(1, sizeof(*st))))
+                if (!(st = conn_state_new()))
                         return MHD_NO;
-                clock_gettime(CLOCK_MONOTONIC, &st->start);
+                st->uri_len = strlen(url);
                 *con_cls = st;
+        }
+        if (!st->started) {
+                st->started = true;
                 struct api_error e = { 0 };
-                size_t hb = 0, ub = strlen(url);
+                size_t hb = 0;
                 MHD_get_connection_values(c, MHD_HEADER_KIND, header_bytes, &hb);
-                MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, header_bytes, &ub); /* the query, decoded */
-                if (ub > URL_MAX) {
+                if (st->uri_len > URL_MAX) {
                         api_fail(&e, 414, "uri_too_long", NULL, "the URL is longer than %d bytes", URL_MAX);
                         return refuse_early(s, c, st, method, url, &e, size);
                 }
@@ -1011,6 +1036,7 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
                                   (unsigned)cfg->per_ip_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                                   (unsigned)cfg->connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                                   (size_t)CONNECTION_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                                  MHD_OPTION_URI_LOG_CALLBACK, uri_seen, s,
                                   MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
         if (!s->mhd) {
                 snprintf(err, errlen, "could not listen on %s port %lld", cfg->listen_address, (long long)cfg->port);
