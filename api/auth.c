@@ -295,19 +295,24 @@ static struct slot *slot_of(struct slot *table, const char *key, bool *ret_new)
 
 /* ---- sign-in attempts: counted in PostgreSQL (sql/012), never evicted ---- */
 
-/* The address an attempt is counted against: an IPv4 address, or an IPv6
- * client's /64 (one host may hold all of its /64). */
-static void signin_addr(const char *ip, char *out, size_t size)
+/* The rows an attempt is counted against: the email, lowercased, and the
+ * client's address — an IPv4 address, or an IPv6 client's /64 (one host
+ * may hold all of its /64). */
+static void signin_subjects(const char *email, const char *ip, char ret_email[300], char ret_addr[128])
 {
+        snprintf(ret_email, 300, "email:%s", email);
+        for (char *p = ret_email; *p; p++)
+                if (*p >= 'A' && *p <= 'Z')
+                        *p = (char)(*p - 'A' + 'a');
         struct in6_addr a6;
         if (strchr(ip, ':') && inet_pton(AF_INET6, ip, &a6) == 1) {
                 memset(a6.s6_addr + 8, 0, 8);
                 char text[INET6_ADDRSTRLEN];
                 inet_ntop(AF_INET6, &a6, text, sizeof(text));
-                snprintf(out, size, "addr:%s/64", text);
+                snprintf(ret_addr, 128, "addr:%s/64", text);
                 return;
         }
-        snprintf(out, size, "addr:%s", ip);
+        snprintf(ret_addr, 128, "addr:%s", ip);
 }
 
 /* Charges one attempt to the email and to the address, in one statement,
@@ -318,11 +323,7 @@ static int signin_charge(PGconn *db, const struct api_config *cfg, const char *e
                          int64_t *ret_retry_s)
 {
         char e[300], a[128], window[24];
-        snprintf(e, sizeof(e), "email:%s", email);
-        for (char *p = e; *p; p++)
-                if (*p >= 'A' && *p <= 'Z')
-                        *p = (char)(*p - 'A' + 'a');
-        signin_addr(ip, a, sizeof(a));
+        signin_subjects(email, ip, e, a);
         snprintf(window, sizeof(window), "%lld", (long long)cfg->signin_window_s);
         const char *p[] = { e, a, window };
         /* the email's row first, then the address's: every attempt locks in that order */
@@ -359,11 +360,7 @@ static int signin_charge(PGconn *db, const struct api_config *cfg, const char *e
 static void signin_settle(PGconn *db, const char *email, const char *ip)
 {
         char e[300], a[128];
-        snprintf(e, sizeof(e), "email:%s", email);
-        for (char *p = e; *p; p++)
-                if (*p >= 'A' && *p <= 'Z')
-                        *p = (char)(*p - 'A' + 'a');
-        signin_addr(ip, a, sizeof(a));
+        signin_subjects(email, ip, e, a);
         const char *p[] = { e, a };
         PQclear(db_query(db, "settle a sign-in", PGRES_COMMAND_OK,
                          "UPDATE signin_attempts SET attempts = CASE WHEN subject = $1 THEN 0 "

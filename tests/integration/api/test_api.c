@@ -98,8 +98,9 @@ struct resp http_full(const char *method, const char *path, const char *key, con
 {
         struct resp r = { 0 };
         CURL *c = curl_easy_init();
-        char url[1024], h[512];
-        snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, path);
+        char *url = NULL, h[512];
+        if (asprintf(&url, "http://127.0.0.1:%d%s", port, path) < 0)
+                url = NULL;
         struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
         if (key) {
                 snprintf(h, sizeof(h), "Authorization: Bearer %s", key);
@@ -139,6 +140,7 @@ struct resp http_full(const char *method, const char *path, const char *key, con
                 fprintf(stderr, "curl %s %s: %s\n", method, path, curl_easy_strerror(cr));
         curl_slist_free_all(hs);
         curl_easy_cleanup(c);
+        free(url);
         r.json = r.body ? json_loads(r.body, 0, NULL) : NULL;
         return r;
 }
