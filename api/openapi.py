@@ -95,7 +95,9 @@ paths = {
         "Sign in a person with email and password: sets the session cookie and returns the CSRF token.", [],
         dict({"201": resp("Signed in", ref("Session"))}, **errors("413")),
         body=ref("SignIn"), opid="createSession",
-        desc="Failures are rate limited per email and per IP (429 with Retry-After).")},
+        desc="Attempts are counted per email and per client address (an IPv6 client by its /64) before the "
+             "password is checked; past signin_max_failures in signin_window_s, 429 with Retry-After, even "
+             "with the right password.")},
     "/v1/sessions/current": {
         "get": op("The signed-in person.", PERSON, dict({"200": resp("Session", ref("Session"))}, **errors("403")),
                   opid="getSession"),
