@@ -54,7 +54,8 @@ struct route {
         const char *pattern; /* "{id}" matches one path segment */
         api_handler_fn fn;
         enum need need;
-        bool worker; /* waits on a tally-vmm: runs on a worker (workers.c), never on an HTTP thread */
+        bool worker; /* slow (waits on a tally-vmm, or hashes a password): runs on a worker (workers.c),
+                      * never on an HTTP thread */
 };
 
 static const struct route routes[] = {
@@ -63,7 +64,7 @@ static const struct route routes[] = {
         { "GET", "/healthz", h_healthz, NEED_NONE, false },
         { "GET", "/metrics", h_metrics, NEED_NONE, false },
         { "GET", "/v1/openapi.json", h_openapi, NEED_NONE, false },
-        { "POST", "/v1/sessions", h_session_create, NEED_NONE, false },
+        { "POST", "/v1/sessions", h_session_create, NEED_NONE, true }, /* the password hash is slow */
         { "GET", "/v1/sessions/current", h_session_get, NEED_PERSON, false },
         { "DELETE", "/v1/sessions/current", h_session_delete, NEED_PERSON, false },
         { "GET", "/v1/keys", h_keys_list, NEED_PERSON, false },
@@ -764,11 +765,17 @@ static bool to_worker(struct api_server *s, struct conn_state *st)
 {
         struct api_req *r = &st->r;
         req_db_release(r);
-        snprintf(st->job.account, sizeof(st->job.account), "%s", r->caller.account);
-        if (r->caller.key[0])
-                snprintf(st->job.who, sizeof(st->job.who), "%s", r->caller.key);
-        else
-                snprintf(st->job.who, sizeof(st->job.who), "person:%s", r->caller.person);
+        if (!r->caller.account[0]) {
+                /* a sign-in: every sign-in is one tenant, each address one of its callers */
+                snprintf(st->job.account, sizeof(st->job.account), "(sign-in)");
+                snprintf(st->job.who, sizeof(st->job.who), "%s", r->ip);
+        } else {
+                snprintf(st->job.account, sizeof(st->job.account), "%s", r->caller.account);
+                if (r->caller.key[0])
+                        snprintf(st->job.who, sizeof(st->job.who), "%s", r->caller.key);
+                else
+                        snprintf(st->job.who, sizeof(st->job.who), "person:%s", r->caller.person);
+        }
         st->job.run = run_job;
         st->phase = PHASE_QUEUED;
         /* suspended first: the worker may be done (and resume) before submit returns */
@@ -779,7 +786,7 @@ static bool to_worker(struct api_server *s, struct conn_state *st)
         struct api_error e = { 0 };
         if (rc == -EBUSY) {
                 api_fail(&e, 429, "too_many_requests", NULL,
-                         "this account has too many sandbox requests waiting; retry in 1 s");
+                         "too many requests of this account (or sign-ins) are waiting; retry in 1 s");
                 snprintf(st->out.headers[1], sizeof(st->out.headers[1]), "Retry-After: 1");
         } else {
                 api_fail(&e, 503, "unavailable", NULL, "tally-api cannot take the request now; retry");

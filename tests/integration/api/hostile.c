@@ -162,10 +162,14 @@ static void test_signin_evict(void)
                 pthread_join(f[i].t, NULL);
         fprintf(stderr, "16,000 sign-ins for made-up emails from 4 addresses in %lld ms\n",
                 (long long)(test_now_ms() - t0));
-        for (int i = 0; i < 4; i++)
-                CHECK(f[i].statuses[SIGNIN_MAX - 1] == 401 && f[i].statuses[SIGNIN_MAX] == 429,
-                      "address %d: attempt 5 answered %ld, attempt 6 %ld (want 401, 429)", i,
-                      f[i].statuses[SIGNIN_MAX - 1], f[i].statuses[SIGNIN_MAX]);
+        for (int i = 0; i < 4; i++) {
+                int checked = 0;
+                for (int k = 0; k < 600; k++)
+                        checked += f[i].statuses[k] == 401;
+                CHECK(checked <= SIGNIN_MAX && f[i].statuses[599] == 429,
+                      "address %d: %d of its first 600 attempts checked (limit %d), the 600th answered %ld", i,
+                      checked, SIGNIN_MAX, f[i].statuses[599]);
+        }
         source_ip = "127.0.0.40";
         sign_in(email_c, "correct horse battery", &st);
         source_ip = NULL;
@@ -345,8 +349,9 @@ static void test_csv_formulas(void)
         int records = 0;
         for (const char *p = r.body ? r.body : ""; (p = strstr(p, "\r\n")); p += 2)
                 records++;
-        CHECK(r.status == 200 && records == 3, "usage CSV: %ld, %d records (want a header and 2 rows): %s", r.status,
-              records, r.body ? r.body : "");
+        /* a header, and for each sandbox's label a row per meter (cpu, memory, storage) */
+        CHECK(r.status == 200 && records == 1 + 2 * 3, "usage CSV: %ld, %d records (want 7): %s", r.status, records,
+              r.body ? r.body : "");
         const char *b = r.body ? r.body : "";
         CHECK(strstr(b, "\"'=HYPERLINK(") && strstr(b, "\"'+cmd|"), "the formulas are not neutralised: %s", b);
         /* no cell (after a comma, a line start, or an opening quote) starts a formula */
