@@ -1,11 +1,13 @@
 /* auth.c — who is asking: API keys (SHA-256 of a 192-bit secret), people
  * (yescrypt passwords from libcrypt), sessions (cookie token and CSRF token,
- * both stored hashed, with an expiry), and the in-memory rate limits on
- * sign-in failures and on requests. Secrets come from OpenSSL's RAND_bytes
+ * both stored hashed, with an expiry), sign-in attempts (counted in
+ * PostgreSQL, charged before the hash) and the in-memory request rate
+ * limit. Secrets come from OpenSSL's RAND_bytes
  * only; none is stored or logged in clear. */
 #include "log.h"
 #include "server.h"
 
+#include <arpa/inet.h>
 #include <crypt.h>
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -251,18 +253,19 @@ int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *er
         return rc;
 }
 
-/* ---- rate limits: small in-memory tables, per process ---- */
+/* ---- request rate limits: a small in-memory table, per process (its
+ * entries are authenticated keys and people, which no stranger can make up) ---- */
 
 #define SLOTS 4096
 
 struct slot {
         char key[200];
-        int64_t a; /* sign-in: failures; requests: milli-tokens */
-        int64_t t; /* sign-in: window start (s); requests: last refill (us) */
+        int64_t a; /* milli-tokens */
+        int64_t t; /* last refill (us) */
 };
 
-static struct slot signin_slots[SLOTS], rate_slots[SLOTS];
-static pthread_mutex_t signin_lock = PTHREAD_MUTEX_INITIALIZER, rate_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct slot rate_slots[SLOTS];
+static pthread_mutex_t rate_lock = PTHREAD_MUTEX_INITIALIZER;
 
 
 /* The slot of key: its own, a free one, or (table full) the one it hashes to, reset. */
@@ -290,65 +293,80 @@ static struct slot *slot_of(struct slot *table, const char *key, bool *ret_new)
         return s;
 }
 
-static bool signin_key_limited(const struct api_config *cfg, const char *key, int64_t now, int64_t *retry)
+/* ---- sign-in attempts: counted in PostgreSQL (sql/012), never evicted ---- */
+
+/* The rows an attempt is counted against: the email, lowercased, and the
+ * client's address — an IPv4 address, or an IPv6 client's /64 (one host
+ * may hold all of its /64). */
+static void signin_subjects(const char *email, const char *ip, char ret_email[300], char ret_addr[128])
 {
-        bool fresh;
-        struct slot *s = slot_of(signin_slots, key, &fresh);
-        if (fresh || now - s->t >= cfg->signin_window_s) {
-                s->a = 0;
-                s->t = now;
-                return false;
+        snprintf(ret_email, 300, "email:%s", email);
+        for (char *p = ret_email; *p; p++)
+                if (*p >= 'A' && *p <= 'Z')
+                        *p = (char)(*p - 'A' + 'a');
+        struct in6_addr a6;
+        if (strchr(ip, ':') && inet_pton(AF_INET6, ip, &a6) == 1) {
+                memset(a6.s6_addr + 8, 0, 8);
+                char text[INET6_ADDRSTRLEN];
+                inet_ntop(AF_INET6, &a6, text, sizeof(text));
+                snprintf(ret_addr, 128, "addr:%s/64", text);
+                return;
         }
-        if (s->a < cfg->signin_max_failures)
-                return false;
-        int64_t left = s->t + cfg->signin_window_s - now;
-        if (left > *retry)
-                *retry = left;
-        return true;
+        snprintf(ret_addr, 128, "addr:%s", ip);
 }
 
-bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s)
+/* Charges one attempt to the email and to the address, in one statement,
+ * before the password is checked: the rows' locks order concurrent
+ * attempts, so at most signin_max_failures of a window ever reach the hash.
+ * Returns 0 (check the password), 1 (over the limit: *ret_retry_s), or -EIO. */
+static int signin_charge(PGconn *db, const struct api_config *cfg, const char *email, const char *ip,
+                         int64_t *ret_retry_s)
 {
-        char k1[200], k2[200];
-        snprintf(k1, sizeof(k1), "e:%s", email);
-        snprintf(k2, sizeof(k2), "i:%s", ip);
-        int64_t now = mono_us() / 1000000, retry = 0;
-        pthread_mutex_lock(&signin_lock);
-        bool a = signin_key_limited(cfg, k1, now, &retry);
-        bool b = signin_key_limited(cfg, k2, now, &retry);
-        pthread_mutex_unlock(&signin_lock);
-        *ret_retry_s = retry > 0 ? retry : 1;
-        return a || b;
-}
-
-void signin_failed(const struct api_config *cfg, const char *email, const char *ip)
-{
-        char keys[2][200];
-        snprintf(keys[0], sizeof(keys[0]), "e:%s", email);
-        snprintf(keys[1], sizeof(keys[1]), "i:%s", ip);
-        int64_t now = mono_us() / 1000000;
-        pthread_mutex_lock(&signin_lock);
-        for (int i = 0; i < 2; i++) {
-                bool fresh;
-                struct slot *s = slot_of(signin_slots, keys[i], &fresh);
-                if (fresh || now - s->t >= cfg->signin_window_s) {
-                        s->a = 0;
-                        s->t = now;
+        char e[300], a[128], window[24];
+        signin_subjects(email, ip, e, a);
+        snprintf(window, sizeof(window), "%lld", (long long)cfg->signin_window_s);
+        const char *p[] = { e, a, window };
+        /* the email's row first, then the address's: every attempt locks in that order */
+        PGresult *res = db_query(db, "charge a sign-in attempt", PGRES_TUPLES_OK,
+                                 "INSERT INTO signin_attempts AS s (subject, attempts, window_start) "
+                                 "VALUES ($1, 1, now()), ($2, 1, now()) "
+                                 "ON CONFLICT (subject) DO UPDATE SET "
+                                 "  attempts = CASE WHEN s.window_start <= now() - $3::bigint * interval '1 second' "
+                                 "                  THEN 1 ELSE s.attempts + 1 END, "
+                                 "  window_start = CASE WHEN s.window_start <= now() - $3::bigint * interval '1 second' "
+                                 "                      THEN now() ELSE s.window_start END "
+                                 "RETURNING attempts, ceil(extract(epoch FROM window_start + $3::bigint * interval "
+                                 "'1 second' - now()))::bigint",
+                                 3, p);
+        if (!res)
+                return -EIO;
+        int rc = 0;
+        int64_t retry = 1;
+        for (int i = 0; i < PQntuples(res); i++) {
+                if (strtoll(PQgetvalue(res, i, 0), NULL, 10) > cfg->signin_max_failures) {
+                        rc = 1;
+                        int64_t left = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+                        if (left > retry)
+                                retry = left;
                 }
-                s->a++;
         }
-        pthread_mutex_unlock(&signin_lock);
+        PQclear(res);
+        *ret_retry_s = retry;
+        return rc;
 }
 
-void signin_succeeded(const char *email)
+/* A right password: the email's count starts again, and the address gets
+ * this attempt back. */
+static void signin_settle(PGconn *db, const char *email, const char *ip)
 {
-        char k[200];
-        snprintf(k, sizeof(k), "e:%s", email);
-        pthread_mutex_lock(&signin_lock);
-        bool fresh;
-        struct slot *s = slot_of(signin_slots, k, &fresh);
-        s->a = 0;
-        pthread_mutex_unlock(&signin_lock);
+        char e[300], a[128];
+        signin_subjects(email, ip, e, a);
+        const char *p[] = { e, a };
+        PQclear(db_query(db, "settle a sign-in", PGRES_COMMAND_OK,
+                         "UPDATE signin_attempts SET attempts = CASE WHEN subject = $1 THEN 0 "
+                         "                                           ELSE greatest(attempts - 1, 0) END "
+                         "WHERE subject IN ($1, $2)",
+                         2, p));
 }
 
 bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s)
@@ -402,7 +420,10 @@ int h_session_create(struct api_req *r, struct api_reply *out, struct api_error 
                 return api_fail(err, 400, "invalid_field", "password", "password must be a string of at most 1024 bytes");
         const struct api_config *cfg = req_config(r);
         int64_t retry;
-        if (signin_limited(cfg, email, r->ip, &retry)) {
+        int limited = signin_charge(req_db(r), cfg, email, r->ip, &retry);
+        if (limited < 0)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not sign in");
+        if (limited) {
                 snprintf(out->headers[1], sizeof(out->headers[1]), "Retry-After: %lld", (long long)retry);
                 return api_fail(err, 429, "too_many_sign_ins", NULL,
                                 "too many failed sign-ins for this email or address; retry in %lld s",
@@ -430,11 +451,10 @@ int h_session_create(struct api_req *r, struct api_reply *out, struct api_error 
         bool ok = password_verify(password, stored_copy);
         free(stored_copy);
         if (!found || !ok) {
-                signin_failed(cfg, email, r->ip);
                 log_info("sign-in refused", "ip=%s", r->ip);
                 return api_fail(err, 401, "bad_credentials", NULL, "wrong email or password");
         }
-        signin_succeeded(email);
+        signin_settle(req_db(r), email, r->ip);
         char token[65], csrf[65], th[65], ch[65], ttl[32];
         if (secret_hex(token, 32) < 0 || secret_hex(csrf, 32) < 0)
                 return api_fail(err, 500, "internal", NULL, "could not make a session token");

@@ -173,6 +173,7 @@ int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_e
         json_object_set_new(d, "secret", secret[0] ? json_string(secret) : json_null());
         log_info("alert destination created", "destination=%s kind=%s account=%s person=%s", id, kind,
                  r->caller.account, r->caller.person);
+        out->secret_field = "secret"; /* shown once: an Idempotency-Key replay never shows it */
         return reply_json(out, 201, d);
 }
 

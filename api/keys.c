@@ -141,6 +141,7 @@ int h_keys_create(struct api_req *r, struct api_reply *out, struct api_error *er
                 return rc;
         log_info("key created", "key=%s account=%s person=%s", json_string_value(json_object_get(k, "id")),
                  r->caller.account, r->caller.person);
+        out->secret_field = "key"; /* shown once: an Idempotency-Key replay never shows it */
         return reply_json(out, 201, k);
 }
 

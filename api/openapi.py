@@ -22,13 +22,17 @@ def resp(desc, schema=None, ctype="application/json"):
 ERRORS = {
     "400": {"$ref": "#/components/responses/BadRequest"},
     "401": {"$ref": "#/components/responses/Unauthorized"},
+    "405": {"$ref": "#/components/responses/MethodNotAllowed"},
+    "414": {"$ref": "#/components/responses/UriTooLong"},
     "429": {"$ref": "#/components/responses/TooManyRequests"},
+    "431": {"$ref": "#/components/responses/HeadersTooLarge"},
     "500": {"$ref": "#/components/responses/Internal"},
+    "503": {"$ref": "#/components/responses/Unavailable"},
 }
 
 
 def errors(*codes):
-    out = {c: ERRORS[c] for c in ("400", "401", "429", "500")}
+    out = {c: ERRORS[c] for c in ("400", "401", "405", "414", "429", "431", "500", "503")}
     for c in codes:
         out[c] = {"$ref": "#/components/responses/" + {
             "402": "OverLimit", "403": "Forbidden", "404": "NotFound", "409": "Conflict",
@@ -42,8 +46,10 @@ def qparam(name, desc, schema, required=False):
 
 ID = {"name": "id", "in": "path", "required": True, "schema": ref("Id")}
 IDEM = {"name": "Idempotency-Key", "in": "header", "required": False,
-        "description": "Makes a write safe to retry: the first answer is stored and replayed for 24 hours; "
-                       "the same key with another body or route gets 422; a retry while the first runs waits or gets 409.",
+        "description": "Makes a write safe to retry: the first answer is stored and replayed for 24 hours, "
+                       "to the same API key (or person) on the same route only; the same key there with another path "
+                       "or body gets 422; a retry while the first runs waits or gets 409. An answer that showed a "
+                       "secret once is replayed without it (the field null, secret_shown_once true).",
         "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
 CURSOR = qparam("cursor", "The next_cursor of the previous page (opaque).", {"type": "string"})
 LIMIT = qparam("limit", "Rows per page (default 100).", {"type": "integer", "minimum": 1, "maximum": 1000})
@@ -89,7 +95,9 @@ paths = {
         "Sign in a person with email and password: sets the session cookie and returns the CSRF token.", [],
         dict({"201": resp("Signed in", ref("Session"))}, **errors("413")),
         body=ref("SignIn"), opid="createSession",
-        desc="Failures are rate limited per email and per IP (429 with Retry-After).")},
+        desc="Attempts are counted per email and per client address (an IPv6 client by its /64) before the "
+             "password is checked; past signin_max_failures in signin_window_s, 429 with Retry-After, even "
+             "with the right password.")},
     "/v1/sessions/current": {
         "get": op("The signed-in person.", PERSON, dict({"200": resp("Session", ref("Session"))}, **errors("403")),
                   opid="getSession"),
@@ -151,9 +159,12 @@ paths = {
         "delete": write("Stop and delete a sandbox.", ANY, {"200": resp("Stopped", ref("Sandbox"))}, [ID],
                         opid="deleteSandbox"),
     },
-    "/v1/sandboxes/{id}/exec": {"post": write("Run a command in a sandbox.", ANY,
-                                              {"200": resp("Its result", {"type": "object"})}, [ID],
-                                              {"type": "object"}, opid="execSandbox")},
+    "/v1/sandboxes/{id}/exec": {"post": write(
+        "Run a command in a sandbox (402 while the sandbox's key or the calling key is over its daily limit).", ANY,
+        {"200": resp("Its result", {"type": "object"})}, [ID], {"type": "object"}, opid="execSandbox",
+        extra=("402",),
+        desc="Runs on one of tally-api's workers: a key runs workers_per_key sandbox requests at once and its "
+             "account workers_per_account; more wait, and past queue_per_account waiting the answer is 429.")},
     "/v1/sandboxes/{id}/pause": {"post": write("Pause a sandbox.", ANY, {"200": resp("Paused", ref("Sandbox"))},
                                                [ID], None, opid="pauseSandbox")},
     "/v1/sandboxes/{id}/resume": {"post": write("Resume a sandbox (402 while its key is over its daily limit).",
@@ -164,9 +175,10 @@ paths = {
                                               "409 past its key's caps, 507 when the host has no room).", ANY,
                                               {"201": resp("The copy", ref("Sandbox"))}, [ID], None,
                                               opid="forkSandbox", extra=("402", "403", "507"))},
-    "/v1/sandboxes/{id}/timeout": {"post": write("Set a sandbox's timeout.", ANY,
-                                                 {"200": resp("Sandbox", ref("Sandbox"))}, [ID],
-                                                 {"type": "object"}, opid="setSandboxTimeout")},
+    "/v1/sandboxes/{id}/timeout": {"post": write(
+        "Set a sandbox's timeout (402 while the sandbox's key or the calling key is over its daily limit).", ANY,
+        {"200": resp("Sandbox", ref("Sandbox"))}, [ID], {"type": "object"}, opid="setSandboxTimeout",
+        extra=("402",))},
     "/v1/usage": {"get": op(
         "Usage and its cost per period, grouped, rated as docs/billing.md says.", ANY,
         dict({"200": {"description": "A page of rows (JSON), or every row (CSV: Accept: text/csv or csv=true)",
@@ -257,7 +269,11 @@ schemas = {
                             "type": "string", "maxLength": 253,
                             "description": "A DNS name; a leading \"*.\" matches every name below it."}}}}]},
     "KeyCreated": {"allOf": [ref("Key"), {"type": "object", "properties": {
-        "secret": {"type": "string", "description": "tk_..., shown once."}}}]},
+        "key": {"type": ["string", "null"],
+                "description": "The secret, tk_..., shown once: null in an Idempotency-Key replay."},
+        "secret_shown_once": {"type": "boolean",
+                              "description": "In an Idempotency-Key replay: the secret was shown once, "
+                                             "in the first answer, and is kept nowhere."}}}]},
     "KeyCreate": {"type": "object", "additionalProperties": False, "properties": {
         "name": {"type": "string"}, "daily_limit_nanodollars": nullable_int,
         "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]}}},
@@ -416,7 +432,9 @@ doc = {
     "openapi": "3.1.0",
     "info": {"title": "tally API", "version": "1",
              "description": "Usage, spend, limits, keys and sandboxes of tally. Errors are "
-                            "{\"error\": {\"code\", \"message\", \"field\"}}. Money is integer nano-dollars (1e-9 USD)."},
+                            "{\"error\": {\"code\", \"message\", \"field\"}}, whatever the status. A query "
+                            "parameter a route does not know, or one holding a NUL or invalid UTF-8, is a 400. "
+                            "Money is integer nano-dollars (1e-9 USD)."},
     "servers": [{"url": "/"}],
     "security": ANY,
     "paths": paths,
@@ -439,8 +457,13 @@ doc = {
                                    "message names what is short (memory, vCPUs, disk)."),
             "TooLarge": err_resp("The body is over the size limit."),
             "Unprocessable": err_resp("Idempotency-Key reused with another request, or too many rows."),
-            "TooManyRequests": err_resp("Over the request rate (Retry-After says when to retry)."),
+            "TooManyRequests": err_resp("Over the request rate, too many failed sign-ins, or the account has too "
+                                        "many sandbox requests waiting (Retry-After says when to retry)."),
+            "MethodNotAllowed": err_resp("The path exists, not with this method."),
+            "UriTooLong": err_resp("The URL is longer than 8 KiB."),
+            "HeadersTooLarge": err_resp("The headers are larger than 16 KiB."),
             "Internal": err_resp("Something failed on our side."),
+            "Unavailable": err_resp("PostgreSQL or a sandbox host cannot answer now, or tally-api is stopping."),
         },
     },
 }

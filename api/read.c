@@ -50,7 +50,8 @@ int read_time_parse(const char *s, int64_t *ret_us)
             (s[10] != 'T' && s[10] != 't') || digits(s + 11, 2, &h) || s[13] != ':' || digits(s + 14, 2, &mi) ||
             s[16] != ':' || digits(s + 17, 2, &se))
                 return -EINVAL;
-        if (mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] + (mo == 2 && leap(y)) || h > 23 || mi > 59 || se > 59)
+        /* before 1970 nothing was metered, and PostgreSQL has no year 0 */
+        if (y < 1970 || mo < 1 || mo > 12 || d < 1 || d > mdays[mo - 1] + (mo == 2 && leap(y)) || h > 23 || mi > 59 || se > 59)
                 return -EINVAL;
         const char *p = s + 19;
         int64_t frac_us = 0;

@@ -4,9 +4,12 @@
  * The vmm trusts whoever opens its socket, so tenancy is checked here: the
  * account and key of a create come from the caller, never the body, and a
  * sandbox of another account answers 404 exactly like one that does not
- * exist. Create, fork and resume are refused with 402 while the key is
- * blocked today (key_blocks); create and fork with 409 past the key's caps
- * (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
+ * exist. What spends — create, exec, fork, resume, and timeout (which may
+ * extend a lease) — is refused with 402 while the key that would pay is
+ * blocked today (key_blocks): the sandbox's key, and the caller's own key
+ * when an API key acts on a sibling's sandbox. Pause and delete always run:
+ * they stop spending. Create and fork are refused with 409 past the key's
+ * caps (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
  * says). vmm_sockets is a list: a create goes to the next host in turn, a
  * sandbox is found by asking the hosts in order. */
 #include "log.h"
@@ -508,8 +511,9 @@ int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *er
         return reply_json(out, 200, sb);
 }
 
-/* Finds the sandbox, then runs an action on its host. check: refused while its
- * key is blocked today; copies: a fork of that many copies, within its key's caps. */
+/* Finds the sandbox, then runs an action on its host. check: the action
+ * spends, refused while the sandbox's key or the calling key is blocked
+ * today; copies: a fork of that many copies, within its key's caps. */
 static int act(struct api_req *r, const char *method, const char *action, json_t *body, int ok, bool check,
                int copies, struct api_reply *out, struct api_error *err)
 {
@@ -519,7 +523,9 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
                 return rc;
         char key[EVENT_ID_MAX + 1];
         snprintf(key, sizeof(key), "%s", json_string_value(json_object_get(sb, "key")) ?: "");
-        if (check && (rc = check_block(r, key, err)) < 0) {
+        if (check && ((rc = check_block(r, key, err)) < 0 ||
+                      (r->caller.key[0] && strcmp(r->caller.key, key) != 0 &&
+                       (rc = check_block(r, r->caller.key, err)) < 0))) {
                 json_decref(sb);
                 return rc;
         }
@@ -582,7 +588,7 @@ int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *e
         json_t *cmd = json_object_get(r->json, "command");
         if (!cmd || (!json_is_string(cmd) && !json_is_array(cmd)))
                 return api_fail(err, 400, "invalid_field", "command", "command must be a string or an array of strings");
-        return act(r, "POST", "exec", r->json, 200, false, 0, out, err);
+        return act(r, "POST", "exec", r->json, 200, true, 0, out, err);
 }
 
 int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -606,5 +612,5 @@ int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error
         json_t *t = json_object_get(r->json, "timeout_s");
         if (!t || !json_is_integer(t) || json_integer_value(t) < 1 || json_integer_value(t) > 31536000)
                 return api_fail(err, 400, "invalid_field", "timeout_s", "timeout_s must be an integer from 1 to 31536000");
-        return act(r, "POST", "timeout", r->json, 200, false, 0, out, err);
+        return act(r, "POST", "timeout", r->json, 200, true, 0, out, err);
 }

@@ -54,46 +54,48 @@ struct route {
         const char *pattern; /* "{id}" matches one path segment */
         api_handler_fn fn;
         enum need need;
+        bool worker; /* slow (waits on a tally-vmm, or hashes a password): runs on a worker (workers.c),
+                      * never on an HTTP thread */
 };
 
 static const struct route routes[] = {
-        { "GET", "/", h_static_index, NEED_NONE },
-        { "GET", "/static/{id}", h_static_file, NEED_NONE },
-        { "GET", "/healthz", h_healthz, NEED_NONE },
-        { "GET", "/metrics", h_metrics, NEED_NONE },
-        { "GET", "/v1/openapi.json", h_openapi, NEED_NONE },
-        { "POST", "/v1/sessions", h_session_create, NEED_NONE },
-        { "GET", "/v1/sessions/current", h_session_get, NEED_PERSON },
-        { "DELETE", "/v1/sessions/current", h_session_delete, NEED_PERSON },
-        { "GET", "/v1/keys", h_keys_list, NEED_PERSON },
-        { "POST", "/v1/keys", h_keys_create, NEED_PERSON },
-        { "GET", "/v1/keys/{id}", h_key_get, NEED_PERSON },
-        { "DELETE", "/v1/keys/{id}", h_key_revoke, NEED_PERSON },
-        { "PUT", "/v1/keys/{id}/limit", h_key_limit_put, NEED_PERSON },
-        { "DELETE", "/v1/keys/{id}/limit", h_key_limit_delete, NEED_PERSON },
-        { "GET", "/v1/keys/{id}/caps", h_key_caps_get, NEED_PERSON },
-        { "PUT", "/v1/keys/{id}/caps", h_key_caps_put, NEED_PERSON },
-        { "PUT", "/v1/keys/{id}/internet", h_key_internet_put, NEED_PERSON },
-        { "GET", "/v1/sandboxes", h_sandboxes_list, NEED_ANY },
-        { "POST", "/v1/sandboxes", h_sandboxes_create, NEED_KEY },
-        { "GET", "/v1/sandboxes/{id}", h_sandbox_get, NEED_ANY },
-        { "DELETE", "/v1/sandboxes/{id}", h_sandbox_delete, NEED_ANY },
-        { "POST", "/v1/sandboxes/{id}/exec", h_sandbox_exec, NEED_ANY },
-        { "POST", "/v1/sandboxes/{id}/pause", h_sandbox_pause, NEED_ANY },
-        { "POST", "/v1/sandboxes/{id}/resume", h_sandbox_resume, NEED_ANY },
-        { "POST", "/v1/sandboxes/{id}/fork", h_sandbox_fork, NEED_ANY },
-        { "POST", "/v1/sandboxes/{id}/timeout", h_sandbox_timeout, NEED_ANY },
-        { "GET", "/v1/usage", h_usage, NEED_ANY },
-        { "GET", "/v1/spend", h_spend, NEED_ANY },
-        { "GET", "/v1/alerts", h_alerts, NEED_ANY },
-        { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON },
-        { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON },
-        { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON },
-        { "GET", "/v1/alert-destinations", h_destinations_list, NEED_PERSON },
-        { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON },
-        { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON },
-        { "POST", "/v1/alert-destinations/{id}/test", h_destination_test, NEED_PERSON },
-        { "POST", "/v1/alert-deliveries/{id}/resend", h_delivery_resend, NEED_PERSON },
+        { "GET", "/", h_static_index, NEED_NONE, false },
+        { "GET", "/static/{id}", h_static_file, NEED_NONE, false },
+        { "GET", "/healthz", h_healthz, NEED_NONE, false },
+        { "GET", "/metrics", h_metrics, NEED_NONE, false },
+        { "GET", "/v1/openapi.json", h_openapi, NEED_NONE, false },
+        { "POST", "/v1/sessions", h_session_create, NEED_NONE, true }, /* the password hash is slow */
+        { "GET", "/v1/sessions/current", h_session_get, NEED_PERSON, false },
+        { "DELETE", "/v1/sessions/current", h_session_delete, NEED_PERSON, false },
+        { "GET", "/v1/keys", h_keys_list, NEED_PERSON, false },
+        { "POST", "/v1/keys", h_keys_create, NEED_PERSON, false },
+        { "GET", "/v1/keys/{id}", h_key_get, NEED_PERSON, false },
+        { "DELETE", "/v1/keys/{id}", h_key_revoke, NEED_PERSON, false },
+        { "PUT", "/v1/keys/{id}/limit", h_key_limit_put, NEED_PERSON, false },
+        { "DELETE", "/v1/keys/{id}/limit", h_key_limit_delete, NEED_PERSON, false },
+        { "GET", "/v1/keys/{id}/caps", h_key_caps_get, NEED_PERSON, false },
+        { "PUT", "/v1/keys/{id}/caps", h_key_caps_put, NEED_PERSON, false },
+        { "PUT", "/v1/keys/{id}/internet", h_key_internet_put, NEED_PERSON, false },
+        { "GET", "/v1/sandboxes", h_sandboxes_list, NEED_ANY, true },
+        { "POST", "/v1/sandboxes", h_sandboxes_create, NEED_KEY, true },
+        { "GET", "/v1/sandboxes/{id}", h_sandbox_get, NEED_ANY, true },
+        { "DELETE", "/v1/sandboxes/{id}", h_sandbox_delete, NEED_ANY, true },
+        { "POST", "/v1/sandboxes/{id}/exec", h_sandbox_exec, NEED_ANY, true },
+        { "POST", "/v1/sandboxes/{id}/pause", h_sandbox_pause, NEED_ANY, true },
+        { "POST", "/v1/sandboxes/{id}/resume", h_sandbox_resume, NEED_ANY, true },
+        { "POST", "/v1/sandboxes/{id}/fork", h_sandbox_fork, NEED_ANY, true },
+        { "POST", "/v1/sandboxes/{id}/timeout", h_sandbox_timeout, NEED_ANY, true },
+        { "GET", "/v1/usage", h_usage, NEED_ANY, false },
+        { "GET", "/v1/spend", h_spend, NEED_ANY, false },
+        { "GET", "/v1/alerts", h_alerts, NEED_ANY, false },
+        { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON, false },
+        { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON, false },
+        { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON, false },
+        { "GET", "/v1/alert-destinations", h_destinations_list, NEED_PERSON, false },
+        { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON, false },
+        { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON, false },
+        { "POST", "/v1/alert-destinations/{id}/test", h_destination_test, NEED_PERSON, false },
+        { "POST", "/v1/alert-deliveries/{id}/resend", h_delivery_resend, NEED_PERSON, false },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 #define ROUTE_NONE NROUTES /* metrics slot for requests that matched no route */
@@ -113,6 +115,7 @@ struct api_server {
         const struct api_config *cfg;
         struct MHD_Daemon *mhd;
         struct db_pool *pool;
+        struct work_pool *workers;
         struct metrics *metrics;
         int port;
         pthread_t janitor;
@@ -121,13 +124,36 @@ struct api_server {
         pthread_cond_t wake;
 };
 
-/* Per connection: the body collected across handler calls. */
+/* The longest URL and the most header bytes a request may have; beyond,
+ * 414 and 431 (tally's JSON). A request head past libmicrohttpd's memory for
+ * a connection (CONNECTION_MEMORY, which holds it whole) is refused by
+ * libmicrohttpd itself before tally sees it. */
+#define URL_MAX 8192
+#define HEADERS_MAX 16384
+#define CONNECTION_MEMORY (64 * 1024)
+
+enum phase {
+        PHASE_READING, /* the request and its body are being read */
+        PHASE_QUEUED,  /* on a worker (waiting or running); the connection is suspended */
+        PHASE_DONE,    /* out holds the answer, to be sent */
+};
+
+/* Per connection: the body collected across handler calls, and the request
+ * while a worker runs it. */
 struct conn_state {
         char *body;
         size_t len;
         bool too_big;
-        bool answered; /* the 413 is queued; what still comes is dropped */
+        bool answered; /* the answer is queued; what still comes is dropped */
+        bool started;  /* handle() has seen the request's head */
+        size_t uri_len; /* the URI as sent, with its query */
         struct timespec start;
+        enum phase phase;
+        struct MHD_Connection *conn;
+        struct api_req r;
+        struct api_reply out;
+        size_t ri;
+        struct work_job job;
 };
 
 /* ---- small helpers handlers share ---- */
@@ -223,6 +249,7 @@ const char *req_param(void *ctx, const char *name)
                                 first = i;
                         count++;
                         total += strlen(r->param_values[i]) + 1;
+                        r->param_used[i] = true;
                 }
         if (count <= 1)
                 return first < 0 ? NULL : r->param_values[first];
@@ -244,16 +271,103 @@ const char *req_param(void *ctx, const char *name)
         return j;
 }
 
-static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+static bool is_write(const char *method)
+{
+        return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0;
+}
+
+/* Whether s[0..n) is UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF). */
+static bool utf8_valid(const unsigned char *s, size_t n)
+{
+        for (size_t i = 0; i < n;) {
+                unsigned char c = s[i];
+                size_t len;
+                uint32_t cp;
+                if (c < 0x80) {
+                        i++;
+                        continue;
+                } else if ((c & 0xe0) == 0xc0) {
+                        len = 2;
+                        cp = c & 0x1f;
+                } else if ((c & 0xf0) == 0xe0) {
+                        len = 3;
+                        cp = c & 0x0f;
+                } else if ((c & 0xf8) == 0xf0) {
+                        len = 4;
+                        cp = c & 0x07;
+                } else {
+                        return false;
+                }
+                if (i + len > n)
+                        return false;
+                for (size_t k = 1; k < len; k++) {
+                        if ((s[i + k] & 0xc0) != 0x80)
+                                return false;
+                        cp = cp << 6 | (s[i + k] & 0x3f);
+                }
+                static const uint32_t min[] = { 0, 0, 0x80, 0x800, 0x10000 };
+                if (cp < min[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                        return false;
+                i += len;
+        }
+        return true;
+}
+
+/* Collects the query's parameters as libmicrohttpd decoded them (with their
+ * lengths: a %00 decodes to a NUL that a C string would silently end at). */
+static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                     const char *value, size_t value_size)
 {
         struct api_req *r = cls;
         (void)kind;
+        if (!value)
+                value_size = 0;
+        bool ok = memchr(key, '\0', key_size) == NULL && (!value || memchr(value, '\0', value_size) == NULL) &&
+                  utf8_valid((const unsigned char *)key, key_size) &&
+                  (!value || utf8_valid((const unsigned char *)value, value_size));
+        if (!ok && !r->param_bad)
+                r->param_bad = key;
         if (r->nparams < API_MAX_PARAMS) {
                 r->param_names[r->nparams] = key;
                 r->param_values[r->nparams] = value ? value : "";
                 r->nparams++;
+        } else {
+                r->params_over = true;
         }
         return MHD_YES;
+}
+
+/* Refuses a query no route could mean: a NUL or invalid UTF-8 in a name or
+ * value, too many parameters, or any parameter on a write (no write takes
+ * one: like an unknown body field, it is refused rather than ignored). */
+static int query_check(struct api_req *r, const struct route *rt, struct api_error *err)
+{
+        if (r->param_bad)
+                return api_fail(err, 400, "invalid_field", "query",
+                                "query parameter \"%.64s\" holds a NUL byte or is not UTF-8", r->param_bad);
+        if (r->params_over)
+                return api_fail(err, 400, "invalid_field", "query", "more than %d query parameters", API_MAX_PARAMS);
+        if (is_write(rt->method) && r->nparams > 0)
+                return api_fail(err, 400, "unknown_parameter", r->param_names[0],
+                                "unknown query parameter \"%.64s\" (%s %s takes none)", r->param_names[0],
+                                rt->method, rt->pattern);
+        return 0;
+}
+
+/* After a read answered: a parameter its handler never looked at is one it
+ * does not know, refused as an unknown body field is. */
+static int query_unused(struct api_req *r, struct api_error *err)
+{
+        for (int i = 0; i < r->nparams; i++)
+                if (!r->param_used[i])
+                        return api_fail(err, 400, "unknown_parameter", r->param_names[i],
+                                        "unknown query parameter \"%.64s\"", r->param_names[i]);
+        return 0;
+}
+
+static const char *idem_header(struct api_req *r)
+{
+        return is_write(r->method) && r->caller.account[0] ? req_header(r, "Idempotency-Key") : NULL;
 }
 
 /* ---- the built-in routes ---- */
@@ -321,6 +435,13 @@ static int h_metrics(struct api_req *r, struct api_reply *out, struct api_error 
                    "# HELP tally_api_db_pool_waits_total Times a request waited for a free connection.\n"
                    "# TYPE tally_api_db_pool_waits_total counter\ntally_api_db_pool_waits_total %llu\n",
                 size, in_use, (unsigned long long)waits);
+        int running, queued;
+        work_pool_stats(r->srv->workers, &running, &queued);
+        fprintf(f, "# HELP tally_api_workers_running Requests running on a worker (waiting on a tally-vmm).\n"
+                   "# TYPE tally_api_workers_running gauge\ntally_api_workers_running %d\n"
+                   "# HELP tally_api_workers_queued Requests waiting for a worker.\n"
+                   "# TYPE tally_api_workers_queued gauge\ntally_api_workers_queued %d\n",
+                running, queued);
         alert_metrics_write(f);
         fclose(f);
         out->status = 200;
@@ -401,11 +522,6 @@ static bool match(const char *pattern, const char *path, char id[EVENT_ID_MAX + 
         return !*pattern && !*path;
 }
 
-static bool is_write(const char *method)
-{
-        return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0;
-}
-
 static void error_reply(struct api_reply *out, const struct api_error *e)
 {
         free(out->body);
@@ -415,8 +531,11 @@ static void error_reply(struct api_reply *out, const struct api_error *e)
                              e->message[0] ? e->message : "internal error", "field", e->field));
 }
 
-/* Runs one request into out; returns the route's index (ROUTE_NONE if none). */
-static size_t run(struct api_req *r, struct api_reply *out)
+/* The first half of a request, on the HTTP thread: the route, who is
+ * asking, CSRF, the rate limit, the query and the body. Returns true when out
+ * holds the answer already (an error); false when the route's handler is to
+ * run (run_back). *ret_ri: the route's index (ROUTE_NONE if none). */
+static bool run_front(struct api_req *r, struct api_reply *out, size_t *ret_ri)
 {
         struct api_error err = { 0 };
         const struct api_config *cfg = r->srv->cfg;
@@ -450,6 +569,7 @@ static size_t run(struct api_req *r, struct api_reply *out)
                         goto fail;
                 }
         }
+        *ret_ri = ri;
         if (ri == ROUTE_NONE) {
                 if (path_known)
                         api_fail(&err, 405, "method_not_allowed", NULL, "%s is not allowed on %s", r->method,
@@ -459,6 +579,7 @@ static size_t run(struct api_req *r, struct api_reply *out)
                 goto fail;
         }
         const struct route *rt = &routes[ri];
+        snprintf(r->route, sizeof(r->route), "%s %s", rt->method, rt->pattern);
         if (rt->need != NEED_NONE) {
                 if (!r->caller.account[0] && auth_resolve(r, csrf_hash, &err) < 0)
                         goto fail;
@@ -493,6 +614,8 @@ static size_t run(struct api_req *r, struct api_reply *out)
                         goto fail;
                 }
         }
+        if (query_check(r, rt, &err) < 0)
+                goto fail;
         if (!id_ok) {
                 api_fail(&err, 400, "invalid_field", "id", "the id in the path must be 1 to 64 of A-Z a-z 0-9 _ . : -");
                 goto fail;
@@ -510,25 +633,38 @@ static size_t run(struct api_req *r, struct api_reply *out)
                         goto fail;
                 }
         }
-        const char *idem = is_write(r->method) && r->caller.account[0] ? req_header(r, "Idempotency-Key") : NULL;
-        if (idem) {
-                int ir = idem_begin(r, idem, out, &err);
-                if (ir < 0)
-                        goto fail;
-                if (ir == IDEM_REPLAY)
-                        return ri;
-        }
-        int rc = rt->fn(r, out, &err);
-        if (rc < 0)
-                error_reply(out, &err);
-        if (idem)
-                idem_finish(r, idem, out);
-        return ri;
+        return false;
 fail:
         error_reply(out, &err);
         if (err.status == 429 && !out->headers[1][0])
                 snprintf(out->headers[1], sizeof(out->headers[1]), "Retry-After: 60");
-        return ri;
+        return true;
+}
+
+/* The second half: Idempotency-Key, the handler, and the check that a read
+ * used every query parameter it was sent. On a worker for the routes that
+ * wait on a tally-vmm and for every write with an Idempotency-Key (a retry
+ * waits there for the first), else on the HTTP thread. */
+static void run_back(struct api_req *r, size_t ri, struct api_reply *out)
+{
+        struct api_error err = { 0 };
+        const char *idem = idem_header(r);
+        if (idem) {
+                int ir = idem_begin(r, idem, out, &err);
+                if (ir < 0) {
+                        error_reply(out, &err);
+                        return;
+                }
+                if (ir == IDEM_REPLAY)
+                        return;
+        }
+        int rc = routes[ri].fn(r, out, &err);
+        if (rc < 0)
+                error_reply(out, &err);
+        else if (out->status < 400 && query_unused(r, &err) < 0)
+                error_reply(out, &err);
+        if (idem)
+                idem_finish(r, idem, out);
 }
 
 /* A pooled connection is found broken only when a statement fails on it (a
@@ -598,6 +734,118 @@ static void client_ip(struct MHD_Connection *c, char *out, size_t size)
                 inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)size);
 }
 
+/* A worker's half of a request (work_job.run): the back, once more on a
+ * fresh connection when a read found its connection broken; then the
+ * connection is resumed, and libmicrohttpd calls handle() again to send. */
+static void run_job(struct work_job *j, bool cancelled)
+{
+        struct conn_state *st = (struct conn_state *)((char *)j - offsetof(struct conn_state, job));
+        struct api_req *r = &st->r;
+        if (cancelled) {
+                struct api_error e = { 0 };
+                api_fail(&e, 503, "unavailable", NULL, "tally-api is stopping; retry");
+                error_reply(&st->out, &e);
+        } else {
+                run_back(r, st->ri, &st->out);
+                if (lost_connection(r, &st->out)) {
+                        log_warn("lost the database connection: running the request again on a new one",
+                                 "method=%s path=%s status=%d", r->method, r->path, st->out.status);
+                        db_pool_reset(r->srv->pool, r->db);
+                        free(st->out.body);
+                        st->out = (struct api_reply){ 0 };
+                        run_back(r, st->ri, &st->out);
+                }
+        }
+        req_db_release(r);
+        st->phase = PHASE_DONE;
+        MHD_resume_connection(st->conn);
+}
+
+/* Hands the request's back half to a worker; the connection is suspended
+ * until it is done. Returns false (out filled with 429) when the caller's
+ * queue is full. */
+static bool to_worker(struct api_server *s, struct conn_state *st)
+{
+        struct api_req *r = &st->r;
+        req_db_release(r);
+        if (!r->caller.account[0]) {
+                /* a sign-in: every sign-in is one tenant, each address one of its callers */
+                snprintf(st->job.account, sizeof(st->job.account), "(sign-in)");
+                snprintf(st->job.who, sizeof(st->job.who), "%s", r->ip);
+        } else {
+                snprintf(st->job.account, sizeof(st->job.account), "%s", r->caller.account);
+                if (r->caller.key[0])
+                        snprintf(st->job.who, sizeof(st->job.who), "%s", r->caller.key);
+                else
+                        snprintf(st->job.who, sizeof(st->job.who), "person:%s", r->caller.person);
+        }
+        st->job.run = run_job;
+        st->phase = PHASE_QUEUED;
+        /* suspended first: the worker may be done (and resume) before submit returns */
+        MHD_suspend_connection(st->conn);
+        int rc = work_pool_submit(s->workers, &st->job);
+        if (rc == 0)
+                return true;
+        struct api_error e = { 0 };
+        if (rc == -EBUSY) {
+                api_fail(&e, 429, "too_many_requests", NULL,
+                         "too many requests of this account (or sign-ins) are waiting; retry in 1 s");
+                snprintf(st->out.headers[1], sizeof(st->out.headers[1]), "Retry-After: 1");
+        } else {
+                api_fail(&e, 503, "unavailable", NULL, "tally-api cannot take the request now; retry");
+        }
+        error_reply(&st->out, &e);
+        st->phase = PHASE_DONE;
+        MHD_resume_connection(st->conn);
+        return false;
+}
+
+static struct conn_state *conn_state_new(void)
+{
+        struct conn_state *st = calloc(1, sizeof(*st));
+        if (st)
+                clock_gettime(CLOCK_MONOTONIC, &st->start);
+        return st;
+}
+
+/* libmicrohttpd's first look at a request: the URI as sent, query and all
+ * (handle() sees the path without it). What it returns is the request's
+ * state from then on. */
+static void *uri_seen(void *cls, const char *uri, struct MHD_Connection *c)
+{
+        (void)cls;
+        (void)c;
+        struct conn_state *st = conn_state_new();
+        if (st)
+                st->uri_len = strlen(uri);
+        return st;
+}
+
+/* Answers now, before the body is read: the request is refused whole
+ * (libmicrohttpd closes the connection after the answer). */
+static enum MHD_Result refuse_early(struct api_server *s, struct MHD_Connection *c, struct conn_state *st,
+                                    const char *method, const char *url, struct api_error *e, size_t *size)
+{
+        struct api_req r = { .srv = s, .method = method, .path = url, .conn = c };
+        struct api_reply out = { 0 };
+        client_ip(c, r.ip, sizeof(r.ip));
+        error_reply(&out, e);
+        st->answered = true;
+        *size = 0;
+        int status = out.status;
+        enum MHD_Result ret = send_reply(c, &out);
+        free(out.body);
+        account_request(s, ROUTE_NONE, &r, status, elapsed_us(&st->start));
+        return ret;
+}
+
+static enum MHD_Result header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+        (void)kind;
+        *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF, or "&" and "=" */
+        return MHD_YES;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *data, size_t *size, void **con_cls)
 {
@@ -605,36 +853,41 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         struct conn_state *st = *con_cls;
         (void)version;
         if (!st) {
-                if (!(st = calloc(1, sizeof(*st))))
+                if (!(st = conn_state_new()))
                         return MHD_NO;
-                clock_gettime(CLOCK_MONOTONIC, &st->start);
+                st->uri_len = strlen(url);
                 *con_cls = st;
+        }
+        if (!st->started) {
+                st->started = true;
+                struct api_error e = { 0 };
+                size_t hb = 0;
+                MHD_get_connection_values(c, MHD_HEADER_KIND, header_bytes, &hb);
+                if (st->uri_len > URL_MAX) {
+                        api_fail(&e, 414, "uri_too_long", NULL, "the URL is longer than %d bytes", URL_MAX);
+                        return refuse_early(s, c, st, method, url, &e, size);
+                }
+                if (hb > HEADERS_MAX) {
+                        api_fail(&e, 431, "headers_too_large", NULL, "the headers are larger than %d bytes",
+                                 HEADERS_MAX);
+                        return refuse_early(s, c, st, method, url, &e, size);
+                }
                 const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
                 if (!cl || strtoll(cl, NULL, 10) <= s->cfg->body_max_bytes)
                         return MHD_YES;
-                /* Declared too big: answered now, the body is never read
-                 * (libmicrohttpd closes the connection after the answer). */
-                st->too_big = true;
-        }
-        if (st->too_big && !st->answered) {
-                struct api_req r = { .srv = s, .method = method, .path = url, .conn = c };
-                struct api_reply out = { 0 };
-                struct api_error e = { 0 };
-                client_ip(c, r.ip, sizeof(r.ip));
+                /* Declared too big: answered now, the body is never read. */
                 api_fail(&e, 413, "body_too_large", "body", "the body is larger than %lld bytes",
                          (long long)s->cfg->body_max_bytes);
-                error_reply(&out, &e);
-                st->answered = true;
-                *size = 0;
-                enum MHD_Result ret = send_reply(c, &out);
-                free(out.body);
-                account_request(s, ROUTE_NONE, &r, 413, elapsed_us(&st->start));
-                return ret;
+                return refuse_early(s, c, st, method, url, &e, size);
         }
         if (st->answered) {
                 *size = 0;
                 return MHD_YES;
         }
+        if (st->phase == PHASE_QUEUED)
+                return MHD_YES; /* not called while suspended; nothing to do if it were */
+        if (st->phase == PHASE_DONE)
+                goto send;
         if (*size) {
                 if (!st->too_big && st->len + *size > (size_t)s->cfg->body_max_bytes) {
                         st->too_big = true;
@@ -654,32 +907,53 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                 *size = 0;
                 return MHD_YES;
         }
-        struct api_req r = { .srv = s, .method = method, .path = url, .conn = c };
-        struct api_reply out = { 0 };
-        client_ip(c, r.ip, sizeof(r.ip));
-        r.body = st->body ? st->body : "";
-        r.body_len = st->len;
-        MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_param, &r);
-        size_t ri = run(&r, &out);
-        if (lost_connection(&r, &out)) {
-                log_warn("lost the database connection: running the request again on a new one",
-                         "method=%s path=%s status=%d", method, url, out.status);
-                db_pool_reset(r.srv->pool, r.db);
-                free(out.body);
-                out = (struct api_reply){ 0 };
-                memset(&r.caller, 0, sizeof(r.caller));
-                json_decref(r.json);
-                r.json = NULL;
-                ri = run(&r, &out);
+        if (st->too_big) {
+                struct api_error e = { 0 };
+                api_fail(&e, 413, "body_too_large", "body", "the body is larger than %lld bytes",
+                         (long long)s->cfg->body_max_bytes);
+                return refuse_early(s, c, st, method, url, &e, size);
         }
-        req_db_release(&r);
-        json_decref(r.json);
-        for (int i = 0; i < API_MAX_PARAMS; i++)
-                free(r.joined[i]);
-        int status = out.status;
-        enum MHD_Result ret = send_reply(c, &out);
-        free(out.body);
-        account_request(s, ri, &r, status, elapsed_us(&st->start));
+        st->r = (struct api_req){ .srv = s, .method = method, .path = url, .conn = c };
+        st->conn = c;
+        struct api_req *r = &st->r;
+        client_ip(c, r->ip, sizeof(r->ip));
+        r->body = st->body ? st->body : "";
+        r->body_len = st->len;
+        MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, collect_param, r);
+        for (int attempt = 0;; attempt++) {
+                st->ri = ROUTE_NONE;
+                bool done = run_front(r, &st->out, &st->ri);
+                if (!done && (routes[st->ri].worker || idem_header(r))) {
+                        to_worker(s, st);
+                        return MHD_YES;
+                }
+                if (!done)
+                        run_back(r, st->ri, &st->out);
+                if (attempt > 0 || !lost_connection(r, &st->out))
+                        break;
+                log_warn("lost the database connection: running the request again on a new one",
+                         "method=%s path=%s status=%d", method, url, st->out.status);
+                db_pool_reset(s->pool, r->db);
+                free(st->out.body);
+                st->out = (struct api_reply){ 0 };
+                memset(&r->caller, 0, sizeof(r->caller));
+                json_decref(r->json);
+                r->json = NULL;
+        }
+send:
+        req_db_release(&st->r);
+        json_decref(st->r.json);
+        st->r.json = NULL;
+        for (int i = 0; i < API_MAX_PARAMS; i++) {
+                free(st->r.joined[i]);
+                st->r.joined[i] = NULL;
+        }
+        int status = st->out.status;
+        enum MHD_Result ret = send_reply(c, &st->out);
+        free(st->out.body);
+        st->out.body = NULL;
+        st->answered = true;
+        account_request(s, st->ri, &st->r, status, elapsed_us(&st->start));
         return ret;
 }
 
@@ -690,13 +964,15 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         (void)toe;
         struct conn_state *st = *con_cls;
         if (st) {
+                free(st->out.body);
                 free(st->body);
                 free(st);
         }
         *con_cls = NULL;
 }
 
-/* Once a minute: expired sessions and idempotency answers older than 24 hours go. */
+/* Once a minute: expired sessions, idempotency answers older than 24 hours
+ * and sign-in windows that ended go. */
 static void *janitor(void *arg)
 {
         struct api_server *s = arg;
@@ -714,6 +990,13 @@ static void *janitor(void *arg)
                                  "DELETE FROM sessions WHERE expires_at < now()", 0, NULL));
                 PQclear(db_query(db, "remove old idempotency keys", PGRES_COMMAND_OK,
                                  "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'", 0, NULL));
+                char window[24];
+                snprintf(window, sizeof(window), "%lld", (long long)s->cfg->signin_window_s);
+                const char *wp[] = { window };
+                PQclear(db_query(db, "remove ended sign-in windows", PGRES_COMMAND_OK,
+                                 "DELETE FROM signin_attempts "
+                                 "WHERE window_start < now() - $1::bigint * interval '1 second'",
+                                 1, wp));
                 alert_metrics_refresh(db);
                 db_pool_put(s->pool, db);
                 pthread_mutex_lock(&s->lock);
@@ -742,7 +1025,11 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)cfg->port) };
         struct sockaddr_in a4 = { .sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port) };
         const struct sockaddr *sa;
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+        struct work_limits lim = { cfg->workers, cfg->workers_per_key, cfg->workers_per_account, cfg->queue_per_account,
+                                   cfg->queue_max };
+        if ((r = work_pool_new(&lim, &s->workers, err, errlen)) < 0)
+                goto fail;
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
         if (inet_pton(AF_INET, cfg->listen_address, &a4.sin_addr) == 1) {
                 sa = (const struct sockaddr *)&a4;
         } else if (inet_pton(AF_INET6, cfg->listen_address, &a6.sin6_addr) == 1) {
@@ -758,7 +1045,8 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
                                   (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                   (unsigned)cfg->per_ip_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                                   (unsigned)cfg->connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                                  (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                                  (size_t)CONNECTION_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                                  MHD_OPTION_URI_LOG_CALLBACK, uri_seen, s,
                                   MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
         if (!s->mhd) {
                 snprintf(err, errlen, "could not listen on %s port %lld", cfg->listen_address, (long long)cfg->port);
@@ -805,7 +1093,11 @@ void api_server_stop(struct api_server *s)
                 pthread_mutex_unlock(&s->lock);
                 pthread_join(s->janitor, NULL);
         }
-        if (s->mhd)
+        /* Queued requests are answered 503; running ones get 5 s. libmicrohttpd
+         * cannot stop with a connection suspended: if one still runs on a
+         * tally-vmm, the daemon is left to the process's exit. */
+        bool idle = work_pool_free(s->workers, 5000);
+        if (s->mhd && idle)
                 MHD_stop_daemon(s->mhd);
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->wake);

@@ -30,6 +30,11 @@ struct api_config {
         int64_t signin_max_failures;
         int64_t signin_window_s;
         int64_t idempotency_wait_ms;
+        int64_t workers;
+        int64_t workers_per_key;
+        int64_t workers_per_account;
+        int64_t queue_per_account;
+        int64_t queue_max;
         char *log_level;
 };
 
@@ -49,6 +54,38 @@ void db_pool_put(struct db_pool *p, PGconn *c);
 void db_pool_free(struct db_pool *p);
 void db_pool_stats(struct db_pool *p, int *ret_size, int *ret_in_use, uint64_t *ret_waits);
 
+/* ---- workers.c: the threads that run requests waiting on a tally-vmm ---- */
+struct work_limits {
+        int64_t workers;           /* threads */
+        int64_t per_key;           /* jobs running at once for one key (or person) ... */
+        int64_t per_account;       /* ... and for one account (below workers) */
+        int64_t queue_per_account; /* jobs one account may have waiting */
+        int64_t queue_max;         /* jobs waiting in all */
+};
+
+/* A job: the caller's (account, who) — who is a key id or "person:ID" — and
+ * what to run. run is called exactly once, on a worker (cancelled false), or
+ * at stop for a job that never started (cancelled true). The job's memory
+ * is the submitter's and must live until run returns. */
+struct work_job {
+        struct work_job *next;
+        char account[EVENT_ID_MAX + 1];
+        char who[EVENT_ID_MAX + 8];
+        void (*run)(struct work_job *j, bool cancelled);
+};
+
+struct work_pool;
+/* Starts lim->workers threads. Returns 0 and *ret, or a negative errno with err filled. */
+int work_pool_new(const struct work_limits *lim, struct work_pool **ret, char *err, size_t errlen);
+/* Queues j. Returns 0, or -EBUSY when the account's queue or the whole queue
+ * is full (j is not taken), -ENOMEM. */
+int work_pool_submit(struct work_pool *p, struct work_job *j);
+void work_pool_stats(struct work_pool *p, int *ret_running, int *ret_queued);
+/* Cancels what waits, then waits up to wait_ms for what runs. Returns true
+ * when p was freed; false when a job still runs (p is left to the process's
+ * exit). Accepts NULL. */
+bool work_pool_free(struct work_pool *p, int64_t wait_ms);
+
 /* ---- the request as handlers see it ---- */
 #define API_MAX_PARAMS 32
 
@@ -58,6 +95,7 @@ struct api_req {
         struct api_server *srv;
         const char *method;
         const char *path;
+        char route[96];            /* "METHOD PATTERN" of the route matched, "" if none */
         char id[EVENT_ID_MAX + 1]; /* the {id} of the route, "" if none */
         const char *body;          /* NUL-terminated, "" when none */
         size_t body_len;
@@ -70,6 +108,9 @@ struct api_req {
         const char *param_names[API_MAX_PARAMS];
         const char *param_values[API_MAX_PARAMS];
         char *joined[API_MAX_PARAMS]; /* repeated parameters joined with commas */
+        bool param_used[API_MAX_PARAMS]; /* looked up by the handler (req_param) */
+        const char *param_bad;     /* the first parameter holding a NUL or invalid UTF-8, NULL if none */
+        bool params_over;          /* more than API_MAX_PARAMS were sent */
 };
 
 /* What a handler answers: status and a malloc'd body (the server frees it),
@@ -80,6 +121,9 @@ struct api_reply {
         size_t len;
         const char *content_type;
         char headers[2][512];
+        /* A top-level field of body holding a secret shown once ("key" of a
+         * new API key): never stored for an Idempotency-Key replay. */
+        const char *secret_field;
 };
 
 typedef int (*api_handler_fn)(struct api_req *r, struct api_reply *out, struct api_error *err);
@@ -136,11 +180,6 @@ bool password_verify(const char *password, const char *stored);
 int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err);
 /* Forgets a key's cached verification (call after revoking it). */
 void auth_cache_forget_key(const char *key);
-/* Whether the sign-in attempts of this email or address are over the limit;
- * *ret_retry_s how long until they are not. */
-bool signin_limited(const struct api_config *cfg, const char *email, const char *ip, int64_t *ret_retry_s);
-void signin_failed(const struct api_config *cfg, const char *email, const char *ip);
-void signin_succeeded(const char *email);
 /* Per-caller request budget (token bucket). Returns true when allowed; else *ret_retry_s. */
 bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s);
 
@@ -185,10 +224,11 @@ enum idem_result {
         IDEM_RUN,    /* no earlier request: run it, then idem_finish */
         IDEM_REPLAY, /* out holds the stored answer */
 };
-/* For a write with an Idempotency-Key: takes the (account, key) row as a lock
+/* For a write with an Idempotency-Key: takes the (account, caller, route, key) row as a lock
  * in its own committed transaction, or replays, or refuses (422 another
  * request, 409 still running after the wait). Returns IDEM_RUN, IDEM_REPLAY or
  * a negative errno with err filled. */
 int idem_begin(struct api_req *r, const char *key, struct api_reply *out, struct api_error *err);
-/* Stores the answer (a 5xx, 402 or 409 deletes the row instead, so a retry runs again). */
+/* Stores the answer, without its secret_field's value (a 5xx, 402, 409 or
+ * 429 deletes the row instead, so a retry runs again). */
 void idem_finish(struct api_req *r, const char *key, const struct api_reply *out);

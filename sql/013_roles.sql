@@ -99,6 +99,9 @@ GRANT SELECT ON accounts, people, api_keys, sandboxes, usage_hourly, usage_key_d
 GRANT INSERT, DELETE ON sessions TO tally_api;
 GRANT INSERT, DELETE ON idempotency_keys TO tally_api;
 GRANT UPDATE (status, body) ON idempotency_keys TO tally_api;
+-- sign-in attempts per email and per address (012), counted in the database
+GRANT SELECT, INSERT, DELETE ON signin_attempts TO tally_api;
+GRANT UPDATE (attempts, window_start) ON signin_attempts TO tally_api;
 GRANT INSERT (id, account_id, name, key_hash, prefix, daily_limit_nanodollars, limit_policy, created_by)
     ON api_keys TO tally_api;
 -- (a person's changes: revocation, the limit, the caps of 010, the internet permission of 011)

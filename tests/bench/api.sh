@@ -13,6 +13,12 @@
 #      and the CPU time each request cost tally-api and PostgreSQL (from
 #      /proc: utime + stime over the run / requests) — the figure that does not
 #      move with the other jobs on the machine, where requests/s and p99 do.
+#  - a noisy neighbour: another account's key keeps NOISY concurrent execs of
+#      `sleep 2` going (NOISY, default 16: four times a key's cap of 4 at once)
+#      through tally-api into a real tally-vmm (process backend), while
+#      wrk -c$QUIET_CONNECTIONS reads /v1/spend as the bench key; the same
+#      wrk alone just before, in the same run. The goal: the p99 under the
+#      neighbour within 2x the p99 alone.
 # The load average is printed at the start and the end.
 # Without a tally-api binary in the build, the HTTP figures are null and say so.
 set -euo pipefail
@@ -25,12 +31,31 @@ CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-2}
 STATIC=${STATIC:-/v1/openapi.json}
 CALLS=${CALLS:-200}
+NOISY=${NOISY:-16}
+QUIET_CONNECTIONS=${QUIET_CONNECTIONS:-4}
 ensure_packages wrk
 LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 WORK=$(mktemp -d /tmp/tally-bench-api.XXXXXX)
 API_PID=
+VMM_PID=
+NOISY_PIDS=()
+PARENT=tally-bench-api-$$
 cleanup() {
+  set +e
+  for p in "${NOISY_PIDS[@]}"; do kill "$p" 2>/dev/null; done
   [ -n "$API_PID" ] && kill "$API_PID" 2>/dev/null && wait "$API_PID" 2>/dev/null
+  [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
+  # What the neighbour's sandboxes left under our cgroup parent: thaw, kill, remove.
+  for h in freezer cpu cpuacct memory pids unified; do
+    for d in /sys/fs/cgroup/$h/$PARENT/*/ /sys/fs/cgroup/$PARENT/*/; do
+      [ -d "$d" ] || continue
+      [ -f "$d/freezer.state" ] && echo THAWED > "$d/freezer.state"
+      for p in $(cat "$d/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+      rmdir "$d" 2>/dev/null
+    done
+    rmdir /sys/fs/cgroup/$h/$PARENT 2>/dev/null
+  done
+  rmdir /sys/fs/cgroup/$PARENT 2>/dev/null
   stop_test_services "$WORK"
 }
 trap cleanup EXIT
@@ -40,10 +65,12 @@ DB="${TALLY_TEST_PG_URL%/*}/tally"
 psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$DB" "$@"; }
 
 SECRET=tk_bench0123456789abcdef0123456789abcdef0123456789
+NOISY_SECRET=tk_noisy0123456789abcdef0123456789abcdef0123456789
 say "generating a month of hourly usage for 1,000 sandboxes"
 # The 720 hours ending with the current one; the key also spent today and burns now.
 psql <<SQL
-INSERT INTO accounts (id, name) VALUES ('bench-acct', 'bench');
+INSERT INTO accounts (id, name) VALUES ('bench-acct', 'bench'), ('noisy-acct', 'noisy neighbour');
+INSERT INTO api_keys (id, account_id, key_hash) VALUES ('noisy-key', 'noisy-acct', sha256('$NOISY_SECRET'::bytea));
 INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars)
      VALUES ('bench-key', 'bench-acct', sha256('$SECRET'::bytea), 100000000000);
 INSERT INTO sandboxes (id, account_id, key_id, vcpus, mem_size_bytes, labels, state)
@@ -103,8 +130,15 @@ wrk_run() { # PATH -> "RPS P99_MS NON2XX API_CPU_US PG_CPU_US"
 HTTP=false
 if [ -x "$API" ]; then
   HTTP=true
+  SOCK=$WORK/vmm.sock
+  "$BUILD/vmm/tally-vmm" --state-dir "$WORK/state" --socket "$SOCK" --kafka-brokers "$TALLY_TEST_BROKERS" \
+    --cgroup-parent "$PARENT" --host-id bench-api-host --backend process --final-wait-ms 200 \
+    --log-level warn 2>"$WORK/vmm.log" &
+  VMM_PID=$!
+  for _ in $(seq 1 200); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  [ -S "$SOCK" ] || die "tally-vmm did not start: $(tail -3 "$WORK/vmm.log")"
   "$API" --database-url="$(pg_role_url "$DB" tally_api)" --port=0 --rate-per-s=1000000 --rate-burst=1000000 --log-level=warn \
-    --cookie-secure=false 2>"$WORK/api.log" &
+    --cookie-secure=false --vmm-sockets="$SOCK" 2>"$WORK/api.log" &
   API_PID=$!
   # The port is logged at start (level info); ask the kernel instead, whatever the log level.
   PORT=
@@ -126,10 +160,44 @@ if [ -x "$API" ]; then
   for b in "$S_BAD" "$U_BAD" "$T_BAD"; do
     [ "$b" = 0 ] || die "wrk saw $b answers that were not 2xx (see $WORK/wrk.txt)"
   done
+
+  say "noisy neighbour: /v1/spend with wrk -c$QUIET_CONNECTIONS alone, then while another account keeps $NOISY execs going"
+  SBX=$(curl -s -X POST -H "Authorization: Bearer $NOISY_SECRET" -H 'Content-Type: application/json' \
+        -d '{"memory_mib":64,"timeout_s":3600}' "http://127.0.0.1:$PORT/v1/sandboxes" |
+        sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+  [ -n "$SBX" ] || die "the neighbour's sandbox was not created: $(tail -3 "$WORK/api.log")"
+  quiet() { # -> "P99_MS NON2XX"
+    local save_c=$CONNECTIONS save_t=$THREADS r
+    CONNECTIONS=$QUIET_CONNECTIONS THREADS=1
+    read -r _ r_p99 r_bad _ _ < <(wrk_run /v1/spend)
+    CONNECTIONS=$save_c THREADS=$save_t
+    echo "$r_p99 $r_bad"
+  }
+  read -r Q_ALONE Q_ALONE_BAD < <(quiet)
+  : >"$WORK/noisy.txt"
+  for i in $(seq "$NOISY"); do
+    ( while :; do
+        curl -s -o /dev/null -w '%{http_code}\n' -X POST -H "Authorization: Bearer $NOISY_SECRET" \
+          -H 'Content-Type: application/json' -d '{"command":"sleep 2","timeout_ms":30000}' \
+          "http://127.0.0.1:$PORT/v1/sandboxes/$SBX/exec" >>"$WORK/noisy.txt" || true
+      done ) &
+    NOISY_PIDS+=($!)
+  done
+  sleep 3 # the neighbour at its caps: 4 running, the rest waiting
+  running=$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "tally_api_workers_running" { print $2 }')
+  read -r Q_NOISY Q_NOISY_BAD < <(quiet)
+  for p in "${NOISY_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  NOISY_PIDS=()
+  NOISY_DONE=$(grep -c '^200$' "$WORK/noisy.txt" || true)
+  NOISY_429=$(grep -c '^429$' "$WORK/noisy.txt" || true)
+  say "  the neighbour: $running execs running at once (its cap), $NOISY_DONE ended with 200, $NOISY_429 refused with 429"
+  [ "$Q_ALONE_BAD" = 0 ] && [ "$Q_NOISY_BAD" = 0 ] || die "/v1/spend answered other than 2xx (see $WORK/wrk.txt)"
+  Q_RATIO=$(awk -v a="$Q_ALONE" -v b="$Q_NOISY" 'BEGIN { printf "%.2f", (a > 0 ? b / a : 0) }')
 else
   say "no $API in this build: the HTTP figures are not measured"
   S_RPS=null S_P99=null U_RPS=null U_P99=null T_RPS=null T_P99=null
   S_API=null S_PG=null U_API=null U_PG=null T_API=null T_PG=null
+  Q_ALONE=null Q_NOISY=null Q_RATIO=null NOISY_DONE=null
 fi
 
 printf '%-40s %12s   %s\n' "figure" "measured" "goal (issue 11)"
@@ -143,11 +211,14 @@ printf '%-40s %12s   %s\n' "GET /v1/usage requests/s (month by day)" "$U_RPS" "-
 printf '%-40s %12s   %s\n' "GET /v1/usage p99 (ms)" "$U_P99" "< 50"
 printf '%-40s %12s   %s\n' "GET $STATIC requests/s (ceiling)" "$T_RPS" "-"
 printf '%-40s %12s   %s\n' "GET $STATIC p99 (ms)" "$T_P99" "-"
+printf '%-40s %12s   %s\n' "noisy neighbour: spend p99 alone (ms)" "$Q_ALONE" "wrk -c$QUIET_CONNECTIONS"
+printf '%-40s %12s   %s\n' "noisy neighbour: spend p99 beside (ms)" "$Q_NOISY" "another account: $NOISY execs"
+printf '%-40s %12s   %s\n' "noisy neighbour: beside / alone" "$Q_RATIO" "<= 2"
 printf '%-40s %12s   %s\n' "GET /v1/spend CPU us/request" "$S_API + $S_PG" "tally-api + PostgreSQL"
 printf '%-40s %12s   %s\n' "GET /v1/usage CPU us/request" "$U_API + $U_PG" "tally-api + PostgreSQL"
 printf '%-40s %12s   %s\n' "GET $STATIC CPU us/request" "$T_API + $T_PG" "tally-api + PostgreSQL"
 printf '%-40s %12s   %s\n' "load average, start -> end" "$LOAD0 -> $(cut -d' ' -f1 /proc/loadavg)" "(2 CPUs)"
 $HTTP || printf '%-40s %12s   %s\n' "HTTP figures" "" "NOT MEASURED: no tally-api in this build"
-printf '{"usage_rows": %s, "spend_rps": %s, "spend_p99_ms": %s, "usage_rps": %s, "usage_p99_ms": %s, "static_rps": %s, "static_p99_ms": %s, "inprocess_usage_p99_ms": %s, "inprocess_spend_p99_ms": %s, "spend_api_cpu_us": %s, "spend_pg_cpu_us": %s, "usage_api_cpu_us": %s, "usage_pg_cpu_us": %s, "static_api_cpu_us": %s, "load_avg_start": %s, "load_avg_end": %s}\n' \
+printf '{"usage_rows": %s, "spend_rps": %s, "spend_p99_ms": %s, "usage_rps": %s, "usage_p99_ms": %s, "static_rps": %s, "static_p99_ms": %s, "inprocess_usage_p99_ms": %s, "inprocess_spend_p99_ms": %s, "spend_api_cpu_us": %s, "spend_pg_cpu_us": %s, "usage_api_cpu_us": %s, "usage_pg_cpu_us": %s, "static_api_cpu_us": %s, "noisy_spend_p99_alone_ms": %s, "noisy_spend_p99_beside_ms": %s, "noisy_ratio": %s, "noisy_execs_done": %s, "load_avg_start": %s, "load_avg_end": %s}\n' \
   "$ROWS" "$S_RPS" "$S_P99" "$U_RPS" "$U_P99" "$T_RPS" "$T_P99" "$(field "$IP_USAGE" p99_ms)" "$(field "$IP_SPEND" p99_ms)" \
-  "$S_API" "$S_PG" "$U_API" "$U_PG" "$T_API" "$LOAD0" "$(cut -d' ' -f1 /proc/loadavg)"
+  "$S_API" "$S_PG" "$U_API" "$U_PG" "$T_API" "$Q_ALONE" "$Q_NOISY" "$Q_RATIO" "$NOISY_DONE" "$LOAD0" "$(cut -d' ' -f1 /proc/loadavg)"

@@ -82,7 +82,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                 .vmm_sockets = "/nonexistent/tally-fuzz-vmm.sock", .threads = 2, .max_connections = 64,
                 .per_ip_connections = 64, .connection_timeout_s = 5, .body_max_bytes = 65536, .db_pool_size = 2,
                 .session_ttl_s = 3600, .cookie_secure = false, .rate_per_s = 1000000, .rate_burst = 1000000,
-                .signin_max_failures = 1000, .signin_window_s = 1, .idempotency_wait_ms = 50, .log_level = "error",
+                .signin_max_failures = 1000, .signin_window_s = 1, .idempotency_wait_ms = 50, .workers = 4,
+                .workers_per_key = 2, .workers_per_account = 3, .queue_per_account = 8, .queue_max = 32,
+                .log_level = "error",
         };
         char err[512] = "";
         if (api_server_start(&cfg, &srv, err, sizeof(err)) < 0)

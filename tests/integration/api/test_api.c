@@ -5,6 +5,7 @@
  * Ground truth is independent of tally-api: the database read directly
  * (key_blocks, audit_log, api_keys) and tally-vmm's own socket (which
  * sandboxes exist). Everything the test makes is removed at exit. */
+#include "apitest.h"
 #include "support.h"
 #include "vmmtest.h"
 
@@ -25,24 +26,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static char parent[64], acct_a[64], acct_b[64], email_a[128], email_b[128], email_c[128];
-static char *work, *state, *sock, *db_url, *pwfile;
+char parent[64], acct_a[64], acct_b[64], email_a[128], email_b[128], email_c[128];
+char *work, *state, *sock, *db_url, *pwfile;
 static pid_t vmm_pid = -1, api_pid = -1;
-static int port;
-static const char *source_ip; /* the client's address on loopback (127.0.0.0/8), NULL: default */
-static PGconn *db;
-
-/* keys: id and secret */
-struct key {
-        char id[64];
-        char secret[128];
-};
-static struct key key_a, key_a2, key_b, key_rate;
-
-struct session {
-        char token[128];
-        char csrf[128];
-};
+int port;
+__thread const char *source_ip;
+__thread long http_timeout_s = 60;
+PGconn *db;
+struct key key_a, key_a2, key_b, key_rate;
 
 /* ---- cleaning up ---- */
 
@@ -73,16 +64,7 @@ static void on_signal(int sig)
 
 /* ---- HTTP to tally-api ---- */
 
-struct resp {
-        long status;
-        char *body;
-        json_t *json;
-        char retry_after[32];
-        char cookie[256];
-        bool replayed;
-};
-
-static size_t on_body(char *p, size_t size, size_t n, void *ud)
+size_t on_body(char *p, size_t size, size_t n, void *ud)
 {
         struct resp *r = ud;
         size_t add = size * n, old = r->body ? strlen(r->body) : 0;
@@ -111,13 +93,14 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud)
 
 /* One request. key (a secret) or s (a session) authenticates; csrf says
  * whether the session's CSRF header goes along. */
-static struct resp http_full(const char *method, const char *path, const char *key, const struct session *s, bool csrf,
+struct resp http_full(const char *method, const char *path, const char *key, const struct session *s, bool csrf,
                              const char *body, const char *idem)
 {
         struct resp r = { 0 };
         CURL *c = curl_easy_init();
-        char url[1024], h[512];
-        snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, path);
+        char *url = NULL, h[512];
+        if (asprintf(&url, "http://127.0.0.1:%d%s", port, path) < 0)
+                url = NULL;
         struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
         if (key) {
                 snprintf(h, sizeof(h), "Authorization: Bearer %s", key);
@@ -142,49 +125,52 @@ static struct resp http_full(const char *method, const char *path, const char *k
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
         curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
         curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-        curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, http_timeout_s);
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
         if (source_ip)
                 curl_easy_setopt(c, CURLOPT_INTERFACE, source_ip);
         if (body)
                 curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        int64_t t0 = test_now_ms();
         CURLcode cr = curl_easy_perform(c);
+        r.ms = (long)(test_now_ms() - t0);
         if (cr == CURLE_OK)
                 curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
         else
                 fprintf(stderr, "curl %s %s: %s\n", method, path, curl_easy_strerror(cr));
         curl_slist_free_all(hs);
         curl_easy_cleanup(c);
+        free(url);
         r.json = r.body ? json_loads(r.body, 0, NULL) : NULL;
         return r;
 }
 
-static struct resp http(const char *method, const char *path, const char *key, const struct session *s,
+struct resp http(const char *method, const char *path, const char *key, const struct session *s,
                         const char *body)
 {
         return http_full(method, path, key, s, true, body, NULL);
 }
 
-static void resp_free(struct resp *r)
+void resp_free(struct resp *r)
 {
         free(r->body);
         json_decref(r->json);
         memset(r, 0, sizeof(*r));
 }
 
-static const char *err_code(struct resp *r)
+const char *err_code(struct resp *r)
 {
         return test_jstr(json_object_get(r->json, "error"), "code");
 }
 
-static const char *err_field(struct resp *r)
+const char *err_field(struct resp *r)
 {
         return test_jstr(json_object_get(r->json, "error"), "field");
 }
 
 /* ---- the database, read directly ---- */
 
-static long long sql_int(const char *sql, const char *p1)
+long long sql_int(const char *sql, const char *p1)
 {
         const char *params[] = { p1 };
         PGresult *res = PQexecParams(db, sql, p1 ? 1 : 0, NULL, params, NULL, NULL, 0);
@@ -197,7 +183,7 @@ static long long sql_int(const char *sql, const char *p1)
         return v;
 }
 
-static void sql_exec(const char *sql, const char *p1, const char *p2)
+void sql_exec(const char *sql, const char *p1, const char *p2)
 {
         const char *params[] = { p1, p2 };
         PGresult *res = PQexecParams(db, sql, p2 ? 2 : p1 ? 1 : 0, NULL, params, NULL, NULL, 0);
@@ -207,7 +193,7 @@ static void sql_exec(const char *sql, const char *p1, const char *p2)
 
 /* ---- set-up: database, tally-vmm, accounts with tally-admin, tally-api ---- */
 
-static int admin(char **out, ...)
+int admin(char **out, ...)
 {
         char *argv[32];
         int n = 0;
@@ -228,7 +214,7 @@ static int admin(char **out, ...)
         return rc;
 }
 
-static void make_key(const char *account, const char *name, struct key *k)
+void make_key(const char *account, const char *name, struct key *k)
 {
         char *out = NULL;
         int rc = admin(&out, "key", "create", "--account", account, "--name", name, NULL);
@@ -285,6 +271,11 @@ static void start_vmm(void)
         test_sleep_ms(200);
 }
 
+/* 2 s: the contract's long exec outlasts it. The hostile suite, whose
+ * floods keep every thread of a loaded machine busy for seconds, leaves
+ * its connections 30 s. */
+static const char *conn_timeout_s = "2";
+
 static void start_api(void)
 {
         char log[1024];
@@ -293,7 +284,7 @@ static void start_api(void)
                          "--vmm-sockets", sock, "--cookie-secure=false", "--threads", "8",
                          "--body-max-bytes", "65536", "--rate-per-s", "20", "--rate-burst", "400",
                          "--signin-max-failures", "5", "--signin-window-s", "600",
-                         "--connection-timeout-s", "2", NULL };
+                         "--connection-timeout-s", (char *)conn_timeout_s, NULL };
         api_pid = test_spawn(argv, NULL, log);
         int64_t until = test_now_ms() + 20000;
         while (test_now_ms() < until && !port) {
@@ -313,7 +304,7 @@ static void start_api(void)
         }
 }
 
-static struct session sign_in(const char *email, const char *password, long *ret_status)
+struct session sign_in(const char *email, const char *password, long *ret_status)
 {
         struct session s = { 0 };
         char body[512];
@@ -329,7 +320,7 @@ static struct session sign_in(const char *email, const char *password, long *ret
 }
 
 /* A sandbox of key k (its id into id). */
-static void create_sandbox(const struct key *k, char *id, size_t size)
+void create_sandbox(const struct key *k, char *id, size_t size)
 {
         struct resp r = http("POST", "/v1/sandboxes", k->secret, NULL,
                              "{\"vcpus\":1,\"memory_mib\":64,\"timeout_s\":600,\"labels\":{\"suite\":\"api\"}}");
@@ -499,8 +490,6 @@ static void test_keys_person_only(void)
                       made) == 2,
               "key creation and revocation are not audited");
 }
-
-static int vmm_count(const char *acct);
 
 /* Internet is the account's decision: a key without the permission (every new
  * key) is refused a create or fork asking for it; only a person grants it. */
@@ -839,7 +828,7 @@ static void *race(void *arg)
 }
 
 /* Count account A's sandboxes as tally-vmm itself lists them. */
-static int vmm_count(const char *acct)
+int vmm_count(const char *acct)
 {
         CURL *c = curl_easy_init();
         char url[256];
@@ -872,13 +861,14 @@ static void test_idempotency(void)
         CHECK(vmm_count(acct_a) == before + 1, "a retried create started %d sandboxes", vmm_count(acct_a) - before);
         resp_free(&a);
         resp_free(&b);
-        /* same key, another body or route: 422 */
+        /* same key and route, another body: 422 */
         a = http_full("POST", "/v1/sandboxes", key_a2.secret, NULL, false, "{\"memory_mib\":128}", "idem-1");
         CHECK(a.status == 422 && strcmp(err_code(&a), "idempotency_key_reused") == 0, "other body: %ld %s", a.status,
               a.body);
         resp_free(&a);
-        a = http_full("POST", "/v1/sandboxes/nope/pause", key_a2.secret, NULL, false, body, "idem-1");
-        CHECK(a.status == 422, "other route: %ld %s", a.status, a.body);
+        /* another route is another scope: the key means a request of its own there */
+        a = http_full("POST", "/v1/sandboxes/nope/pause", key_a2.secret, NULL, false, NULL, "idem-1");
+        CHECK(a.status == 404 && !a.replayed, "other route: %ld %s", a.status, a.body);
         resp_free(&a);
         /* keys are per account: B may use the same Idempotency-Key for its own request */
         a = http_full("POST", "/v1/sandboxes", key_b.secret, NULL, false, body, "idem-1");
@@ -1208,8 +1198,31 @@ static void test_revoked_elsewhere(void)
         resp_free(&r);
 }
 
-int main(void)
+/* tally-api stops cleanly on SIGTERM; its log's end when a case failed. */
+static int finish(void)
 {
+        kill(api_pid, SIGTERM);
+        int status = 0;
+        waitpid(api_pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "tally-api exited with %d on SIGTERM", status);
+        api_pid = -1;
+        if (test_failures) {
+                char log[1024];
+                snprintf(log, sizeof(log), "%s/api.log", work);
+                char *l = test_read_file(log);
+                size_t n = l ? strlen(l) : 0;
+                fprintf(stderr, "tally-api's log (end):\n%s\n", l ? l + (n > 6000 ? n - 6000 : 0) : "");
+                free(l);
+        }
+        return test_result();
+}
+
+/* No argument: the API's contract. "hostile": hostile.c's attacks, on a
+ * tally-api with small worker queues (set through its TALLY_ variables, so
+ * that a tally-api without them still starts and shows what it does). */
+int main(int argc, char **argv)
+{
+        bool hostile = argc > 1 && strcmp(argv[1], "hostile") == 0;
         int pid = (int)getpid();
         snprintf(parent, sizeof(parent), "tally-test-api-%d", pid);
         snprintf(acct_a, sizeof(acct_a), "acct-api-a-%d", pid);
@@ -1236,6 +1249,14 @@ int main(void)
         db = PQconnectdb(db_url);
         setup_accounts();
         start_vmm();
+        if (hostile) {
+                /* a key runs 4 sandbox requests at once (the default); its account may have 8 waiting */
+                setenv("TALLY_QUEUE_PER_ACCOUNT", "8", 1);
+                conn_timeout_s = "30";
+                start_api();
+                test_run_cases(hostile_cases, hostile_ncases);
+                return finish();
+        }
         start_api();
         const struct test_case cases[] = {
                 { "health", test_health },
@@ -1256,18 +1277,5 @@ int main(void)
                 { "sandbox_cost", test_sandbox_cost }, /* last: it changes account A's plan */
         };
         TEST_RUN_CASES(cases);
-        kill(api_pid, SIGTERM);
-        int status = 0;
-        waitpid(api_pid, &status, 0);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "tally-api exited with %d on SIGTERM", status);
-        api_pid = -1;
-        if (test_failures) {
-                char log[1024];
-                snprintf(log, sizeof(log), "%s/api.log", work);
-                char *l = test_read_file(log);
-                size_t n = l ? strlen(l) : 0;
-                fprintf(stderr, "tally-api's log (end):\n%s\n", l ? l + (n > 6000 ? n - 6000 : 0) : "");
-                free(l);
-        }
-        return test_result();
+        return finish();
 }

@@ -77,26 +77,11 @@ static void request_budget(void **state)
         assert_true(rate_allow(&cfg, "key_other", &retry)); /* per caller */
 }
 
-static void signin_failures(void **state)
-{
-        (void)state;
-        struct api_config cfg = { .signin_max_failures = 3, .signin_window_s = 600 };
-        int64_t retry;
-        for (int i = 0; i < 3; i++) {
-                assert_false(signin_limited(&cfg, "u@example.com", "10.0.0.1", &retry));
-                signin_failed(&cfg, "u@example.com", "10.0.0.1");
-        }
-        assert_true(signin_limited(&cfg, "u@example.com", "10.0.0.9", &retry)); /* the email */
-        assert_true(retry > 0 && retry <= 600);
-        assert_true(signin_limited(&cfg, "v@example.com", "10.0.0.1", &retry)); /* the address */
-        assert_false(signin_limited(&cfg, "v@example.com", "10.0.0.9", &retry));
-}
-
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(key_format), cmocka_unit_test(sha256_vector), cmocka_unit_test(passwords),
-                cmocka_unit_test(ids),        cmocka_unit_test(request_budget), cmocka_unit_test(signin_failures),
+                cmocka_unit_test(ids),        cmocka_unit_test(request_budget),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
