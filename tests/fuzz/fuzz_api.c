@@ -95,8 +95,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* Sends req on a fresh connection, reads the answer to the end (at most cap
- * bytes kept) into out; returns its length, or -1 if the connection failed. */
-static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
+ * bytes kept) into out; returns its length, or -1 if the connection failed.
+ * keep_open: the connection stays open both ways until the answer is in, as
+ * an ordinary client's does (a client that half-closes while its request
+ * waits for a worker may lose the answer: libmicrohttpd drops a suspended
+ * connection whose client has closed its side). */
+static ssize_t exchange(const void *req, size_t len, char *out, size_t cap, bool keep_open)
 {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
@@ -106,7 +110,7 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
                         close(fd);
                 return -1;
         }
-        return (ssize_t)test_http_exchange(fd, req, len, out, cap, 10);
+        return (ssize_t)test_http_exchange(fd, req, len, out, cap, 10, keep_open);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -114,16 +118,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!srv)
                 LLVMFuzzerInitialize(NULL, NULL);
         static char out[1 << 16];
-        ssize_t n = exchange(data, size, out, sizeof(out) - 1);
+        /* A whole request without a body is sent as a client waiting for its answer does;
+         * anything else half-closed, so that the server sees where the input ends. */
+        bool whole = test_http_answer_due((const char *)data, size);
+        ssize_t n = exchange(data, size, out, sizeof(out) - 1, whole);
         if (n < 0)
                 FAIL("could not connect to the server");
-        if (n == 0 && test_http_answer_due((const char *)data, size))
-                FAIL("a whole request without a body got no answer");
+        if (n == 0 && whole) {
+                const char *eol = memchr(data, '\r', size);
+                FAIL("a whole request without a body got no answer: %.*s", (int)(eol ? eol - (const char *)data : 0),
+                     (const char *)data);
+        }
         out[n] = '\0';
         if (n > 0 && strncmp(out, "HTTP/1.", 7) != 0)
                 FAIL("an answer that is not HTTP: %.80s", out);
         static const char health[] = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-        n = exchange(health, sizeof(health) - 1, out, sizeof(out) - 1);
+        n = exchange(health, sizeof(health) - 1, out, sizeof(out) - 1, true);
         if (n < 12 || strncmp(out + 9, "200", 3) != 0) {
                 out[n < 0 ? 0 : n] = '\0';
                 FAIL("the server stopped answering /healthz: %.200s", out);

@@ -142,6 +142,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                 .cgroup_parent = parent, .kafka_brokers = brokers, .kafka = NULL, .limits_database_url = "",
                 .blocked_key_query = "", .timeout_max_s = TIMEOUT_MAX_S, .final_wait_ms = 0,
                 .exec_timeout_default_ms = 2000, .exec_output_cap_default = 65536,
+                .capacity = { .memory_overcommit_pct = 100, .vcpu_overcommit_pct = 1600, .disk_overcommit_pct = 100 },
         };
         char err[1024] = "";
         if (vmm_open(&s, &vmm, err, sizeof(err)) < 0)
@@ -261,7 +262,7 @@ static ssize_t exchange(const void *req, size_t len, char *out, size_t cap)
                         close(fd);
                 return -1;
         }
-        return (ssize_t)test_http_exchange(fd, req, len, out, cap, ANSWER_WAIT_S);
+        return (ssize_t)test_http_exchange(fd, req, len, out, cap, ANSWER_WAIT_S, false);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -434,7 +434,7 @@ bool test_http_answer_due(const char *req, size_t len)
         return true;
 }
 
-size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s)
+size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s, bool keep_open)
 {
         struct timeval tv = { .tv_sec = timeout_s };
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -450,7 +450,8 @@ size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t
                 p += n;
                 len -= (size_t)n;
         }
-        shutdown(fd, SHUT_WR);
+        if (!keep_open)
+                shutdown(fd, SHUT_WR);
         size_t got = 0;
         while (got < cap) {
                 ssize_t n = recv(fd, out + got, cap - got, 0);

@@ -84,12 +84,13 @@ bool test_http_answer_due(const char *req, size_t len);
 
 /* One HTTP exchange on a connected socket fd, which it closes: sends all of
  * req (stopping early if the server closes: it may answer 400 or 413 before
- * reading everything), shuts the sending side, and reads until the server
- * closes or one whole answer is in (test_http_answer_complete), keeping at
+ * reading everything), shuts the sending side (unless keep_open: a client
+ * that waits for its answer with the connection open), and reads until the
+ * server closes or one whole answer is in (test_http_answer_complete), keeping at
  * most cap bytes in out. Sends and reads time out after timeout_s; a read
  * interrupted by a signal (libFuzzer's SIGALRM) is retried. Returns the
  * bytes read. */
-size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s);
+size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s, bool keep_open);
 
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
