@@ -1090,7 +1090,8 @@ static int text_add(struct text *t, const char *fmt, ...)
 
 static int stage_usage(struct agg *a, struct text *t, size_t *ret_rows)
 {
-        qsort(a->pieces, a->npieces, sizeof(*a->pieces), piece_cmp);
+        if (a->npieces)
+                qsort(a->pieces, a->npieces, sizeof(*a->pieces), piece_cmp);
         size_t rows = 0;
         t->len = 0;
         for (size_t i = 0; i < a->npieces;) {
@@ -2398,6 +2399,7 @@ out:
         free(a.dirty);
         free(a.events);
         free(a.dead);
+        free(a.waiting);
         free(a.stamps);
         free(a.throttle);
         free(a.lag_hist);

@@ -964,6 +964,12 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         (void)toe;
         struct conn_state *st = *con_cls;
         if (st) {
+                /* (a connection libmicrohttpd closed before the answer was sent — a
+                 * client that went away while its request was on a worker — still
+                 * holds its request's JSON and joined parameters) */
+                json_decref(st->r.json);
+                for (int i = 0; i < API_MAX_PARAMS; i++)
+                        free(st->r.joined[i]);
                 free(st->out.body);
                 free(st->body);
                 free(st);

@@ -91,7 +91,8 @@ int main(int argc, char **argv)
                         names[nn++] = strdup(e->d_name);
                 }
                 closedir(d);
-                qsort(names, nn, sizeof(*names), cmp);
+                if (nn)
+                        qsort(names, nn, sizeof(*names), cmp);
                 for (size_t k = 0; k < nn; k++) {
                         char path[4096];
                         snprintf(path, sizeof(path), "%s/%s", argv[i], names[k]);

@@ -2185,12 +2185,12 @@ static void attack_net_allow(void)
               out_c + out_g, in_c + in_g);
         /* the collector's source: the counters file in the sandbox's folder, which the
          * proxy rewrites at most every 200 ms while bytes flow (show reads its live counts) */
-        char *counts = NULL;
+        char *counts = NULL, *counts_path = fmt("%s/net", sb.dir);
         unsigned long long frx = 0, ftx = 0;
         until = test_now_ms() + 5000;
         do {
                 free(counts);
-                counts = test_read_file(fmt("%s/net", sb.dir));
+                counts = test_read_file(counts_path);
                 if (counts && sscanf(counts, "%llu %llu", &frx, &ftx) == 2 && (long)frx == rx && (long)ftx == tx)
                         break;
                 test_sleep_ms(50);
@@ -2198,6 +2198,7 @@ static void attack_net_allow(void)
         CHECK(counts && sscanf(counts, "%llu %llu", &frx, &ftx) == 2 && (long)frx == rx && (long)ftx == tx,
               "net-allow: the counters file says \"%s\", wanted %ld %ld", counts ? counts : "(none)", rx, tx);
         free(counts);
+        free(counts_path);
         free(out);
 
         /* A fork's copies keep the allow-list, and the proxy enforces it for them. */
