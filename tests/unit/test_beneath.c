@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "beneath.h"
+#include "unit.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -50,7 +51,7 @@ static uint64_t blocks_of(const char *path)
 static int setup(void **state)
 {
         (void)state;
-        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+        if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0) {
                 fprintf(stderr, "test-beneath needs root (a mount namespace of its own): %s\n", strerror(errno));
                 return -1;
         }
@@ -73,7 +74,7 @@ static int setup(void **state)
         mkdir(p, 0755);
         snprintf(p, sizeof(p), "%s/sub/mounted", tree);
         mkdir(p, 0755);
-        return mount(host, p, NULL, MS_BIND, NULL) < 0 ? -1 : 0;
+        return mount(host, p, "none", MS_BIND, NULL) < 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
@@ -140,6 +141,12 @@ static void open_refuses(void **state)
         (void)state;
         int d = open(tree, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         assert_true(d >= 0);
+        int probe = beneath_open(d, "own", O_RDONLY, 0);
+        if (probe == -ENOSYS) {
+                close(d);
+                UNIT_SKIP("openat2 is not known here (valgrind 3.19 does not emulate it)");
+        }
+        close(probe);
         assert_int_equal(beneath_open(d, "link", O_RDONLY, 0), -ELOOP);
         assert_true(beneath_open(d, "link", O_RDONLY | O_DIRECTORY, 0) < 0);
         assert_int_equal(beneath_open(d, "..", O_RDONLY, 0), -EINVAL);
@@ -187,5 +194,5 @@ int main(void)
                 cmocka_unit_test(give_not_through_link),
                 cmocka_unit_test(remove_stays_in_its_tree),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return unit_status(cmocka_run_group_tests(tests, setup, teardown));
 }
