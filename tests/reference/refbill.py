@@ -234,7 +234,9 @@ class Biller:
 
     def place(self, sid, key, wall, span, cpu, run, paused, mem, disk):
         """Each quantity by each UTC hour's share of [wall - span, wall]:
-        floor, the last hour takes the remainder."""
+        the usage up to the end of each hour's piece is floor(quantity x
+        time so far / span), and an hour gets the difference, so the pieces
+        sum to the quantity exactly."""
         if span == 0:
             pieces = [(wall - wall % HOUR, 1)]
             span = 1
@@ -246,13 +248,13 @@ class Biller:
                 b = min(wall, h + HOUR)
                 pieces.append((h, b - a))
                 a = b
-        left = [cpu, run, paused]
-        for i, (h, share) in enumerate(pieces):
-            if i == len(pieces) - 1:
-                q = left
-            else:
-                q = [cpu * share // span, run * share // span, paused * share // span]
-                left = [left[0] - q[0], left[1] - q[1], left[2] - q[2]]
+        done = 0
+        before = [0, 0, 0]
+        for h, share in pieces:
+            done += share
+            upto = [cpu * done // span, run * done // span, paused * done // span]
+            q = [upto[0] - before[0], upto[1] - before[1], upto[2] - before[2]]
+            before = upto
             row = self.usage.setdefault((sid, h), [0, 0, 0])
             row[0] += q[0]
             row[1] += mem * q[1]

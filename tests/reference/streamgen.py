@@ -185,7 +185,9 @@ def generate(seed, now_ns, nsandboxes=None, prefix=""):
     rng = random.Random(seed)
     if nsandboxes is None:
         nsandboxes = rng.randint(1, 200)
-    end = now_ns - 120 * NS
+    # whole hours before the clock's hour: a seed draws the same stream,
+    # to the hour's split, whenever it runs
+    end = now_ns - now_ns % HOUR - 120 * NS
     span = rng.choice([2 * HOUR, 6 * HOUR, 26 * HOUR])
     start = end - span
     naccounts = rng.randint(1, max(1, min(20, nsandboxes)))
