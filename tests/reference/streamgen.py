@@ -21,6 +21,7 @@ streams cross UTC hour and day boundaries.
 Integers only. Standard library only; it never imports tally's code.
 """
 import argparse
+import heapq
 import json
 import random
 import sys
@@ -58,6 +59,7 @@ class Life:
         self.busy = rng.choice([0, 1, rng.randint(1, 1000)])  # per mille of the vCPUs
         self.events = []        # (wall_ns, order, message dict)
         self.samples = []       # the samples sent, for duplicates
+        self.hostile = False
 
     def advance(self, dt):
         if self.state == "running":
@@ -105,6 +107,27 @@ class Life:
         self.emit(m)
         self.samples.append(m)
 
+    def forge(self):
+        """A message the docs make a dead letter, right after a real sample:
+        from another host, a seq generation or an epoch more than 65,536
+        above the last billed, more CPU than the vCPUs could run."""
+        rng = self.rng
+        last = self.samples[-1]
+        m = dict(last)
+        kind = rng.choice(["host", "seq_jump", "impossible", "epoch_jump"])
+        m["seq"] = last["seq"] + 1
+        if kind == "host":
+            m["host"] = "forged-" + self.host
+        elif kind == "seq_jump":
+            m["seq"] = ((self.gen + 65537 + rng.randint(0, 1 << 20)) << 32) | 1
+        elif kind == "impossible":
+            m["cpu_ns"] = last["cpu_ns"] + self.vcpus * (self.t - self.created_ns + 3 * HOUR)
+        else:
+            m = {"v": 1, "type": "restarted", "host": self.host, "sandbox": self.sid, "account": self.account,
+                 "key": self.key, "epoch": self.epoch + 65537 + rng.randint(0, 1000), "wall_ns": self.t,
+                 "reason": "restore"}
+        self.emit(m)
+
     def lifecycle(self, typ):
         self.emit({"v": 1, "type": typ, "host": self.host, "sandbox": self.sid, "account": self.account,
                    "wall_ns": self.t})
@@ -123,6 +146,7 @@ class Life:
             c["labels"] = {"team": "t" + str(rng.randint(0, 9))}
         self.emit(c)
         restarted = False
+        self.late_created = rng.random() < 0.1
         nsamples = rng.choice([0, 1, 2, rng.randint(3, 12), rng.randint(3, 40)])
         gaps = [rng.choice([rng.randint(NS // 1000, 2 * NS), rng.randint(NS, 120 * NS),
                             rng.randint(60 * NS, 2 * HOUR)]) for _ in range(nsamples + 1)]
@@ -153,6 +177,8 @@ class Life:
                 # the new cgroup runs a little before its first reading
                 self.advance(rng.randint(0, NS))
             self.sample()
+            if self.hostile and rng.random() < 0.1:
+                self.forge()
         if rng.random() < 0.75:
             dt = gaps[-1]
             if self.t + dt < self.end_ns:
@@ -181,7 +207,7 @@ class Life:
                     self.sample(state="stopped", final=True)
 
 
-def generate(seed, now_ns, nsandboxes=None, prefix=""):
+def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
     rng = random.Random(seed)
     if nsandboxes is None:
         nsandboxes = rng.randint(1, 200)
@@ -199,20 +225,28 @@ def generate(seed, now_ns, nsandboxes=None, prefix=""):
         a = rng.choice(accounts)
         life = Life(rng, f"{prefix}sb-{i}", a, rng.choice(keys[a]), rng.choice(hosts),
                     rng.randint(start, end - 10 * NS), end)
+        life.hostile = hostile
         life.draw()
+        ev = life.events
+        if life.late_created:
+            # the collector's producer was first: the `created` event reaches
+            # the topic after the sandbox's first readings (held, then billed)
+            k = 1
+            while k < len(ev) and k < 3 and ev[k][2]["type"] in ("sample", "stopped"):
+                k += 1
+            ev.insert(k - 1, ev.pop(0))
+        for k in range(len(ev) - 1):
+            # a `restarted` announcement after the sample it announces (held)
+            if ev[k][2]["type"] == "restarted" and ev[k + 1][2]["type"] == "sample" and rng.random() < 0.3:
+                ev[k], ev[k + 1] = ev[k + 1], ev[k]
         lives.append(life)
     # Per account, the sandboxes' messages interleaved by time (each
     # sandbox's own order kept), then duplicates and late samples.
     out = []
     for a in accounts:
-        merged = []
-        for life in lives:
-            if life.account == a:
-                for k, (w, o, m) in enumerate(life.events):
-                    merged.append((w, life.sid, k, m))
         # merge by time, keeping each sandbox's own order
-        merged.sort(key=lambda x: (x[0], x[1], x[2]))
-        msgs = [m for _, _, _, m in merged]
+        own = [[(w, m) for w, _, m in life.events] for life in lives if life.account == a]
+        msgs = [m for _, m in heapq.merge(*own, key=lambda x: x[0])]
         placed = []
         late = []
         for m in msgs:
@@ -244,11 +278,12 @@ def main():
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--now-ns", type=int, default=None, help="the clock the stream ends before (default: now)")
     ap.add_argument("--sandboxes", type=int, default=None, help="sandboxes (default: 1..200 from the seed)")
+    ap.add_argument("--honest", action="store_true", help="no forged messages (dead letters)")
     ap.add_argument("--prefix", default="", help="prefix of every id (to run several streams in one ledger)")
     a = ap.parse_args()
     now = a.now_ns if a.now_ns is not None else time.time_ns()
     w = sys.stdout
-    for acct, m in generate(a.seed, now, a.sandboxes, a.prefix):
+    for acct, m in generate(a.seed, now, a.sandboxes, a.prefix, not a.honest):
         w.write(acct + "\t" + json.dumps(m, separators=(",", ":")) + "\n")
 
 
