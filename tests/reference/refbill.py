@@ -11,6 +11,7 @@ Output, sorted, one line each:
   usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
   spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS
   dead COUNT
+  deadclass CLASS COUNT                                             (per reason class)
   deadletter LINE CLASS                                             (with --why)
 
 The rates are the default plan's (sql/001_core.sql, docs/billing.md "Rating
@@ -293,6 +294,11 @@ def report(b, why):
         num = c * BASE["memory"] * BASE["storage"] + m * BASE["cpu"] * BASE["storage"] + s * BASE["cpu"] * BASE["memory"]
         out.append(f"spend {key} {day} {c} {m} {s} {round_div(num, den)}")
     out.append(f"dead {len(b.dead)}")
+    classes = {}
+    for _, cls in b.dead:
+        classes[cls] = classes.get(cls, 0) + 1
+    for cls in sorted(classes):
+        out.append(f"deadclass {cls} {classes[cls]}")
     if why:
         for line, cls in sorted(b.dead):
             out.append(f"deadletter {line} {cls}")

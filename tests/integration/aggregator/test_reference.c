@@ -161,7 +161,7 @@ int main(void)
         fprintf(stderr, "caught up in %" PRId64 " ms\n", (time_wall_ns() - t0) / NS_PER_MS);
 
         for (size_t i = 0; i < nseeds; i++) {
-                char sql[2048];
+                char sql[4096];
                 snprintf(sql, sizeof(sql),
                          "SELECT coalesce(string_agg(sandbox_id || ' ' || extract(epoch FROM hour)::bigint || ' ' ||"
                          " cpu_ns || ' ' || mem_byte_ns || ' ' || storage_byte_ns, E'\\n'"
@@ -190,6 +190,28 @@ int main(void)
                       seeds[i]);
                 free(got);
                 free(want);
+                /* dead letters per reason class: the aggregator's reasons
+                 * (docs/billing.md) sorted into the model's classes */
+                snprintf(sql, sizeof(sql),
+                         "SELECT coalesce(string_agg(c || ' ' || n, E'\\n' ORDER BY c COLLATE \"C\"), '') FROM"
+                         " (SELECT c, count(*) AS n FROM (SELECT CASE"
+                         " WHEN reason LIKE '%% from host %%, but the sandbox was created on host%%' THEN 'host'"
+                         " WHEN reason LIKE 'seq generation %% is more than 65536 above%%' THEN 'seq_jump'"
+                         " WHEN reason LIKE '%%epoch %% is more than 65536 above%%' THEN 'epoch_jump'"
+                         " WHEN reason LIKE 'impossible first%%' THEN 'impossible_first'"
+                         " WHEN reason LIKE 'impossible%%' THEN 'impossible'"
+                         " WHEN reason LIKE 'stopped event behind%%' THEN 'stopped_behind'"
+                         " WHEN reason LIKE 'no created event%%' OR reason LIKE '%%never announced%%' THEN 'unproven'"
+                         " ELSE 'other:' || left(reason, 60) END AS c FROM dead_letters"
+                         " WHERE convert_from(raw, 'UTF8') LIKE '%%\"sandbox\":\"s%lu-%%') x GROUP BY c) y",
+                         seeds[i]);
+                got = aggtest_query(&t, sql);
+                want = model_lines(models[i], "deadclass");
+                d = compare("dead letters (reason class, count)", seeds[i], want, got ? got : "");
+                CHECK(d == 0, "seed %lu: dead letters differ from the model (TALLY_REFERENCE_SEED=%lu)", seeds[i],
+                      seeds[i]);
+                free(got);
+                free(want);
                 free(models[i]);
         }
         char *v = aggtest_query(&t, "SELECT count(*) FROM dead_letters");
@@ -200,6 +222,10 @@ int main(void)
                 v = aggtest_query(&t, "SELECT coalesce(string_agg(reason, '; '), '') FROM dead_letters");
                 fprintf(stderr, "dead letters' reasons: %s\n", v ? v : "?");
         }
+        free(v);
+        v = aggtest_query(&t, "SELECT coalesce(string_agg(n || ' x ' || r, E'\\n' ORDER BY r), '') FROM"
+                              " (SELECT left(reason, 60) AS r, count(*) AS n FROM dead_letters GROUP BY 1) x");
+        fprintf(stderr, "dead letters:\n%s\n", v ? v : "?");
         free(v);
         /* every reading held for its `created` or `restarted` was released */
         v = aggtest_query(&t, "SELECT count(*) FROM held_readings");
