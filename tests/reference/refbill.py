@@ -212,8 +212,15 @@ class Biller:
             elapsed = max(0, wall - st.wall) + SLACK
             if d_cpu > vcpus * elapsed or d_run + d_paused > elapsed:
                 raise Dead("impossible")
-            if not held or not st.held:
-                sys.exit("refbill: a reading without held counters: the interval rule is not modelled")
+            if held != st.held:
+                sys.exit("refbill: a change between readings with and without held counters is not modelled")
+            if not held:
+                # the interval rule: (last wall, wall] in the state it began in
+                interval = max(0, wall - st.wall)
+                if st.state == "running":
+                    d_run = interval
+                elif st.state == "paused":
+                    d_paused = interval
         # bill it: over the span of its held time ending at its wall time
         span = d_run + d_paused
         self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk)
@@ -231,6 +238,7 @@ class Biller:
         st.key, st.vcpus, st.mem, st.disk = key, vcpus, mem, disk
         if stopped_ev or m.get("state") == "stopped":
             st.stopped = True
+        st.state = "stopped" if st.stopped else m.get("state", "running")
         s.st = st
 
     def place(self, sid, key, wall, span, cpu, run, paused, mem, disk):

@@ -90,6 +90,8 @@ class Life:
              "epoch": self.epoch, "seq": self.next_seq(), "wall_ns": self.t, "state": state or self.state,
              "cpu_ns": self.cpu_epoch, "mem_size_bytes": self.mem, "vcpus": self.vcpus,
              "running_ns": self.running, "paused_ns": self.paused}
+        if self.old:
+            del m["running_ns"], m["paused_ns"]
         if rng.random() < 0.8:
             m["host"] = self.host
         if self.disk or rng.random() < 0.5:
@@ -147,6 +149,8 @@ class Life:
         self.emit(c)
         restarted = False
         self.late_created = rng.random() < 0.1
+        # an older collector and vmm: no held counters (the interval rule)
+        self.old = rng.random() < 0.1
         nsamples = rng.choice([0, 1, 2, rng.randint(3, 12), rng.randint(3, 40)])
         gaps = [rng.choice([rng.randint(NS // 1000, 2 * NS), rng.randint(NS, 120 * NS),
                             rng.randint(60 * NS, 2 * HOUR)]) for _ in range(nsamples + 1)]
@@ -186,6 +190,8 @@ class Life:
             self.state = "stopped"
             st = {"v": 1, "type": "stopped", "sandbox": self.sid, "account": self.account, "wall_ns": self.t,
                   "cpu_ns": self.cpu_epoch, "running_ns": self.running, "paused_ns": self.paused}
+            if self.old:
+                del st["running_ns"], st["paused_ns"]
             if rng.random() < 0.5:
                 st["host"] = self.host
             if restarted or rng.random() < 0.5:
