@@ -9,7 +9,7 @@ one account are read in order; accounts are independent.
 
 Output, sorted, one line each:
   usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
-  spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS
+  spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS   (rows with any spend)
   dead COUNT
   deadclass CLASS COUNT                                             (per reason class)
   deadletter LINE CLASS                                             (with --why)
@@ -298,6 +298,8 @@ def report(b, why):
         r[1] += mem * RATES["memory"]
         r[2] += sto * RATES["storage"]
     for (key, day), (c, m, s) in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
+        if not (c or m or s):
+            continue
         den = BASE["cpu"] * BASE["memory"] * BASE["storage"]
         num = c * BASE["memory"] * BASE["storage"] + m * BASE["cpu"] * BASE["storage"] + s * BASE["cpu"] * BASE["memory"]
         out.append(f"spend {key} {day} {c} {m} {s} {round_div(num, den)}")

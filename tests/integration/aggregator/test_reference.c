@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const unsigned long fixed_seeds[] = { 1, 2, 3, 4 };
+static const unsigned long fixed_seeds[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 
 /* Runs a shell command; returns its stdout (malloc'd) or NULL. */
 static char *run(const char *cmd)
@@ -116,7 +116,7 @@ int main(void)
         CHECK(dir != NULL, "TALLY_REFERENCE_DIR is not set");
         if (!dir)
                 return test_result();
-        unsigned long seeds[8];
+        unsigned long seeds[16];
         size_t nseeds = 0;
         const char *one = getenv("TALLY_REFERENCE_SEED");
         if (one && *one) {
@@ -134,7 +134,7 @@ int main(void)
         struct aggtest t;
         aggtest_start(&t, "agg_reference", 4);
         int64_t now = time_wall_ns();
-        char *models[8];
+        char *models[16];
         int64_t dead_want = 0;
         for (size_t i = 0; i < nseeds; i++) {
                 char cmd[8192], path[1024];
