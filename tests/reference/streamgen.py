@@ -112,16 +112,22 @@ class Life:
     def forge(self):
         """A message the docs make a dead letter, right after a real sample:
         from another host, a seq generation or an epoch more than 65,536
-        above the last billed, more CPU than the vCPUs could run."""
+        above the last billed, more CPU than the vCPUs could run, an epoch
+        its host never announced."""
         rng = self.rng
         last = self.samples[-1]
         m = dict(last)
-        kind = rng.choice(["host", "seq_jump", "impossible", "epoch_jump"])
+        kind = rng.choice(["host", "seq_jump", "impossible", "epoch_jump", "unannounced"])
         m["seq"] = last["seq"] + 1
         if kind == "host":
             m["host"] = "forged-" + self.host
         elif kind == "seq_jump":
             m["seq"] = ((self.gen + 65537 + rng.randint(0, 1 << 20)) << 32) | 1
+        elif kind == "unannounced":
+            # an epoch its host never announced: held, then dead-lettered
+            # after provenance_grace_ms
+            m["epoch"] = self.epoch + 1000 + rng.randint(0, 1000)
+            m["cpu_ns"] = 0
         elif kind == "impossible":
             m["cpu_ns"] = last["cpu_ns"] + self.vcpus * (self.t - self.created_ns + 3 * HOUR)
         else:

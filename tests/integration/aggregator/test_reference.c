@@ -156,9 +156,21 @@ int main(void)
         aggtest_flush(&t);
 
         int64_t t0 = time_wall_ns();
-        pid_t agg = aggtest_spawn(&t, NULL);
+        /* a reading under an epoch nobody announced is dead-lettered after
+         * the grace; the honest ones wait a few messages for their proof */
+        const char *extra[] = { "--provenance-grace-ms", "20000", NULL };
+        pid_t agg = aggtest_spawn(&t, extra);
         CHECK(aggtest_wait_caught_up(&t, 120) == 0, "not caught up");
         fprintf(stderr, "caught up in %" PRId64 " ms\n", (time_wall_ns() - t0) / NS_PER_MS);
+        for (int i = 0; i < 1200; i++) {
+                char *h = aggtest_query(&t, "SELECT count(*) FROM held_readings");
+                bool none = h && strcmp(h, "0") == 0;
+                free(h);
+                if (none)
+                        break;
+                time_sleep_ns(100 * NS_PER_MS);
+        }
+        fprintf(stderr, "nothing held after %" PRId64 " ms\n", (time_wall_ns() - t0) / NS_PER_MS);
 
         for (size_t i = 0; i < nseeds; i++) {
                 char sql[4096];
