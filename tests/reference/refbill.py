@@ -145,7 +145,7 @@ class Biller:
 
     def release(self, s):
         held, s.held = s.held, []
-        for line, m in held:
+        for line, m, _ in held:
             try:
                 self.reading(s, line, m)
             except Dead as e:
@@ -154,7 +154,7 @@ class Biller:
     def reading(self, s, line, m):
         c = s.created
         if c is None:
-            s.held.append((line, m))
+            s.held.append((line, m, "no_created"))
             return
         if "host" in m and m["host"] != c.get("host"):
             raise Dead("host")
@@ -162,7 +162,7 @@ class Biller:
         stopped_ev = m["type"] == "stopped"
         epoch = m.get("epoch", st.epoch if st else 0)
         if epoch > s.epoch_max:
-            s.held.append((line, m))
+            s.held.append((line, m, "unannounced"))
             return
         key = m.get("key", st.key if st else c["key"])
         vcpus = m.get("vcpus", st.vcpus if st else c["vcpus"])
@@ -272,8 +272,9 @@ class Biller:
 
     def end(self):
         for s in self.sandboxes.values():
-            for line, m in s.held:
-                self.dead.append((line, "unproven"))
+            # after the grace, with what it waited for last
+            for line, m, why in s.held:
+                self.dead.append((line, why))
             s.held = []
 
 
