@@ -89,6 +89,7 @@ struct waiting {
         size_t len;
         char reason[200];
         bool stored;            /* a row of held_readings: deleted at commit once done */
+        bool reason_moved;      /* held again, for another reason: the row's reason is rewritten */
         bool done;              /* billed or refused in this batch */
 };
 
@@ -657,6 +658,20 @@ static int hold(struct agg *a, const struct raw *m, const char *sandbox, const c
         return sb && sb->key[0] ? mark_dirty(a, sb) : 0;
 }
 
+/* A held reading replayed and still held: it waits now for what `why` says
+ * (a `created` event came, but not its epoch's announcement), and says so
+ * when its grace runs out. */
+static void rehold(struct agg *a, const struct raw *m, const char *why)
+{
+        for (size_t i = 0; i < a->nwaiting; i++) {
+                struct waiting *w = &a->waiting[i];
+                if (w->partition != m->partition || w->offset != m->offset || strcmp(w->reason, why) == 0)
+                        continue;
+                utf8_copy(w->reason, sizeof(w->reason), why);
+                w->reason_moved = true;
+        }
+}
+
 /* Takes a decoded reading: billed, dead-lettered or held (not again when
  * replaying a held one: *ret_held says it still waits). A billed `stopped`
  * event goes on to the batch's events (which then own it); otherwise ev is
@@ -669,6 +684,8 @@ static int take_reading(struct agg *a, const struct raw *m, struct usage_event *
         *ret_held = r == 0 && o == HELD;
         if (r == 0 && o == HELD && !replay)
                 r = hold(a, m, ev->sandbox, why);
+        else if (r == 0 && o == HELD)
+                rehold(a, m, why);
         if (r < 0 || o != TAKEN || ev->type != EVENT_STOPPED) {
                 event_clear(ev);
                 return r;
@@ -1206,13 +1223,17 @@ static int store_dead(struct agg *a, const struct dead_letter *d)
  * aggregator took it, or its grace ran out meanwhile): the batch is read again. */
 static int store_waiting(struct agg *a, const struct waiting *w)
 {
-        if (w->stored != w->done)
+        if (w->stored != w->done && !(w->stored && w->reason_moved))
                 return 0; /* an earlier batch's still waiting, or this batch's already taken */
         char p[16], o[32];
         snprintf(p, sizeof(p), "%d", w->partition);
         snprintf(o, sizeof(o), "%" PRId64, w->offset);
         PGresult *res;
-        if (w->stored) {
+        if (w->stored && !w->done) {
+                const char *params[] = { p, o, w->reason };
+                res = PQexecParams(a->db, "UPDATE held_readings SET reason = $3 WHERE partition = $1 AND \"offset\" = $2",
+                                   3, NULL, params, NULL, NULL, 0);
+        } else if (w->stored) {
                 const char *params[] = { p, o };
                 res = PQexecParams(a->db, "DELETE FROM held_readings WHERE partition = $1 AND \"offset\" = $2", 2,
                                    NULL, params, NULL, NULL, 0);

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""refbill.py: a reference biller, written from docs/events.md and
+docs/billing.md alone (never from tally's code), to check tally-aggregator's
+ledger against.
+
+Input (a file or stdin): `ACCOUNT<TAB>JSON` lines, the `usage` messages in the
+order the aggregator reads them (streamgen.py writes them). The messages of
+one account are read in order; accounts are independent.
+
+Output, sorted, one line each:
+  usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
+  spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS   (rows with any spend)
+  dead COUNT
+  deadclass CLASS COUNT                                             (per reason class)
+  deadletter LINE CLASS                                             (with --why)
+
+The rates are the default plan's (sql/001_core.sql, docs/billing.md "Rating
+and rounding"); an account not in `accounts` is rated with it. Integers only:
+Python ints, no floats anywhere.
+"""
+import argparse
+import datetime
+import json
+import re
+import sys
+
+NS = 1_000_000_000
+HOUR = 3600 * NS
+SLACK_FIRST = 60 * NS     # a first reading: the time since created + 60 s
+SLACK = HOUR              # later readings: the time since the last + 1 h
+JUMP = 65536              # seq generation or epoch jumps refused above this
+
+# The default plan: nano-dollars per unit, and each unit in base units.
+RATES = {"cpu": 25_000_000, "memory": 7_500_000, "storage": 80_000_000}
+BASE = {"cpu": 3600 * NS, "memory": (1 << 30) * 3600 * NS, "storage": NS * 30 * 86400 * NS}
+
+ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+TYPES = {"sample", "created", "paused", "resumed", "forked", "stopped", "restarted"}
+STATES = {"running", "paused", "stopped"}
+WALL_MIN = int(datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc).timestamp()) * NS
+WALL_MAX = int(datetime.datetime(2200, 1, 1, tzinfo=datetime.timezone.utc).timestamp()) * NS
+
+
+class Dead(Exception):
+    """A dead letter, with its reason class."""
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 63)
+
+
+def decode(raw):
+    """The decoder's checks (docs/events.md, the field table)."""
+    try:
+        m = json.loads(raw)
+    except ValueError:
+        raise Dead("decode")
+    if not isinstance(m, dict) or m.get("v") != 1 or m.get("type") not in TYPES:
+        raise Dead("decode")
+    t = m["type"]
+    for f in ("sandbox", "account"):
+        if not isinstance(m.get(f), str) or not ID.match(m[f]):
+            raise Dead("decode")
+    for f in ("host", "key", "parent"):
+        if f in m and (not isinstance(m[f], str) or not ID.match(m[f])):
+            raise Dead("decode")
+    ints = ("epoch", "seq", "wall_ns", "mono_ns", "cpu_ns", "mem_bytes", "mem_peak_bytes", "mem_size_bytes",
+            "disk_bytes", "vcpus", "running_ns", "paused_ns", "net_rx_bytes", "net_tx_bytes", "disk_size_bytes",
+            "fork_count")
+    for f in ints:
+        if f in m and not is_int(m[f]):
+            raise Dead("decode")
+    if "wall_ns" not in m or not WALL_MIN <= m["wall_ns"] < WALL_MAX:
+        raise Dead("decode")
+    need = {"sample": ("key", "epoch", "seq", "state", "cpu_ns", "mem_size_bytes", "vcpus"),
+            "created": ("key", "mem_size_bytes", "vcpus"),
+            "restarted": ("epoch", "reason"),
+            "stopped": ("cpu_ns",)}.get(t, ())
+    for f in need:
+        if f not in m:
+            raise Dead("decode")
+    if "vcpus" in m and not 1 <= m["vcpus"] <= 1024:
+        raise Dead("decode")
+    if t in ("sample", "restarted") and m["epoch"] < 1:
+        raise Dead("decode")
+    if t == "sample" and m["state"] not in STATES:
+        raise Dead("decode")
+    if ("running_ns" in m) != ("paused_ns" in m) or ("net_rx_bytes" in m) != ("net_tx_bytes" in m):
+        raise Dead("decode")
+    if t == "restarted" and not re.match(r"^[a-z_]{1,31}$", str(m["reason"])):
+        raise Dead("decode")
+    return m
+
+
+class Sandbox:
+    def __init__(self):
+        self.created = None     # the `created` event
+        self.epoch_max = 0      # highest epoch its host announced
+        self.st = None          # the fold state: the last reading billed
+        self.held = []          # readings waiting for their provenance
+
+
+class State:
+    pass
+
+
+class Biller:
+    def __init__(self):
+        self.sandboxes = {}
+        self.usage = {}         # (sandbox, hour start ns) -> [cpu, mem, storage]
+        self.keys = {}          # (sandbox, hour) -> key
+        self.dead = []          # (line, class)
+
+    def sb(self, sid):
+        return self.sandboxes.setdefault(sid, Sandbox())
+
+    def message(self, line, raw):
+        try:
+            m = decode(raw)
+            self.apply(line, m)
+        except Dead as e:
+            self.dead.append((line, str(e)))
+
+    def apply(self, line, m):
+        t = m["type"]
+        s = self.sb(m["sandbox"])
+        if t == "created":
+            if s.created is not None:
+                if m.get("host", "") != s.created.get("host", ""):
+                    raise Dead("host")
+                return
+            s.created = m
+            s.epoch_max = max(s.epoch_max, m.get("epoch", 1))
+            self.release(s)
+        elif t == "restarted":
+            if s.created is not None and m.get("host", "") != s.created.get("host", ""):
+                raise Dead("host")
+            known = max(s.epoch_max, s.st.epoch if s.st else 0)
+            if m["epoch"] > known + JUMP:
+                raise Dead("epoch_jump")
+            s.epoch_max = max(s.epoch_max, m["epoch"])
+            self.release(s)
+        elif t in ("sample", "stopped"):
+            self.reading(s, line, m)
+
+    def release(self, s):
+        held, s.held = s.held, []
+        for line, m, _ in held:
+            try:
+                self.reading(s, line, m)
+            except Dead as e:
+                self.dead.append((line, str(e)))
+
+    def reading(self, s, line, m):
+        c = s.created
+        if c is None:
+            s.held.append((line, m, "no_created"))
+            return
+        if "host" in m and m["host"] != c.get("host"):
+            raise Dead("host")
+        st = s.st
+        stopped_ev = m["type"] == "stopped"
+        epoch = m.get("epoch", st.epoch if st else 0)
+        if epoch > s.epoch_max:
+            s.held.append((line, m, "unannounced"))
+            return
+        key = m.get("key", st.key if st else c["key"])
+        vcpus = m.get("vcpus", st.vcpus if st else c["vcpus"])
+        mem = m.get("mem_size_bytes", st.mem if st else c["mem_size_bytes"])
+        disk = m.get("disk_bytes", (st.disk if st else 0) if stopped_ev else 0)
+        wall = m["wall_ns"]
+        cpu = m["cpu_ns"]
+        held = "running_ns" in m
+        run, paused = m.get("running_ns", 0), m.get("paused_ns", 0)
+        seq = m.get("seq")
+
+        if st is None:
+            since = wall - c["wall_ns"] + SLACK_FIRST
+            if cpu > c["vcpus"] * since or (held and run + paused > since):
+                raise Dead("impossible_first")
+            d_cpu, d_run, d_paused = cpu, run, paused
+            st = State()
+            st.run = st.paused = 0
+            st.wall = wall
+            st.stopped = False
+            st.seq = seq if seq is not None else 0
+            st.epoch = epoch
+            st.held = held
+        else:
+            if not st.stopped and stopped_ev and (
+                    (epoch == st.epoch and cpu < st.cpu) or wall < st.wall - HOUR):
+                raise Dead("stopped_behind")
+            if epoch > st.epoch + JUMP:
+                raise Dead("epoch_jump")
+            if epoch < st.epoch:
+                return
+            if not stopped_ev and epoch == st.epoch:
+                if seq <= st.seq:
+                    return
+                if (seq >> 32) - (st.seq >> 32) > JUMP:
+                    raise Dead("seq_jump")
+            if st.stopped:
+                d_cpu = max(0, cpu - st.cpu)
+            elif epoch > st.epoch:
+                d_cpu = cpu
+            elif cpu >= st.cpu:
+                d_cpu = cpu - st.cpu
+            else:
+                d_cpu = cpu
+            d_run = max(0, run - st.run) if held else 0
+            d_paused = max(0, paused - st.paused) if held else 0
+            elapsed = max(0, wall - st.wall) + SLACK
+            if d_cpu > vcpus * elapsed or d_run + d_paused > elapsed:
+                raise Dead("impossible")
+            if held != st.held:
+                sys.exit("refbill: a change between readings with and without held counters is not modelled")
+            if not held:
+                # the interval rule: (last wall, wall] in the state it began in
+                interval = max(0, wall - st.wall)
+                if st.state == "running":
+                    d_run = interval
+                elif st.state == "paused":
+                    d_paused = interval
+        # bill it: over the span of its held time ending at its wall time
+        span = d_run + d_paused
+        self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk)
+        # move the state
+        if st.stopped:
+            st.cpu = max(st.cpu, cpu)
+        else:
+            st.cpu = cpu
+            if epoch > st.epoch or seq is not None:
+                st.seq = seq if seq is not None else st.seq
+            st.epoch = max(st.epoch, epoch)
+        st.run = max(st.run, run)
+        st.paused = max(st.paused, paused)
+        st.wall = max(st.wall, wall)
+        st.key, st.vcpus, st.mem, st.disk = key, vcpus, mem, disk
+        if stopped_ev or m.get("state") == "stopped":
+            st.stopped = True
+        st.state = "stopped" if st.stopped else m.get("state", "running")
+        s.st = st
+
+    def place(self, sid, key, wall, span, cpu, run, paused, mem, disk):
+        """Each quantity by each UTC hour's share of [wall - span, wall]:
+        the usage up to the end of each hour's piece is floor(quantity x
+        time so far / span), and an hour gets the difference, so the pieces
+        sum to the quantity exactly."""
+        if span == 0:
+            pieces = [(wall - wall % HOUR, 1)]
+            span = 1
+        else:
+            pieces = []
+            a = wall - span
+            while a < wall:
+                h = a - a % HOUR
+                b = min(wall, h + HOUR)
+                pieces.append((h, b - a))
+                a = b
+        done = 0
+        before = [0, 0, 0]
+        for h, share in pieces:
+            done += share
+            upto = [cpu * done // span, run * done // span, paused * done // span]
+            q = [upto[0] - before[0], upto[1] - before[1], upto[2] - before[2]]
+            before = upto
+            row = self.usage.setdefault((sid, h), [0, 0, 0])
+            row[0] += q[0]
+            row[1] += mem * q[1]
+            row[2] += (mem + disk) * q[2]
+            self.keys[(sid, h)] = key
+
+    def end(self):
+        for s in self.sandboxes.values():
+            # after the grace, with what it waited for last
+            for line, m, why in s.held:
+                self.dead.append((line, why))
+            s.held = []
+
+
+def round_div(a, b):
+    """a / b rounded once, half away from zero (integers)."""
+    q, r = divmod(abs(a), b)
+    if 2 * r >= b:
+        q += 1
+    return q if a >= 0 else -q
+
+
+def report(b, why):
+    out = []
+    for (sid, h), (cpu, mem, sto) in sorted(b.usage.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
+        if cpu or mem or sto:
+            out.append(f"usage {sid} {h // NS} {cpu} {mem} {sto}")
+    spend = {}
+    for (sid, h), (cpu, mem, sto) in b.usage.items():
+        day = datetime.datetime.fromtimestamp(h // NS, datetime.timezone.utc).strftime("%Y-%m-%d")
+        r = spend.setdefault((b.keys[(sid, h)], day), [0, 0, 0])
+        r[0] += cpu * RATES["cpu"]
+        r[1] += mem * RATES["memory"]
+        r[2] += sto * RATES["storage"]
+    for (key, day), (c, m, s) in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
+        if not (c or m or s):
+            continue
+        den = BASE["cpu"] * BASE["memory"] * BASE["storage"]
+        num = c * BASE["memory"] * BASE["storage"] + m * BASE["cpu"] * BASE["storage"] + s * BASE["cpu"] * BASE["memory"]
+        out.append(f"spend {key} {day} {c} {m} {s} {round_div(num, den)}")
+    out.append(f"dead {len(b.dead)}")
+    classes = {}
+    for _, cls in b.dead:
+        classes[cls] = classes.get(cls, 0) + 1
+    for cls in sorted(classes):
+        out.append(f"deadclass {cls} {classes[cls]}")
+    if why:
+        for line, cls in sorted(b.dead):
+            out.append(f"deadletter {line} {cls}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Bills a stream of usage messages as docs/billing.md says.")
+    ap.add_argument("stream", nargs="?", default="-", help="ACCOUNT<TAB>JSON lines (default: stdin)")
+    ap.add_argument("--why", action="store_true", help="list the dead letters with their reason class")
+    a = ap.parse_args()
+    f = sys.stdin if a.stream == "-" else open(a.stream, encoding="utf-8")
+    b = Biller()
+    for n, line in enumerate(f, 1):
+        line = line.rstrip("\n")
+        if not line:
+            continue
+        _, raw = line.split("\t", 1)
+        b.message(n, raw)
+    b.end()
+    sys.stdout.write("\n".join(report(b, a.why)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""streamgen.py: a seeded generator of `usage` message streams, from the spec.
+
+Writes one message per line as `ACCOUNT<TAB>JSON`: the partition key (the
+account, docs/events.md) and the message's bytes, in the order a producer
+sends them; the messages of one account keep their order through a partition.
+
+Every message is one docs/events.md allows an honest vmm and collector to
+send: a `created` event before a sandbox's first reading; samples with
+cumulative CPU and held counters (`running_ns`, `paused_ns`) consistent with
+the sandbox's vCPUs and the time since its `created` moment; `paused` and
+`resumed` at the moments themselves; epochs raised only after a `restarted`
+event announced them (the CPU counter restarts from zero, the held counters
+do not); a seq that rolls into the next generation; the vmm's `stopped`
+event with or without its optional fields, and the collector's final sample,
+in either order; duplicates and late samples (harmless: cumulative
+counters); optional fields present or absent. Clocks are within the
+aggregator's bounds: every wall_ns is in the recent past of --now-ns, and
+streams cross UTC hour and day boundaries.
+
+Integers only. Standard library only; it never imports tally's code.
+"""
+import argparse
+import heapq
+import json
+import random
+import sys
+import time
+
+NS = 1_000_000_000
+HOUR = 3600 * NS
+GIB = 1 << 30
+GEN_EPOCH_NS = 1_699_920_000 * NS  # 2023-11-14 00:00 UTC
+
+
+class Life:
+    """One sandbox's life, drawn in order; readings carry its true counters."""
+
+    def __init__(self, rng, sid, account, key, host, created_ns, end_ns):
+        self.rng = rng
+        self.sid, self.account, self.key, self.host = sid, account, key, host
+        self.vcpus = rng.choice([1, 1, 2, 2, 4, 8, 16, rng.randint(1, 1024)])
+        self.mem = rng.choice([256 << 20, GIB, 2 * GIB, 4 * GIB, 8 * GIB, rng.randint(1, 64 * GIB)])
+        self.disk = rng.choice([0, 0, rng.randint(1, 10 * GIB)])
+        self.created_ns = created_ns
+        self.end_ns = end_ns
+        self.t = created_ns
+        self.state = "running"
+        self.cpu_total = 0      # CPU since created, all epochs
+        self.cpu_epoch = 0      # the epoch's counter
+        self.running = 0
+        self.paused = 0
+        self.epoch = 1
+        # the collector's generation follows the clock's hours since
+        # 2023-11-14 (docs/events.md, "Sequence numbers"), + 1,024 for a
+        # host that lost its folder
+        self.gen = (created_ns - GEN_EPOCH_NS) // HOUR + rng.choice([0, 0, 1, 1024])
+        self.n = rng.choice([0, 0, 0, 0xFFFFFFFF - rng.randint(2, 20)])
+        self.busy = rng.choice([0, 1, rng.randint(1, 1000)])  # per mille of the vCPUs
+        self.events = []        # (wall_ns, order, message dict)
+        self.samples = []       # the samples sent, for duplicates
+        self.hostile = False
+
+    def advance(self, dt):
+        if self.state == "running":
+            self.running += dt
+            cap = self.vcpus * dt
+            use = cap * self.busy // 1000
+            if self.rng.random() < 0.3:
+                use = self.rng.randint(0, cap)
+            self.cpu_total += use
+            self.cpu_epoch += use
+        elif self.state == "paused":
+            self.paused += dt
+        self.t += dt
+
+    def emit(self, msg):
+        self.events.append((msg["wall_ns"], len(self.events), msg))
+
+    def next_seq(self):
+        self.n += 1
+        if self.n > 0xFFFFFFFF:
+            self.gen += 1
+            self.n = 1
+        return (self.gen << 32) | self.n
+
+    def sample(self, state=None, final=False):
+        rng = self.rng
+        m = {"v": 1, "type": "sample", "sandbox": self.sid, "account": self.account, "key": self.key,
+             "epoch": self.epoch, "seq": self.next_seq(), "wall_ns": self.t, "state": state or self.state,
+             "cpu_ns": self.cpu_epoch, "mem_size_bytes": self.mem, "vcpus": self.vcpus,
+             "running_ns": self.running, "paused_ns": self.paused}
+        if self.old:
+            del m["running_ns"], m["paused_ns"]
+        if rng.random() < 0.8:
+            m["host"] = self.host
+        if self.disk or rng.random() < 0.5:
+            m["disk_bytes"] = self.disk
+        if rng.random() < 0.5:
+            m["mono_ns"] = self.t - self.created_ns + 10 * NS
+        if rng.random() < 0.5:
+            m["mem_bytes"] = rng.randint(0, self.mem)
+            m["mem_peak_bytes"] = m["mem_bytes"] + rng.randint(0, 1000)
+        if rng.random() < 0.2:
+            m["net_rx_bytes"] = rng.randint(0, 10**9)
+            m["net_tx_bytes"] = rng.randint(0, 10**9)
+        if final:
+            m["final"] = True
+        self.emit(m)
+        self.samples.append(m)
+
+    def forge(self):
+        """A message the docs make a dead letter, right after a real sample:
+        from another host, a seq generation or an epoch more than 65,536
+        above the last billed, more CPU than the vCPUs could run, an epoch
+        its host never announced."""
+        rng = self.rng
+        last = self.samples[-1]
+        m = dict(last)
+        kind = rng.choice(["host", "seq_jump", "impossible", "epoch_jump", "unannounced"])
+        m["seq"] = last["seq"] + 1
+        if kind == "host":
+            m["host"] = "forged-" + self.host
+        elif kind == "seq_jump":
+            m["seq"] = ((self.gen + 65537 + rng.randint(0, 1 << 20)) << 32) | 1
+        elif kind == "unannounced":
+            # an epoch its host never announced: held, then dead-lettered
+            # after provenance_grace_ms
+            m["epoch"] = self.epoch + 1000 + rng.randint(0, 1000)
+            m["cpu_ns"] = 0
+        elif kind == "impossible":
+            m["cpu_ns"] = last["cpu_ns"] + self.vcpus * (self.t - self.created_ns + 3 * HOUR)
+        else:
+            m = {"v": 1, "type": "restarted", "host": self.host, "sandbox": self.sid, "account": self.account,
+                 "key": self.key, "epoch": self.epoch + 65537 + rng.randint(0, 1000), "wall_ns": self.t,
+                 "reason": "restore"}
+        self.emit(m)
+
+    def lifecycle(self, typ):
+        self.emit({"v": 1, "type": typ, "host": self.host, "sandbox": self.sid, "account": self.account,
+                   "wall_ns": self.t})
+
+    def draw(self):
+        rng = self.rng
+        c = {"v": 1, "type": "created", "host": self.host, "sandbox": self.sid, "account": self.account,
+             "key": self.key, "wall_ns": self.created_ns, "mem_size_bytes": self.mem, "vcpus": self.vcpus}
+        if rng.random() < 0.7:
+            c["epoch"] = 1
+        if rng.random() < 0.5:
+            c["backend"] = rng.choice(["process", "qemu"])
+        if rng.random() < 0.5:
+            c["disk_size_bytes"] = self.disk + rng.randint(0, GIB)
+        if rng.random() < 0.3:
+            c["labels"] = {"team": "t" + str(rng.randint(0, 9))}
+        self.emit(c)
+        restarted = False
+        self.late_created = rng.random() < 0.1
+        # an older collector and vmm: no held counters (the interval rule)
+        self.old = rng.random() < 0.1
+        nsamples = rng.choice([0, 1, 2, rng.randint(3, 12), rng.randint(3, 40)])
+        gaps = [rng.choice([rng.randint(NS // 1000, 2 * NS), rng.randint(NS, 120 * NS),
+                            rng.randint(60 * NS, 2 * HOUR)]) for _ in range(nsamples + 1)]
+        for i in range(nsamples):
+            dt = gaps[i]
+            if self.t + dt + gaps[-1] >= self.end_ns:
+                break
+            # a pause or resume inside the gap, at its own moment
+            if rng.random() < 0.25 and dt > 2:
+                first = rng.randint(1, dt - 1)
+                self.advance(first)
+                if self.state == "running":
+                    self.state = "paused"
+                    self.lifecycle("paused")
+                else:
+                    self.state = "running"
+                    self.lifecycle("resumed")
+                dt -= first
+            self.advance(dt)
+            if rng.random() < 0.08:
+                # the counter may have restarted: a new epoch, announced first
+                self.epoch += 1
+                self.cpu_epoch = 0
+                restarted = True
+                self.emit({"v": 1, "type": "restarted", "host": self.host, "sandbox": self.sid,
+                           "account": self.account, "key": self.key, "epoch": self.epoch, "wall_ns": self.t,
+                           "reason": rng.choice(["counter_back", "cgroup_recreated", "restore"])})
+                # the new cgroup runs a little before its first reading
+                self.advance(rng.randint(0, NS))
+            self.sample()
+            if self.hostile and rng.random() < 0.1:
+                self.forge()
+        if rng.random() < 0.75:
+            dt = gaps[-1]
+            if self.t + dt < self.end_ns:
+                self.advance(dt)
+            self.state = "stopped"
+            st = {"v": 1, "type": "stopped", "sandbox": self.sid, "account": self.account, "wall_ns": self.t,
+                  "cpu_ns": self.cpu_epoch, "running_ns": self.running, "paused_ns": self.paused}
+            if self.old:
+                del st["running_ns"], st["paused_ns"]
+            if rng.random() < 0.5:
+                st["host"] = self.host
+            if restarted or rng.random() < 0.5:
+                st["epoch"] = self.epoch
+            if rng.random() < 0.5:
+                st["key"] = self.key
+            if rng.random() < 0.5:
+                st["vcpus"] = self.vcpus
+                st["mem_size_bytes"] = self.mem
+            if rng.random() < 0.5:
+                st["disk_bytes"] = self.disk
+            final = rng.random() < 0.6
+            if final and rng.random() < 0.5:
+                self.sample(state="stopped", final=True)
+                self.emit(st)
+            else:
+                self.emit(st)
+                if final:
+                    self.sample(state="stopped", final=True)
+
+
+def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
+    rng = random.Random(seed)
+    if nsandboxes is None:
+        nsandboxes = rng.randint(1, 200)
+    # whole hours before the clock's hour: a seed draws the same stream,
+    # to the hour's split, whenever it runs
+    end = now_ns - now_ns % HOUR - 120 * NS
+    span = rng.choice([2 * HOUR, 6 * HOUR, 26 * HOUR])
+    start = end - span
+    naccounts = rng.randint(1, max(1, min(20, nsandboxes)))
+    accounts = [f"{prefix}acct-{i}" for i in range(naccounts)]
+    keys = {a: [f"{a}.key-{j}" for j in range(rng.randint(1, 3))] for a in accounts}
+    hosts = [f"{prefix}host-{i}" for i in range(rng.randint(1, 5))]
+    lives = []
+    for i in range(nsandboxes):
+        a = rng.choice(accounts)
+        life = Life(rng, f"{prefix}sb-{i}", a, rng.choice(keys[a]), rng.choice(hosts),
+                    rng.randint(start, end - 10 * NS), end)
+        life.hostile = hostile
+        life.draw()
+        ev = life.events
+        if life.late_created:
+            # the collector's producer was first: the `created` event reaches
+            # the topic after the sandbox's first readings (held, then billed)
+            k = 1
+            while k < len(ev) and k < 3 and ev[k][2]["type"] in ("sample", "stopped"):
+                k += 1
+            ev.insert(k - 1, ev.pop(0))
+        for k in range(len(ev) - 1):
+            # a `restarted` announcement after the sample it announces (held)
+            if ev[k][2]["type"] == "restarted" and ev[k + 1][2]["type"] == "sample" and rng.random() < 0.3:
+                ev[k], ev[k + 1] = ev[k + 1], ev[k]
+        lives.append(life)
+    # Per account, the sandboxes' messages interleaved by time (each
+    # sandbox's own order kept), then duplicates and late samples.
+    out = []
+    for a in accounts:
+        # merge by time, keeping each sandbox's own order
+        own = [[(w, m) for w, _, m in life.events] for life in lives if life.account == a]
+        msgs = [m for _, m in heapq.merge(*own, key=lambda x: x[0])]
+        placed = []
+        late = []
+        for m in msgs:
+            placed.append(m)
+            if m["type"] == "sample" and rng.random() < 0.1:
+                if rng.random() < 0.5:
+                    placed.append(m)  # a duplicate, at once
+                else:
+                    late.append(m)    # resent later
+        for m in late:
+            at = next(i for i, p in enumerate(placed) if p is m)
+            placed.insert(rng.randint(at + 1, len(placed)), m)
+        for m in placed:
+            out.append((a, m))
+    # accounts interleave at random (their partitions are independent)
+    order = []
+    queues = {a: [m for acc, m in out if acc == a] for a in accounts}
+    queues = {a: q for a, q in queues.items() if q}
+    while queues:
+        a = rng.choice(sorted(queues))
+        order.append((a, queues[a].pop(0)))
+        if not queues[a]:
+            del queues[a]
+    return order
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Writes a seeded stream of usage messages (ACCOUNT<TAB>JSON lines).")
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--now-ns", type=int, default=None, help="the clock the stream ends before (default: now)")
+    ap.add_argument("--sandboxes", type=int, default=None, help="sandboxes (default: 1..200 from the seed)")
+    ap.add_argument("--honest", action="store_true", help="no forged messages (dead letters)")
+    ap.add_argument("--prefix", default="", help="prefix of every id (to run several streams in one ledger)")
+    a = ap.parse_args()
+    now = a.now_ns if a.now_ns is not None else time.time_ns()
+    w = sys.stdout
+    for acct, m in generate(a.seed, now, a.sandboxes, a.prefix, not a.honest):
+        w.write(acct + "\t" + json.dumps(m, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main()
