@@ -23,4 +23,6 @@ CREATE INDEX held_readings_held_at ON held_readings (held_at);
 -- tally_aggregator (013's roles): holds, replays and expires the readings; an
 -- expired one moves to dead_letters, whose new rows come back to be logged.
 GRANT SELECT, INSERT, DELETE ON held_readings TO tally_aggregator;
+-- a reading replayed and held again for another reason gets that reason
+GRANT UPDATE (reason) ON held_readings TO tally_aggregator;
 GRANT SELECT (partition, "offset", reason) ON dead_letters TO tally_aggregator;

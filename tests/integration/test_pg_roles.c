@@ -38,7 +38,7 @@ static const struct {
             "usage_hourly:UPDATE", "spend_daily:INSERT", "spend_daily:UPDATE", "hosts:INSERT", "hosts:UPDATE",
             "consumer_offsets:INSERT", "consumer_offsets:UPDATE", "key_blocks:INSERT", "alerts:INSERT",
             "dead_letters:INSERT", "offset_gaps:INSERT", "rating_gaps:INSERT", "held_readings:INSERT",
-            "held_readings:DELETE", NULL } },
+            "held_readings:DELETE", "held_readings:UPDATE(reason)", NULL } },
         { "tally_api",
           { "sessions:INSERT", "sessions:DELETE", "idempotency_keys:INSERT", "idempotency_keys:DELETE",
             "idempotency_keys:UPDATE(status,body)", "signin_attempts:INSERT", "signin_attempts:DELETE",
