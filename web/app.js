@@ -144,9 +144,11 @@ function schedule() {
 
 // ---- the sections ----
 
+// One refresh at a time; asked while one runs, it runs again after it, so what a
+// click (or the timer) shows was read after the click, never before.
 let refreshing = null;
 async function refresh() {
-  if (refreshing) return refreshing;
+  while (refreshing) await refreshing;
   refreshing = (async () => {
     try {
       await spend(); // first: the other sections name keys by the names it reads
