@@ -89,7 +89,9 @@ static rd_kafka_resp_err_t produce(enum who w, const char *topic, const char *pa
         return result;
 }
 
-/* Reads topic as w in group for up to wait_s seconds or until want (a payload) arrives.
+/* Reads topic as w in group for up to wait_s seconds or until want (a payload) arrives,
+ * or until the broker refuses the topic or the group by its ACLs (then nothing can
+ * arrive: the reader stops there rather than wait out wait_s).
  * Returns whether want arrived; *ret_err: the last error the consumer reported (0: none). */
 static int read_until(enum who w, const char *group, const char *topic, const char *want, int wait_s,
                       rd_kafka_resp_err_t *ret_err)
@@ -111,8 +113,14 @@ static int read_until(enum who w, const char *group, const char *topic, const ch
                 rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 200);
                 if (!m)
                         continue;
-                if (m->err && m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+                if (m->err && m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                         last = m->err;
+                        if (last == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
+                            last == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED) {
+                                rd_kafka_message_destroy(m);
+                                break;
+                        }
+                }
                 else if (!m->err && m->len == strlen(want) && memcmp(m->payload, want, m->len) == 0)
                         found = 1;
                 rd_kafka_message_destroy(m);
