@@ -87,15 +87,7 @@ static void *listen_in_ns(void *arg)
                 return NULL;
         }
         /* Loopback up, so 127.0.0.1 exists even before the sandbox's init brought it up. */
-        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        struct ifreq ifr = { 0 };
-        memcpy(ifr.ifr_name, "lo", 3);
-        if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
-                ifr.ifr_flags |= IFF_UP;
-                ioctl(s, SIOCSIFFLAGS, &ifr);
-        }
-        if (s >= 0)
-                close(s);
+        jail_loopback_up();
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(JAIL_EGRESS_PORT) };
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

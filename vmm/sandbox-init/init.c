@@ -1213,19 +1213,9 @@ static int init_main(void)
 
         if (sethostname(cfg.id, strlen(cfg.id)) < 0)
                 fail("could not set the host name");
-        {
-                /* Only loopback, and up, so local servers work (and the egress proxy's listener, which
-                 * tally-vmm may already have brought up). */
-                int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-                struct ifreq ifr = { 0 };
-                memcpy(ifr.ifr_name, "lo", 3);
-                if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
-                        ifr.ifr_flags |= IFF_UP;
-                        ioctl(s, SIOCSIFFLAGS, &ifr);
-                }
-                if (s >= 0)
-                        close(s);
-        }
+        /* Only loopback, and up, so local servers work (and the egress proxy's listener, which
+         * tally-vmm may already have brought up). */
+        jail_loopback_up();
         if (network)
                 use_egress_env();
         /* The daemon has put us in the sandbox's cgroup: that is now "/". */

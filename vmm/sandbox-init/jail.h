@@ -26,6 +26,13 @@
  * folder to enter), "--", then the command's argv. */
 #pragma once
 
+#include <net/if.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #define JAIL_FD_READY  3
 #define JAIL_FD_STATUS 3
 #define JAIL_FD_LISTEN 4
@@ -59,3 +66,19 @@
  * internet (vmm/egress.h); the sandbox's environment names it in HTTP_PROXY,
  * HTTPS_PROXY and ALL_PROXY. */
 #define JAIL_EGRESS_PORT 3128
+
+/* Brings the calling thread's network namespace's loopback up (the sandbox's
+ * init does it at start; tally-vmm's egress proxy too, in case it comes first). */
+static inline void jail_loopback_up(void)
+{
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (s < 0)
+                return;
+        struct ifreq ifr = { 0 };
+        memcpy(ifr.ifr_name, "lo", 3);
+        if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
+                ifr.ifr_flags |= IFF_UP;
+                ioctl(s, SIOCSIFFLAGS, &ifr);
+        }
+        close(s);
+}

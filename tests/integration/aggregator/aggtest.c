@@ -309,6 +309,17 @@ struct usage_event aggtest_stopped(const char *account, const char *key, const c
         return aggtest_held(ev, running_ns, paused_ns);
 }
 
+void aggtest_expect_billed(struct aggtest *t, const char *sandbox, const char *want, const char *what)
+{
+        char *got = aggtest_billed(t, sandbox);
+        char *slash = strrchr(got, '/');
+        if (slash)
+                *slash = '\0';
+        CHECK(strcmp(got, want) == 0, "%s (%s): billed %s, want %s (cpu_ns/mem_byte_ns/storage_byte_ns)", what,
+              sandbox, got, want);
+        free(got);
+}
+
 char *aggtest_billed(struct aggtest *t, const char *sandbox)
 {
         const char *params[] = { sandbox };

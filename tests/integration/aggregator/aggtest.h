@@ -80,5 +80,8 @@ struct usage_event aggtest_stopped(const char *account, const char *key, const c
                                    uint64_t mem_size_bytes, uint32_t vcpus);
 /* A sandbox's billed totals and rows in usage_hourly: "cpu_ns/mem_byte_ns/storage_byte_ns/rows" (malloc'd). */
 char *aggtest_billed(struct aggtest *t, const char *sandbox);
+/* Checks a sandbox's billed totals (not its row count) against want, "cpu_ns/mem_byte_ns/storage_byte_ns"
+ * worked out by hand; what names the case in the failure. */
+void aggtest_expect_billed(struct aggtest *t, const char *sandbox, const char *want, const char *what);
 /* Waits until the ledger's offsets reach `end` messages; 0 or -1 at the timeout. */
 int aggtest_wait_committed(struct aggtest *t, int64_t end, int timeout_ms);

@@ -67,17 +67,6 @@ static void final_sample(struct aggtest *t, const char *sb, int64_t wall)
         aggtest_produce(t, &fin);
 }
 
-static void expect(struct aggtest *t, const char *sb, const char *want, const char *what)
-{
-        char *got = aggtest_billed(t, sb);
-        char *slash = strrchr(got, '/');
-        if (slash)
-                *slash = '\0';
-        CHECK(strcmp(got, want) == 0, "%s (%s): billed %s, want %s (cpu_ns/mem_byte_ns/storage_byte_ns)", what, sb,
-              got, want);
-        free(got);
-}
-
 static const char *const full = "1500000000/6442450944000000000/2147483648000000000";
 
 int main(void)
@@ -118,11 +107,11 @@ int main(void)
         agg = aggtest_spawn(&t, NULL);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up after the restart");
 
-        expect(&t, "sb-fs-one", full, "stopped with only the required fields, created in the same batch");
-        expect(&t, "sb-fs-final", full, "the collector's final sample after it bills nothing twice");
-        expect(&t, "sb-fs-key", full, "stopped with the key but no size");
-        expect(&t, "sb-fs-noepoch", full, "stopped without an epoch, then the final sample of epoch 1: billed once");
-        expect(&t, "sb-fs-restart", full, "stopped with only the required fields, created before a restart");
+        aggtest_expect_billed(&t, "sb-fs-one", full, "stopped with only the required fields, created in the same batch");
+        aggtest_expect_billed(&t, "sb-fs-final", full, "the collector's final sample after it bills nothing twice");
+        aggtest_expect_billed(&t, "sb-fs-key", full, "stopped with the key but no size");
+        aggtest_expect_billed(&t, "sb-fs-noepoch", full, "stopped without an epoch, then the final sample of epoch 1: billed once");
+        aggtest_expect_billed(&t, "sb-fs-restart", full, "stopped with only the required fields, created before a restart");
         char *v = aggtest_query(&t, "SELECT count(*) FROM sandboxes WHERE account_id = 'acct-fs' AND state = 'stopped'"
                                     " AND vcpus = 2 AND mem_size_bytes = 2147483648 AND key_id = 'key-fs'");
         CHECK(v && strcmp(v, "5") == 0, "every sandbox stopped in the ledger with its size: %s of 5", v ? v : "?");
