@@ -42,19 +42,27 @@ static const struct program_info program = {
                    "         (without --password-file the password is read from the terminal, or one line of stdin)\n"
                    "  key create --account ID [--name NAME] [--daily-limit-nanodollars N] [--policy pause|stop|alert_only]\n"
                    "         (prints the key's id and its secret, once)\n"
+                   "  key list [--account ID] [--json]     every key, its daily limit and policy, and today's state\n"
+                   "  key limit KEY --daily-limit-nanodollars N|none [--policy pause|stop|alert_only] [--json]\n"
+                   "         (audited as admin, as a person's change is; lifts today's block when the key may\n"
+                   "          spend again; prints the key and its spend today)\n"
                    "  plan assign --account ID --plan PLAN\n"
                    "  status [URL...]     the pipeline's health (groups, hosts, dead letters); probes each URL\n"
-                   "  spend [--account ID] [--day YYYY-MM-DD]     spend per key against its limit\n"
-                   "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day]   usage and cost (admin_status.c)\n"
+                   "  spend [--account ID] [--day YYYY-MM-DD] [--json]\n"
+                   "         (spend per key on a UTC day against the limit it had that day)\n"
+                   "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day] [--json]\n"
+                   "         (usage and cost over whole UTC days)\n"
                    "  close-month YYYY-MM\n"
                    "         (freezes that month's invoices, and every earlier month's not closed yet; a month\n"
                    "          that has not ended is refused; closing a closed month does nothing)\n"
                    "  close-due\n"
-                   "         (closes every month that ended close_grace_hours ago or more; for a timer)",
+                   "         (closes every month that ended close_grace_hours ago or more; for a timer)\n"
+                   "COMMAND --help prints that command's lines.",
 };
 
 struct args {
         const char *account, *name, *plan, *email, *password_file, *limit, *policy;
+        bool json;
 };
 
 static int parse(int argc, char **argv, struct args *a)
@@ -67,6 +75,7 @@ static int parse(int argc, char **argv, struct args *a)
                 { "password-file", required_argument, 0, 'f' },
                 { "daily-limit-nanodollars", required_argument, 0, 'l' },
                 { "policy", required_argument, 0, 'P' },
+                { "json", no_argument, 0, 'j' },
                 { 0, 0, 0, 0 },
         };
         optind = 1;
@@ -80,6 +89,7 @@ static int parse(int argc, char **argv, struct args *a)
                 case 'f': a->password_file = optarg; break;
                 case 'l': a->limit = optarg; break;
                 case 'P': a->policy = optarg; break;
+                case 'j': a->json = true; break;
                 default: return -EINVAL;
                 }
         }
@@ -224,6 +234,103 @@ static int close_due(PGconn *db, int64_t grace_hours)
         return 0;
 }
 
+/* tally-admin key limit KEY --daily-limit-nanodollars N|none [--policy P]:
+ * the same change as PUT /v1/keys/{id}/limit, by the same code, audited as admin. */
+static int key_limit(PGconn *db, const char *key, const struct args *a)
+{
+        if (!key || !a->limit) {
+                fprintf(stderr, "tally-admin: key limit needs a KEY and --daily-limit-nanodollars N (or none)\n");
+                return -EINVAL;
+        }
+        json_t *lim = NULL;
+        if (strcmp(a->limit, "none") == 0) {
+                lim = json_null();
+        } else {
+                char *end;
+                errno = 0;
+                long long v = strtoll(a->limit, &end, 10);
+                if (!*a->limit || *end || errno) {
+                        fprintf(stderr, "tally-admin: --daily-limit-nanodollars must be a whole number or none\n");
+                        return -EINVAL;
+                }
+                lim = json_integer(v);
+        }
+        json_t *pol = a->policy ? json_string(a->policy) : NULL;
+        char l[24], p[16];
+        struct api_error err = { 0 };
+        int r = key_limit_parse(lim, pol, true, l, p, &err);
+        json_decref(lim);
+        json_decref(pol);
+        if (r < 0) {
+                fprintf(stderr, "tally-admin: %s\n", err.message);
+                return -EINVAL;
+        }
+        const char *kp[] = { key };
+        PGresult *res = PQexecParams(db, "SELECT account_id FROM api_keys WHERE id = $1", 1, NULL, kp, NULL, NULL, 0);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+                fprintf(stderr, "tally-admin: could not read the key: %s", PQerrorMessage(db));
+                PQclear(res);
+                return -EIO;
+        }
+        if (PQntuples(res) != 1) {
+                PQclear(res);
+                fprintf(stderr, "tally-admin: no key %s\n", key);
+                return -ENOENT;
+        }
+        char account[EVENT_ID_MAX + 1];
+        snprintf(account, sizeof(account), "%s", PQgetvalue(res, 0, 0));
+        PQclear(res);
+        json_t *k = NULL;
+        if ((r = key_limit_set(db, account, key, "admin", l, p, &k, &err)) < 0) {
+                fprintf(stderr, "tally-admin: could not set the limit: %s\n", err.message);
+                return r;
+        }
+        if (a->json) {
+                json_dumpf(k, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+                fputc('\n', stdout);
+        } else {
+                json_t *v = json_object_get(k, "daily_limit_nanodollars");
+                printf("key=%s account=%s daily_limit_nanodollars=%s policy=%s spend_today_nanodollars=%lld "
+                       "block_lifted=%s blocked_today=%s\n",
+                       key, account, json_is_integer(v) ? a->limit : "none",
+                       json_string_value(json_object_get(k, "limit_policy")),
+                       (long long)json_integer_value(json_object_get(k, "spend_today_nanodollars")),
+                       json_is_true(json_object_get(k, "block_lifted")) ? "true" : "false",
+                       json_is_true(json_object_get(k, "blocked_today")) ? "true" : "false");
+        }
+        json_decref(k);
+        return 0;
+}
+
+/* COMMAND ... --help: the lines of the help that describe COMMAND (its own
+ * line and the indented ones under it). True when it printed them. */
+static bool command_help(int argc, char **argv)
+{
+        bool asked = false;
+        for (int i = 1; i < argc; i++)
+                asked |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+        if (!asked || argc < 1 || argv[0][0] == '-')
+                return false;
+        size_t n = strlen(argv[0]);
+        bool in = false, any = false;
+        for (const char *line = program.details; *line;) {
+                const char *end = strchr(line, '\n');
+                size_t len = end ? (size_t)(end - line) : strlen(line);
+                if (len > 2 && line[0] == ' ' && line[1] == ' ' && line[2] != ' ')
+                        in = strncmp(line + 2, argv[0], n) == 0 && (line[2 + n] == ' ' || line[2 + n] == '\n' ||
+                                                                  line[2 + n] == '\0');
+                else if (len <= 2 || line[0] != ' ')
+                        in = false;
+                if (in) {
+                        printf("%s%.*s\n", any ? "" : "Usage: tally-admin [options] ", (int)len - (any ? 0 : 2),
+                               line + (any ? 0 : 2));
+                        any = true;
+                }
+                line += len + (end ? 1 : 0);
+        }
+        return any;
+}
+
 static int command(PGconn *db, const struct admin_config *cfg, int argc, char **argv)
 {
         int viewed = admin_view(db, argc, argv);
@@ -311,6 +418,8 @@ static int command(PGconn *db, const struct admin_config *cfg, int argc, char **
                 json_decref(k);
                 return 0;
         }
+        if (strcmp(what, "key") == 0 && strcmp(verb, "limit") == 0)
+                return key_limit(db, pos, &a);
         if (strcmp(what, "plan") == 0 && strcmp(verb, "assign") == 0) {
                 if (!a.account || !a.plan) {
                         fprintf(stderr, "tally-admin: plan assign needs --account and --plan\n");
@@ -336,6 +445,19 @@ static int command(PGconn *db, const struct admin_config *cfg, int argc, char **
 int main(int argc, char **argv)
 {
         struct admin_config cfg = { 0 };
+        /* COMMAND --help needs no database: the command is the first word that is not
+         * a setting (every setting of tally-admin takes a value: --name VALUE or --name=VALUE). */
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--") == 0)
+                        break;
+                if (argv[i][0] != '-') {
+                        if (command_help(argc - i, argv + i))
+                                return 0;
+                        break;
+                }
+                if (argv[i][1] == '-' && !strchr(argv[i], '=') && strcmp(argv[i], "--help") != 0)
+                        i++;
+        }
         int argi = argc;
         int r = config_main(&program, settings, &cfg, argc, argv, &argi);
         if (r >= 0)
@@ -345,6 +467,7 @@ int main(int argc, char **argv)
                 config_free(settings, &cfg);
                 return 2;
         }
+
         char err[512];
         PGconn *db = db_connect(cfg.database_url, err, sizeof(err));
         if (!db) {

@@ -199,10 +199,34 @@ static void table_free(struct table *t)
         free(t->cells);
 }
 
+/* --json: every view prints its rows as one JSON array of objects, keyed by
+ * the column heads, values as the table shows them (null for none). */
+static bool as_json;
+
+static void print_json(PGresult *res, const char *const *heads)
+{
+        json_t *rows = json_array();
+        for (int r = 0; r < PQntuples(res); r++) {
+                json_t *o = json_object();
+                for (int c = 0; c < PQnfields(res) && c < MAX_COLS; c++) {
+                        const char *h = heads[c] + (heads[c][0] == '>');
+                        json_object_set_new(o, h, PQgetisnull(res, r, c) ? json_null() : json_string(PQgetvalue(res, r, c)));
+                }
+                json_array_append_new(rows, o);
+        }
+        json_dumpf(rows, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(rows);
+}
+
 /* Prints every row of res as a table; heads name the columns, a leading '>'
  * right-aligns one. */
 static void print_result(PGresult *res, const char *const *heads)
 {
+        if (as_json) {
+                print_json(res, heads);
+                return;
+        }
         struct table t = { .ncols = PQnfields(res) };
         if (t.ncols > MAX_COLS)
                 t.ncols = MAX_COLS;
@@ -349,7 +373,8 @@ static int view_parse(int argc, char **argv, struct view_args *a)
         static const struct option opts[] = {
                 { "account", required_argument, 0, 'a' }, { "day", required_argument, 0, 'd' },
                 { "from", required_argument, 0, 'f' },    { "to", required_argument, 0, 't' },
-                { "by", required_argument, 0, 'b' },      { 0, 0, 0, 0 },
+                { "by", required_argument, 0, 'b' },      { "json", no_argument, 0, 'j' },
+                { 0, 0, 0, 0 },
         };
         optind = 1;
         int c;
@@ -360,6 +385,7 @@ static int view_parse(int argc, char **argv, struct view_args *a)
                 case 'f': a->from = optarg; break;
                 case 't': a->to = optarg; break;
                 case 'b': a->by = optarg; break;
+                case 'j': as_json = true; break;
                 default: return -EINVAL;
                 }
         }
@@ -373,17 +399,29 @@ static int view_parse(int argc, char **argv, struct view_args *a)
 static int spend(PGconn *db, const struct view_args *a)
 {
         const char *p[] = { a->account, a->day };
+        /* The limit of the day asked: the last 'key.create' or 'key.limit' of the
+         * audit log before that day's end (a key made without the log, by SQL,
+         * shows its limit of now). */
         PGresult *res = query(
-                db, "read today's spend",
+                db, "read the day's spend",
                 "SELECT k.account_id, k.id, k.name, " DOLLARS("coalesce(s.nanodollars, 0)") ", "
-                "       coalesce(" DOLLARS("k.daily_limit_nanodollars") " || ' ' || k.limit_policy, 'none'), "
-                "       CASE WHEN k.daily_limit_nanodollars > 0 THEN "
-                "            floor(coalesce(s.nanodollars, 0) * 100 / k.daily_limit_nanodollars)::text || '%' END, "
+                "       coalesce(" DOLLARS("l.lim") " || ' ' || l.pol, 'none'), "
+                "       CASE WHEN l.lim > 0 THEN floor(coalesce(s.nanodollars, 0) * 100 / l.lim)::text || '%' END, "
                 "       CASE WHEN b.key_id IS NOT NULL THEN 'BLOCKED' WHEN k.revoked_at IS NOT NULL THEN 'revoked' "
                 "            ELSE 'ok' END "
                 "  FROM api_keys k "
-                "  LEFT JOIN spend_daily s ON s.key_id = k.id AND s.day = coalesce($2::date, (now() AT TIME ZONE 'UTC')::date) "
-                "  LEFT JOIN key_blocks b ON b.key_id = k.id AND b.day = coalesce($2::date, (now() AT TIME ZONE 'UTC')::date) "
+                "  CROSS JOIN (SELECT coalesce($2::date, (now() AT TIME ZONE 'UTC')::date) AS day) d "
+                "  LEFT JOIN LATERAL (SELECT (a.new_value ->> 'daily_limit_nanodollars')::bigint AS lim, "
+                "                            coalesce(a.new_value ->> 'policy', a.new_value ->> 'limit_policy') AS pol "
+                "                       FROM audit_log a "
+                "                      WHERE a.account_id = k.account_id AND a.object_id = k.id "
+                "                        AND a.action IN ('key.create', 'key.limit') "
+                "                        AND a.at < (d.day + 1)::timestamp AT TIME ZONE 'UTC' "
+                "                      ORDER BY a.at DESC, a.id DESC LIMIT 1) h ON true "
+                "  CROSS JOIN LATERAL (SELECT CASE WHEN h.pol IS NULL THEN k.daily_limit_nanodollars ELSE h.lim END AS lim, "
+                "                             coalesce(h.pol, k.limit_policy) AS pol) l "
+                "  LEFT JOIN spend_daily s ON s.key_id = k.id AND s.day = d.day "
+                "  LEFT JOIN key_blocks b ON b.key_id = k.id AND b.day = d.day "
                 " WHERE ($1::text IS NULL OR k.account_id = $1) "
                 "   AND (k.revoked_at IS NULL OR s.nanodollars > 0) "
                 " ORDER BY k.account_id, k.id",
@@ -391,7 +429,9 @@ static int spend(PGconn *db, const struct view_args *a)
         if (!res)
                 return -EIO;
         const char *const heads[] = { "account", "key", "name", ">spend", ">daily limit", ">used", "state" };
-        printf("Spend on UTC day %s (spend_daily: the figure limits are enforced on)\n", a->day ? a->day : "today");
+        if (!as_json)
+                printf("Spend on UTC day %s against the limit of that day (spend_daily: the figure limits are enforced on)\n",
+                       a->day ? a->day : "today");
         print_result(res, heads);
         PQclear(res);
         return 0;
@@ -443,12 +483,39 @@ static int usage(PGconn *db, const struct view_args *a)
                 return -EINVAL;
         }
         PQclear(res);
-        printf("(whole UTC days %s to %s, excluded; each row rounded once, half away from zero)\n",
-               a->from ? a->from : "from the 1st of this month", a->to ? a->to : "tomorrow");
+        if (!as_json)
+                printf("(whole UTC days %s to %s, excluded; each row rounded once, half away from zero)\n",
+                       a->from ? a->from : "from the 1st of this month", a->to ? a->to : "tomorrow");
         return 0;
 }
 
-/* Runs status, spend or usage; -ENOSYS when argv[0] is none of them. */
+/* tally-admin key list: every key (of one account), its limit and today's state. */
+static int key_list(PGconn *db, const struct view_args *a)
+{
+        const char *p[] = { a->account };
+        PGresult *res = query(
+                db, "list the keys",
+                "SELECT k.account_id, k.id, k.name, k.prefix || '…', "
+                "       coalesce(" DOLLARS("k.daily_limit_nanodollars") ", 'none'), k.limit_policy, "
+                "       CASE WHEN k.internet THEN 'yes' ELSE 'no' END, "
+                "       CASE WHEN k.revoked_at IS NOT NULL THEN 'revoked' WHEN b.key_id IS NOT NULL THEN 'BLOCKED' "
+                "            ELSE 'ok' END, "
+                "       to_char(k.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') "
+                "  FROM api_keys k "
+                "  LEFT JOIN key_blocks b ON b.key_id = k.id AND b.day = (now() AT TIME ZONE 'UTC')::date "
+                " WHERE ($1::text IS NULL OR k.account_id = $1) "
+                " ORDER BY k.account_id, k.id",
+                1, p);
+        if (!res)
+                return -EIO;
+        const char *const heads[] = { "account", "key",   "name",  "secret starts", ">daily limit",
+                                      "policy",  "internet", "today", "created" };
+        print_result(res, heads);
+        PQclear(res);
+        return 0;
+}
+
+/* Runs status, spend, usage or key list; -ENOSYS when argv is none of them. */
 int admin_view(PGconn *db, int argc, char **argv)
 {
         if (argc < 1)
@@ -461,11 +528,14 @@ int admin_view(PGconn *db, int argc, char **argv)
                         }
                 return status(db, argc, argv);
         }
-        if (strcmp(argv[0], "spend") != 0 && strcmp(argv[0], "usage") != 0)
+        bool keys = argc >= 2 && strcmp(argv[0], "key") == 0 && strcmp(argv[1], "list") == 0;
+        if (strcmp(argv[0], "spend") != 0 && strcmp(argv[0], "usage") != 0 && !keys)
                 return -ENOSYS;
         struct view_args a = { 0 };
-        int r = view_parse(argc, argv, &a);
+        int r = view_parse(argc - keys, argv + keys, &a);
         if (r < 0)
                 return r;
+        if (keys)
+                return key_list(db, &a);
         return argv[0][0] == 's' ? spend(db, &a) : usage(db, &a);
 }

@@ -38,8 +38,8 @@ static json_t *key_row(PGresult *res, int i)
 
 /* Reads the limit fields of a body: daily_limit_nanodollars (an integer in
  * [0, 10^18] or null) into *ret_limit ("" for null), policy into ret_policy. */
-static int parse_limit(json_t *lim, json_t *pol, bool limit_required, char ret_limit[24], char ret_policy[16],
-                       struct api_error *err)
+int key_limit_parse(json_t *lim, json_t *pol, bool limit_required, char ret_limit[24], char ret_policy[16],
+                    struct api_error *err)
 {
         if (!lim) {
                 if (limit_required)
@@ -72,7 +72,7 @@ int key_create(PGconn *db, const char *account, const char *actor, const char *n
         char secret[64], hash[65], idhex[17], id[24], prefix[API_KEY_PREFIX_LEN + 1], lim[24], pol[16];
         int rc;
         json_t *polj = policy ? json_string(policy) : NULL;
-        rc = parse_limit(limit, polj, false, lim, pol, err);
+        rc = key_limit_parse(limit, polj, false, lim, pol, err);
         json_decref(polj);
         if (rc < 0)
                 return rc;
@@ -232,15 +232,12 @@ int h_key_revoke(struct api_req *r, struct api_reply *out, struct api_error *err
 
 /* Sets the limit (lim "" = none) and policy (pol "" = unchanged), audits, and
  * lifts today's block when the key may spend again. */
-static int set_limit(struct api_req *r, const char *lim, const char *pol, struct api_reply *out,
-                     struct api_error *err)
+int key_limit_set(PGconn *db, const char *account, const char *key_id, const char *actor, const char *lim,
+                  const char *pol, json_t **ret, struct api_error *err)
 {
-        PGconn *db = req_db(r);
-        char actor[EVENT_ID_MAX + 8];
-        snprintf(actor, sizeof(actor), "person:%s", r->caller.person);
         if (!db_exec_logged(db, "BEGIN"))
                 return api_fail(err, 503, "database_unavailable", NULL, "could not set the limit");
-        const char *p1[] = { r->id, r->caller.account };
+        const char *p1[] = { key_id, account };
         PGresult *res = db_query(db, "lock a key", PGRES_TUPLES_OK,
                                  "SELECT daily_limit_nanodollars, limit_policy FROM api_keys "
                                  "WHERE id = $1 AND account_id = $2 FOR UPDATE",
@@ -250,10 +247,10 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
         if (PQntuples(res) != 1) {
                 PQclear(res);
                 db_exec_logged(db, "ROLLBACK");
-                return api_fail(err, 404, "not_found", "id", "no key %s", r->id);
+                return api_fail(err, 404, "not_found", "id", "no key %s", key_id);
         }
         PQclear(res);
-        const char *p2[] = { r->id, r->caller.account, lim[0] ? lim : NULL, pol[0] ? pol : NULL, actor };
+        const char *p2[] = { key_id, account, lim[0] ? lim : NULL, pol[0] ? pol : NULL, actor };
         res = db_query(db, "set a limit", PGRES_COMMAND_OK,
                        "WITH old AS (SELECT daily_limit_nanodollars AS l, limit_policy AS p FROM api_keys "
                        "             WHERE id = $1 AND account_id = $2), "
@@ -269,7 +266,7 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
                 goto db_fail;
         PQclear(res);
         /* Today's spend against the new limit: a key that may spend again is unblocked now. */
-        const char *p3[] = { r->id, r->caller.account };
+        const char *p3[] = { key_id, account };
         res = db_query(db, "lift a block", PGRES_TUPLES_OK,
                        "WITH k AS (SELECT daily_limit_nanodollars AS l, limit_policy AS p FROM api_keys WHERE id = $1), "
                        "     s AS (SELECT coalesce((SELECT nanodollars FROM spend_daily WHERE key_id = $1 "
@@ -286,14 +283,14 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
         long long spend = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
         bool lifted = strtoll(PQgetvalue(res, 0, 1), NULL, 10) > 0;
         PQclear(res);
-        const char *p4[] = { r->id, r->caller.account };
+        const char *p4[] = { key_id, account };
         res = db_query(db, "read a key", PGRES_TUPLES_OK,
                        "SELECT " KEY_COLUMNS ", key_blocked(id) FROM api_keys WHERE id = $1 AND account_id = $2", 2,
                        p4);
         if (!res)
                 goto db_fail;
         json_t *k = key_row(res, 0);
-        bool blocked = strcmp(PQgetvalue(res, 0, 7), "t") == 0;
+        bool blocked = strcmp(PQgetvalue(res, 0, 8), "t") == 0;
         PQclear(res);
         if (!db_exec_logged(db, "COMMIT")) {
                 json_decref(k);
@@ -302,13 +299,23 @@ static int set_limit(struct api_req *r, const char *lim, const char *pol, struct
         json_object_set_new(k, "spend_today_nanodollars", json_integer(spend));
         json_object_set_new(k, "block_lifted", json_boolean(lifted));
         json_object_set_new(k, "blocked_today", json_boolean(blocked));
-        log_info("limit set", "key=%s account=%s person=%s limit=%s policy=%s block_lifted=%s", r->id,
-                 r->caller.account, r->caller.person, lim[0] ? lim : "none", pol[0] ? pol : "unchanged",
-                 lifted ? "true" : "false");
-        return reply_json(out, 200, k);
+        log_info("limit set", "key=%s account=%s actor=%s limit=%s policy=%s block_lifted=%s", key_id, account, actor,
+                 lim[0] ? lim : "none", pol[0] ? pol : "unchanged", lifted ? "true" : "false");
+        *ret = k;
+        return 0;
 db_fail:
         db_exec_logged(db, "ROLLBACK");
         return api_fail(err, 503, "database_unavailable", NULL, "could not set the limit");
+}
+
+static int set_limit(struct api_req *r, const char *lim, const char *pol, struct api_reply *out,
+                     struct api_error *err)
+{
+        char actor[EVENT_ID_MAX + 8];
+        snprintf(actor, sizeof(actor), "person:%s", r->caller.person);
+        json_t *k = NULL;
+        int rc = key_limit_set(req_db(r), r->caller.account, r->id, actor, lim, pol, &k, err);
+        return rc < 0 ? rc : reply_json(out, 200, k);
 }
 
 int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -321,7 +328,7 @@ int h_key_limit_put(struct api_req *r, struct api_reply *out, struct api_error *
         if ((rc = body_check_fields(r->json, allowed, err)) < 0)
                 return rc;
         char lim[24], pol[16];
-        if ((rc = parse_limit(json_object_get(r->json, "daily_limit_nanodollars"), json_object_get(r->json, "policy"),
+        if ((rc = key_limit_parse(json_object_get(r->json, "daily_limit_nanodollars"), json_object_get(r->json, "policy"),
                               true, lim, pol, err)) < 0)
                 return rc;
         return set_limit(r, lim, pol, out, err);

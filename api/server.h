@@ -192,6 +192,17 @@ int h_session_delete(struct api_req *r, struct api_reply *out, struct api_error 
  * *ret with its row and the secret (shown once). Runs its own transaction. */
 int key_create(PGconn *db, const char *account, const char *actor, const char *name, json_t *limit,
                const char *policy, json_t **ret, struct api_error *err);
+/* Reads a limit and a policy (JSON, as a body gives them): the limit an
+ * integer in [0, 10^18] or null (ret_limit "" = none), the policy pause, stop
+ * or alert_only (ret_policy "" = unchanged). 0 or -errno with err filled. */
+int key_limit_parse(json_t *lim, json_t *pol, bool limit_required, char ret_limit[24], char ret_policy[16],
+                    struct api_error *err);
+/* Sets key_id's daily limit (lim "" = none) and policy (pol "" = unchanged) in
+ * account, audited as actor's 'key.limit', and lifts today's block when the key
+ * may spend again, in one transaction: *ret is the key with
+ * spend_today_nanodollars, block_lifted and blocked_today. */
+int key_limit_set(PGconn *db, const char *account, const char *key_id, const char *actor, const char *lim,
+                  const char *pol, json_t **ret, struct api_error *err);
 int h_keys_list(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_keys_create(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_key_get(struct api_req *r, struct api_reply *out, struct api_error *err);

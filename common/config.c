@@ -307,12 +307,16 @@ int config_load(const struct program_info *prog, const struct setting *table, vo
         for (const struct setting *s = table; s->name; s++) {
                 if (!s->required || s->default_value || seen[s - table])
                         continue;
-                char env[96];
+                char env[96], flag[96];
                 env_name(env, sizeof(env), s->name);
+                snprintf(flag, sizeof(flag), "%s", s->name);
+                for (char *p = flag; *p; p++)
+                        if (*p == '_')
+                                *p = '-';
                 set_error(errbuf, errlen, "missing required setting %s (set %s in the config file, %s, or --%s)",
-                     s->name, s->name, env, s->name);
+                          s->name, s->name, env, flag);
                 r = -EINVAL;
-                        goto fail;
+                goto fail;
         }
         if (ret_argi)
                 *ret_argi = first_positional;
@@ -337,7 +341,7 @@ void config_free(const struct setting *table, void *cfg)
 int config_main(const struct program_info *prog, const struct setting *table, void *cfg,
                 int argc, char **argv, int *ret_argi)
 {
-        char err[512] = "", quoted[600];
+        char err[512] = "";
         log_set_component(prog->name);
         int r = config_load(prog, table, cfg, argc, argv, ret_argi, err, sizeof(err));
         if (r == CONFIG_EXIT) {
@@ -345,8 +349,8 @@ int config_main(const struct program_info *prog, const struct setting *table, vo
                 return 0;
         }
         if (r < 0) {
+                /* Once, as a sentence: nothing else has been logged yet, and a person reads it. */
                 fprintf(stderr, "%s: %s\n", prog->name, err);
-                log_error("configuration refused", "error=%s", log_quote(quoted, sizeof(quoted), err));
                 config_free(table, cfg);
                 return 2;
         }

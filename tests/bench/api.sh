@@ -15,7 +15,10 @@
 #      move with the other jobs on the machine, where requests/s and p99 do.
 #  - a noisy neighbour: another account's key keeps NOISY concurrent execs of
 #      `sleep 2` going (NOISY, default 16: four times a key's cap of 4 at once)
-#      through tally-api into a real tally-vmm (process backend), while
+#      through tally-api into a real tally-vmm (process backend) — one client
+#      process on kept-alive connections (tests/bench/noisy_exec.py), so that
+#      its cost on this machine is tally's and the sandbox's, not a shell
+#      forking a client per request — while
 #      wrk -c$QUIET_CONNECTIONS reads /v1/spend as the bench key; the same
 #      wrk alone just before, in the same run; and paced: /v1/spend at
 #      PACED_RATE a second (default 200) on one kept-alive connection
@@ -181,25 +184,30 @@ if [ -x "$API" ]; then
     echo "$r_p99 $r_bad"
   }
   read -r Q_ALONE Q_ALONE_BAD < <(quiet)
-  paced() { python3 "$TALLY_ROOT/tests/bench/paced_get.py" "$PORT" /v1/spend "$SECRET" "$PACED_RATE" 5; }
-  read -r _ P_ALONE P_ALONE_BAD < <(paced)
-  : >"$WORK/noisy.txt"
-  for i in $(seq "$NOISY"); do
-    ( while :; do
-        curl -s -o /dev/null -w '%{http_code}\n' -X POST -H "Authorization: Bearer $NOISY_SECRET" \
-          -H 'Content-Type: application/json' -d '{"command":"sleep 2","timeout_ms":30000}' \
-          "http://127.0.0.1:$PORT/v1/sandboxes/$SBX/exec" >>"$WORK/noisy.txt" || true
-      done ) &
-    NOISY_PIDS+=($!)
-  done
+  # The machine's busy ticks (all CPUs, from /proc/stat) and tally-api's,
+  # tally-vmm's and PostgreSQL's, over a paced run: where the CPU went.
+  busy() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+  paced() { # -> "P50 P99 NON2XX MACHINE_BUSY_PCT API_PCT VMM_PCT PG_PCT"
+    local m0 a0 v0 p0 t0 r
+    m0=$(busy); a0=$(ticks "$API_PID"); v0=$(ticks "$VMM_PID"); p0=$(pg_ticks); t0=$(date +%s%N)
+    r=$(python3 "$TALLY_ROOT/tests/bench/paced_get.py" "$PORT" /v1/spend "$SECRET" "$PACED_RATE" 5)
+    echo "$r $(awk -v m=$(($(busy) - m0)) -v a=$(($(ticks "$API_PID") - a0)) -v v=$(($(ticks "$VMM_PID") - v0)) \
+          -v p=$(($(pg_ticks) - p0)) -v ns=$(($(date +%s%N) - t0)) -v hz="$HZ" \
+          'BEGIN { s = ns / 1e9 * hz / 100; printf "%.0f %.0f %.0f %.0f", m / s, a / s, v / s, p / s }')"
+  }
+  read -r _ P_ALONE P_ALONE_BAD P_ALONE_CPU < <(paced)
+  say "  paced alone: p99 $P_ALONE ms; CPU % (machine of 200, tally-api, tally-vmm, PostgreSQL): $P_ALONE_CPU"
+  python3 "$TALLY_ROOT/tests/bench/noisy_exec.py" "$PORT" "$SBX" "$NOISY_SECRET" "$NOISY" "$WORK/noisy.txt" &
+  NOISY_PIDS+=($!)
   sleep 3 # the neighbour at its caps: 4 running, the rest waiting
   running=$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "tally_api_workers_running" { print $2 }')
   read -r Q_NOISY Q_NOISY_BAD < <(quiet)
-  read -r _ P_NOISY P_NOISY_BAD < <(paced)
-  for p in "${NOISY_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  read -r _ P_NOISY P_NOISY_BAD P_NOISY_CPU < <(paced)
+  say "  paced beside: p99 $P_NOISY ms; CPU % (machine of 200, tally-api, tally-vmm, PostgreSQL): $P_NOISY_CPU"
+  for p in "${NOISY_PIDS[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   NOISY_PIDS=()
-  NOISY_DONE=$(grep -c '^200$' "$WORK/noisy.txt" || true)
-  NOISY_429=$(grep -c '^429$' "$WORK/noisy.txt" || true)
+  read -r NOISY_DONE NOISY_429 NOISY_OTHER <"$WORK/noisy.txt"
+  [ "$NOISY_OTHER" = 0 ] || say "  the neighbour's execs: $NOISY_OTHER answered other than 200 or 429, or failed"
   say "  the neighbour: $running execs running at once (its cap), $NOISY_DONE ended with 200, $NOISY_429 refused with 429"
   [ "$Q_ALONE_BAD" = 0 ] && [ "$Q_NOISY_BAD" = 0 ] || die "/v1/spend answered other than 2xx (see $WORK/wrk.txt)"
   [ "$P_ALONE_BAD" = 0 ] && [ "$P_NOISY_BAD" = 0 ] || die "/v1/spend answered other than 2xx to the paced reader"

@@ -54,6 +54,7 @@ static const struct {
           { "accounts:INSERT(id,name,plan_id)", "accounts:UPDATE(plan_id)", "people:INSERT(id,account_id,email)",
             "people:DELETE", "people:UPDATE(password_hash)",
             "api_keys:INSERT(id,account_id,name,key_hash,prefix,daily_limit_nanodollars,limit_policy,created_by)",
+            "api_keys:UPDATE(daily_limit_nanodollars,limit_policy)", "key_blocks:DELETE",
             "audit_log:INSERT(account_id,actor,action,object_id,old_value,new_value)", NULL } },
         { "tally_vmm", { NULL } },
         { "tally_notifier",

@@ -608,6 +608,7 @@ static void test_limit_block(void)
         snprintf(lpath, sizeof(lpath), "/v1/keys/%s/limit", key_a.id);
         r = http("PUT", lpath, NULL, &sess_a, "{\"daily_limit_nanodollars\": 5000}");
         CHECK(r.status == 200 && json_is_false(json_object_get(r.json, "block_lifted")) &&
+                      json_is_true(json_object_get(r.json, "blocked_today")) &&
                       json_integer_value(json_object_get(r.json, "spend_today_nanodollars")) == 5000,
               "limit = spend: %ld %s", r.status, r.body);
         resp_free(&r);
@@ -615,8 +616,9 @@ static void test_limit_block(void)
               "a limit equal to today's spend lifted the block");
         /* above today's spend: lifted, at once */
         r = http("PUT", lpath, NULL, &sess_a, "{\"daily_limit_nanodollars\": 5001, \"policy\": \"pause\"}");
-        CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "block_lifted")), "raise: %ld %s", r.status,
-              r.body);
+        CHECK(r.status == 200 && json_is_true(json_object_get(r.json, "block_lifted")) &&
+                      json_is_false(json_object_get(r.json, "blocked_today")),
+              "raise: %ld %s", r.status, r.body);
         resp_free(&r);
         CHECK(sql_int("SELECT count(*) FROM key_blocks WHERE key_id = $1", key_a.id) == 0, "the block was not lifted");
         CHECK(sql_int("SELECT count(*) FROM audit_log WHERE action = 'key.limit' AND object_id = $1", key_a.id) == 2,
@@ -1220,6 +1222,83 @@ static int finish(void)
 /* No argument: the API's contract. "hostile": hostile.c's attacks, on a
  * tally-api with small worker queues (set through its TALLY_ variables, so
  * that a tally-api without them still starts and shows what it does). */
+/* tally-admin's key commands, as an operator at a terminal (its own role,
+ * tally_admin): key limit sets and audits what PUT /v1/keys/{id}/limit does,
+ * key list shows it, spend --day shows the limit of that day, and each
+ * command's --help needs no database. */
+static void test_admin_keys(void)
+{
+        char *out = NULL;
+        int rc = admin(&out, "key", "limit", key_a2.id, "--daily-limit-nanodollars", "7000", "--policy", "stop", "--json",
+                       NULL);
+        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+        CHECK(rc == 0 && j && json_integer_value(json_object_get(j, "daily_limit_nanodollars")) == 7000 &&
+                      strcmp(test_jstr(j, "limit_policy"), "stop") == 0 &&
+                      json_is_false(json_object_get(j, "blocked_today")),
+              "key limit: rc=%d %s", rc, out ? out : "");
+        json_decref(j);
+        free(out);
+        CHECK(sql_int("SELECT count(*) FROM audit_log WHERE action = 'key.limit' AND actor = 'admin' "
+                      "AND object_id = $1 AND new_value = '{\"daily_limit_nanodollars\": 7000, \"policy\": \"stop\"}'",
+                      key_a2.id) == 1,
+              "tally-admin's limit change is not in the audit log");
+        CHECK(sql_int("SELECT daily_limit_nanodollars FROM api_keys WHERE id = $1", key_a2.id) == 7000,
+              "the limit was not stored");
+        /* what the key had two days ago: the audit log's last change before that day ended */
+        sql_exec("INSERT INTO audit_log (account_id, actor, action, object_id, at, new_value) "
+                 "VALUES ($2, 'admin', 'key.limit', $1, now() - interval '2 days', "
+                 "        '{\"daily_limit_nanodollars\": 1000, \"policy\": \"pause\"}')",
+                 key_a2.id, acct_a);
+        out = NULL;
+        rc = admin(&out, "key", "list", "--account", acct_a, "--json", NULL);
+        j = out ? json_loads(out, 0, NULL) : NULL;
+        bool listed = false;
+        for (size_t i = 0; j && i < json_array_size(j); i++) {
+                json_t *row = json_array_get(j, i);
+                if (strcmp(test_jstr(row, "key"), key_a2.id) == 0)
+                        listed = strcmp(test_jstr(row, "daily limit"), "$0.000007") == 0 &&
+                                 strcmp(test_jstr(row, "policy"), "stop") == 0 &&
+                                 strcmp(test_jstr(row, "account"), acct_a) == 0;
+                CHECK(strcmp(test_jstr(row, "account"), acct_a) == 0, "key list --account listed %s",
+                      test_jstr(row, "account"));
+        }
+        CHECK(rc == 0 && listed, "key list: rc=%d %s", rc, out ? out : "");
+        json_decref(j);
+        free(out);
+        char day[16];
+        time_t t = time(NULL) - 2 * 86400;
+        strftime(day, sizeof(day), "%Y-%m-%d", gmtime(&t));
+        out = NULL;
+        rc = admin(&out, "spend", "--account", acct_a, "--day", day, "--json", NULL);
+        CHECK(rc == 0 && out && strstr(out, "\"$0.000001 pause\""), "spend --day %s: rc=%d %s", day, rc, out ? out : "");
+        free(out);
+        out = NULL;
+        rc = admin(&out, "spend", "--account", acct_a, "--json", NULL);
+        CHECK(rc == 0 && out && strstr(out, "\"$0.000007 stop\""), "spend today: rc=%d %s", rc, out ? out : "");
+        free(out);
+        /* refusals: no such key, a negative limit, an unknown policy; nothing changes */
+        CHECK(admin(NULL, "key", "limit", "key_nosuch", "--daily-limit-nanodollars", "5", NULL) != 0, "no such key");
+        CHECK(admin(NULL, "key", "limit", key_a2.id, "--daily-limit-nanodollars", "-5", NULL) != 0, "negative limit");
+        CHECK(admin(NULL, "key", "limit", key_a2.id, "--daily-limit-nanodollars", "5", "--policy", "maybe", NULL) != 0,
+              "unknown policy");
+        CHECK(sql_int("SELECT daily_limit_nanodollars FROM api_keys WHERE id = $1", key_a2.id) == 7000,
+              "a refused change changed the limit");
+        /* none: no limit */
+        CHECK(admin(NULL, "key", "limit", key_a2.id, "--daily-limit-nanodollars", "none", NULL) == 0, "limit none");
+        CHECK(sql_int("SELECT count(*) FROM api_keys WHERE id = $1 AND daily_limit_nanodollars IS NULL "
+                      "AND limit_policy = 'stop'", key_a2.id) == 1,
+              "limit none did not remove the limit (or changed the policy)");
+        /* a command's --help: no database asked for */
+        char *help[] = { (char *)test_env("TALLY_ADMIN_BIN"), "usage", "--help", NULL };
+        out = NULL;
+        char *err = NULL;
+        rc = test_run(help, &out, &err);
+        CHECK(rc == 0 && out && strstr(out, "usage [--account ID]") && !strstr(out, "close-month"),
+              "usage --help: rc=%d %s %s", rc, out ? out : "", err ? err : "");
+        free(out);
+        free(err);
+}
+
 int main(int argc, char **argv)
 {
         bool hostile = argc > 1 && strcmp(argv[1], "hostile") == 0;
@@ -1274,6 +1353,7 @@ int main(int argc, char **argv)
                 { "read_routes", test_read_routes },
                 { "no_secrets_logged", test_no_secrets_logged },
                 { "revoked_elsewhere", test_revoked_elsewhere },
+                { "admin_keys", test_admin_keys },
                 { "sandbox_cost", test_sandbox_cost }, /* last: it changes account A's plan */
         };
         TEST_RUN_CASES(cases);
