@@ -45,9 +45,15 @@ static int parse_time(api_param_fn get, void *ctx, const char *name, int64_t *us
         const char *s = get(ctx, name);
         if (!s || !*s)
                 return api_fail(err, 400, "invalid_field", name, "%s is required (an RFC 3339 time)", name);
+        /* A date alone is that UTC day's midnight. */
+        char day[32];
+        if (strlen(s) == 10 && snprintf(day, sizeof(day), "%sT00:00:00Z", s) < (int)sizeof(day))
+                s = day;
         if (read_time_parse(s, us) < 0)
                 return api_fail(err, 400, "invalid_field", name,
-                                "%s must be an RFC 3339 time such as 2026-11-01T00:00:00Z (encode + as %%2B)", name);
+                                "%s must be an RFC 3339 time such as 2026-11-01T00:00:00Z, or a date such as "
+                                "2026-11-01 (its midnight, UTC; encode + as %%2B)",
+                                name);
         if (*us % (INT64_C(3600) * 1000000) != 0)
                 return api_fail(err, 400, "invalid_field", name, "%s must fall on a whole UTC hour", name);
         read_time_format(text, size, *us);

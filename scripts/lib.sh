@@ -76,7 +76,8 @@ build_tally_progress() {
     say "build is up to date ($dir/)"
     return 0
   fi
-  say "building tally into $dir/ ($todo steps; the first build takes a minute or two)"
+  # (ninja's count before the build: steps that regenerate files add to it as it runs)
+  say "building tally into $dir/ (the first build takes a minute or two)"
   local log=$TALLY_ROOT/$dir/up-build.log last=-1 line n total pct t0
   t0=$(date +%s)
   if ! ninja -C "$TALLY_ROOT/$dir" 2>&1 | tee "$log" | while IFS= read -r line; do

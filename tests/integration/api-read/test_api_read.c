@@ -235,6 +235,14 @@ static void test_usage_month(void)
         check_row(json_array_get(d, 0), "month with offset", "cpu", "83.333333333", "300000000000000", 2083333333,
                   208);
         json_decref(p);
+        /* ... and as dates alone: each its midnight, UTC */
+        p = ok(USAGE, &ka1, "from=2025-11-01&to=2025-12-01&granularity=month&meter=cpu");
+        d = data(p);
+        CHECK(json_array_size(d) == 1, "dates: meter=cpu rows %zu, want 1", json_array_size(d));
+        check_row(json_array_get(d, 0), "month by dates", "cpu", "83.333333333", "300000000000000", 2083333333, 208);
+        CHECK(!strcmp(str(json_array_get(d, 0), "period_start"), "2025-11-01T00:00:00Z"), "dates: period_start %s",
+              str(json_array_get(d, 0), "period_start"));
+        json_decref(p);
 
         /* The whole account as its person: ar-ka2's 1 vCPU-hour more, rated in the same row:
          * 84.333... vCPU-h x $0.025 = $2.108333... -> 2,108,333,333 nd, 211 cents; storage 1 GB-month, $0.08. */
@@ -473,7 +481,9 @@ static void bad(enum what w, const char *qs, const char *field)
 static void test_bad_input(void)
 {
         bad(USAGE, "to=2025-12-01T00:00:00Z", "from");
-        bad(USAGE, "from=2025-11-01&to=2025-12-01T00:00:00Z", "from");
+        bad(USAGE, "from=2025-11-1&to=2025-12-01T00:00:00Z", "from");
+        bad(USAGE, "from=2025-02-29&to=2025-12-01T00:00:00Z", "from");
+        bad(USAGE, "from=2025-11-01Z&to=2025-12-01T00:00:00Z", "from");
         bad(USAGE, "from=2025-11-01 00:00:00Z&to=2025-12-01T00:00:00Z", "from");
         bad(USAGE, "from=2025-11-01T00:00:00&to=2025-12-01T00:00:00Z", "from");
         bad(USAGE, "from=2025-02-29T00:00:00Z&to=2025-12-01T00:00:00Z", "from");

@@ -15,11 +15,13 @@ Fails (never skips) when anything is missing."""
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -82,6 +84,13 @@ def up(state, env, *args):
     if p.returncode != 0:
         fail(f"scripts/up {' '.join(args)} exited {p.returncode}")
     return p.stdout + p.stderr
+
+
+def read_lines(stream, q):
+    """Every line of stream into q, then None at its end."""
+    for line in stream:
+        q.put(line)
+    q.put(None)
 
 
 def sign_in(base, email, password):
@@ -271,9 +280,23 @@ def main():
         if left:
             fail(f"cgroup parent left after stop: {left}")
 
-        # State survives: a second start keeps the account, the keys and the password.
-        out = up(state, env, "start")
+        # State survives: a second start, in the foreground as README's `./scripts/up` is, keeps
+        # the account, the keys and the password; `./scripts/up stop` from another shell ends it.
+        fg = subprocess.Popen([UP], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started = True
+        lines = queue.Queue()
+        threading.Thread(target=read_lines, args=(fg.stdout, lines), daemon=True).start()
+        out, deadline = "", time.monotonic() + 240
+        while "Ctrl-C stops it all" not in out:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                print(f"--- scripts/up (foreground)\n{out}", flush=True)
+                fail("the foreground scripts/up ended or stalled before it said it was up")
+            out += line
+        print(f"--- scripts/up (foreground)\n{out}", flush=True)
         if "password" in out and re.search(r"password\s+\S{12,}", out):
             fail("a second start printed a new password")
         if json.load(open(os.path.join(state, "demo", "keys.json"))) != keys:
@@ -281,6 +304,13 @@ def main():
         sign_in(base, email, pw)
         up(state, env, "stop")
         started = False
+        try:
+            rc = fg.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            fg.kill()
+            fail("the foreground scripts/up did not leave within 30 s of `scripts/up stop` from another shell")
+        if rc != 0:
+            fail(f"the foreground scripts/up left with {rc} after `scripts/up stop`")
         print(f"demo test passed in {time.monotonic() - t0:.0f} s")
         return 0
     except Exception:
