@@ -28,20 +28,30 @@ void encoder_stamp(struct encoder *e)
         M_SET(e->m, clock_steps_total, e->wall.steps);
 }
 
-/* Raises the host's generation for a sandbox whose n ran out (track.h): on disk first. */
-static int raise_generation(void *ctx, uint32_t next)
+/* Stores a raised generation before any seq uses it. Returns 0, or -errno
+ * logged with failed_msg (once until a store succeeds). */
+static int store_generation(struct encoder *e, uint32_t next, const char *failed_msg)
 {
-        struct encoder *e = ctx;
         int r = state_save_generation(e->state_dir, next);
         if (r < 0) {
                 M_ADD(e->m, state_save_errors_total, 1);
                 if (!e->gen_error_logged)
-                        log_error("could not store a raised generation: the sandbox's samples wait until it is stored",
-                                  "generation=%u error=\"%s\"", next, strerror(-r));
+                        log_error(failed_msg, "generation=%u error=\"%s\"", next, strerror(-r));
                 e->gen_error_logged = true;
                 return r;
         }
         e->gen_error_logged = false;
+        return 0;
+}
+
+/* Raises the host's generation for a sandbox whose n ran out (track.h): on disk first. */
+static int raise_generation(void *ctx, uint32_t next)
+{
+        struct encoder *e = ctx;
+        int r = store_generation(e, next,
+                                 "could not store a raised generation: the sandbox's samples wait until it is stored");
+        if (r < 0)
+                return r;
         e->gen_raised_mono = time_mono_ns();
         log_info("generation raised: a sandbox's sequence ran out of n", "generation=%u", next);
         return 0;
@@ -54,18 +64,9 @@ void encoder_follow_clock(struct encoder *e)
 {
         uint32_t next = generation_follow_clock(e->generation, e->stamp_wall / NS_PER_SEC,
                                                 e->stamp_mono - e->gen_raised_mono);
-        if (next == e->generation)
+        if (next == e->generation ||
+            store_generation(e, next, "could not store a raised generation: keeping the current one") < 0)
                 return;
-        int r = state_save_generation(e->state_dir, next);
-        if (r < 0) {
-                M_ADD(e->m, state_save_errors_total, 1);
-                if (!e->gen_error_logged)
-                        log_error("could not store a raised generation: keeping the current one",
-                                  "generation=%u error=\"%s\"", next, strerror(-r));
-                e->gen_error_logged = true;
-                return;
-        }
-        e->gen_error_logged = false;
         e->generation = next;
         e->gen_raised_mono = e->stamp_mono;
         log_info("generation raised to follow the clock", "generation=%u", next);
