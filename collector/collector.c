@@ -96,7 +96,8 @@ static void sample_all(struct collector *c)
                         errors++;
                 s->peak_read = true;
                 s->gone_logged = false;
-                if (!encoder_observe(&c->enc, s, s->record_epoch, rd.cpu_ns) || encoder_next_event(&c->enc, s, rd.cpu_ns, &rd) < 0)
+                if (!encoder_observe(&c->enc, s, s->record_epoch, rd.cpu_ns) ||
+                    encoder_next_event(&c->enc, s, rd.cpu_ns, &rd) < 0)
                         continue; /* its state is not on disk: held, counted */
                 int len = encoder_encode(&c->enc);
                 if (len < 0) {

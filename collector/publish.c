@@ -62,7 +62,8 @@ static bool queue_has_room(struct publisher *p)
 
 void publish_sample(struct publisher *p, struct sandbox *s, const char *buf, int len)
 {
-        if (queue_has_room(p) && announce_epoch(p, s) != -ENOBUFS && produce(p, s->account, buf, (size_t)len, NULL) != -ENOBUFS) {
+        if (queue_has_room(p) && announce_epoch(p, s) != -ENOBUFS &&
+            produce(p, s->account, buf, (size_t)len, NULL) != -ENOBUFS) {
                 if (s->pending) {
                         /* An older sample waited; this newer one carries the truth. */
                         s->pending = false;
