@@ -1,8 +1,8 @@
 /* jail.h — what the process backend's jail is made of, shared by tally-vmm
  * (vmm/process.c, which starts tally-sandbox-init) and tally-sandbox-init
- * (vmm/sandbox-init/init.c, which builds the jail). Only constants and the
- * configuration's wire form live here: the daemon must not link the jail's
- * code, which runs in a single-threaded program of its own.
+ * (vmm/sandbox-init/: init.c and the steps it names, which build the jail).
+ * Only constants and the configuration's wire form live here: the daemon must
+ * not link the jail's code, which runs in a single-threaded program of its own.
  *
  * The daemon clone()s the init into new pid, mount, uts, ipc and net
  * namespaces (always: a sandbox's network is its loopback alone), moves it

@@ -1,0 +1,228 @@
+/* publish.c — see publish.h. */
+#include "publish.h"
+#include "encode.h"
+#include "log.h"
+#include "metrics.h"
+#include "timeutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static int produce(struct publisher *p, const char *account, const char *payload, size_t len, void *opaque)
+{
+        rd_kafka_resp_err_t e = rd_kafka_producev(
+                p->rk, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_KEY(account, strlen(account)),
+                RD_KAFKA_V_VALUE((void *)payload, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                return -ENOBUFS;
+        if (e) {
+                M_ADD(p->m, publish_errors_total, 1);
+                log_warn("could not queue a sample", "error=\"%s\"", rd_kafka_err2str(e));
+                return -EIO;
+        }
+        return 0;
+}
+
+/* An epoch of the collector's own (raised over the record's when the counter
+ * went back) is announced with a `restarted` event before any sample under it
+ * and again each ANNOUNCE_EVERY_NS while it lasts, so that one announcement
+ * lost in a broker outage costs nothing for long: an aggregator bills no epoch
+ * the sandbox's host did not announce (docs/events.md, "Provenance"). The
+ * vmm announces the record's own epochs. Returns 0, or the -errno of a produce
+ * that failed (then the sample waits too). */
+#define ANNOUNCE_EVERY_NS (60 * NS_PER_SEC)
+static int announce_epoch(struct publisher *p, struct sandbox *s)
+{
+        if (!epoch_track_is_local(&s->track))
+                return 0;
+        int64_t now = time_mono_ns();
+        if (s->announced_epoch == s->track.epoch && now - s->announced_mono_ns < ANNOUNCE_EVERY_NS)
+                return 0;
+        char buf[2048];
+        int len = encoder_restarted(s, p->host_id, buf, sizeof(buf));
+        if (len < 0)
+                return len;
+        int r = produce(p, s->account, buf, (size_t)len, NULL);
+        if (r < 0)
+                return r;
+        if (s->announced_epoch != s->track.epoch)
+                log_info("new epoch announced", "sandbox=%s epoch=%llu reason=%s", s->id,
+                         (unsigned long long)s->track.epoch, s->epoch_reason ? s->epoch_reason : "counter_back");
+        s->announced_epoch = s->track.epoch;
+        s->announced_mono_ns = now;
+        return 0;
+}
+
+static bool queue_has_room(struct publisher *p)
+{
+        return rd_kafka_outq_len(p->rk) < (int)p->queue_max;
+}
+
+void publish_sample(struct publisher *p, struct sandbox *s, const char *buf, int len)
+{
+        if (queue_has_room(p) && announce_epoch(p, s) != -ENOBUFS &&
+            produce(p, s->account, buf, (size_t)len, NULL) != -ENOBUFS) {
+                if (s->pending) {
+                        /* An older sample waited; this newer one carries the truth. */
+                        s->pending = false;
+                        p->npending--;
+                }
+                return;
+        }
+        memcpy(s->pending_buf, buf, (size_t)len);
+        s->pending_len = len;
+        if (!s->pending) {
+                s->pending = true;
+                p->npending++;
+        }
+}
+
+void publish_pending(struct publisher *p, const struct sandbox_table *t)
+{
+        /* Round robin from where the last call stopped: starting at the list's head every tick
+         * would let the first queue_max sandboxes take all the room and starve the rest. */
+        for (size_t k = 0; k < t->n && p->npending > 0; k++) {
+                size_t i = (p->pending_next + k) % t->n;
+                struct sandbox *s = t->list[i];
+                if (!s->pending)
+                        continue;
+                if (!queue_has_room(p) || announce_epoch(p, s) == -ENOBUFS ||
+                    produce(p, s->account, s->pending_buf, (size_t)s->pending_len, NULL) == -ENOBUFS) {
+                        p->pending_next = i;
+                        break;
+                }
+                s->pending = false;
+                p->npending--;
+                p->pending_next = i + 1;
+        }
+        M_SET(p->m, pending_newest, p->npending);
+}
+
+void publish_spool(struct publisher *p, const struct sandbox_table *t)
+{
+        for (struct spool_entry *e = p->spool.head; e; e = e->next) {
+                if (e->in_flight)
+                        continue;
+                struct sandbox *s = table_find(t, e->sandbox);
+                if (s && announce_epoch(p, s) < 0)
+                        continue;
+                if (produce(p, e->account, e->payload, e->len, e) == 0)
+                        e->in_flight = true;
+        }
+        M_SET(p->m, spool_entries, p->spool.count);
+        M_SET(p->m, spool_bytes, p->spool.bytes);
+}
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+        struct publisher *p = opaque;
+        struct spool_entry *e = msg->_private;
+        if (msg->err) {
+                M_ADD(p->m, publish_errors_total, 1);
+                log_warn("a sample was not delivered", "error=\"%s\" final=%s", rd_kafka_err2str(msg->err),
+                         e ? "true" : "false");
+                if (e)
+                        e->in_flight = false; /* re-sent on the next tick */
+                return;
+        }
+        M_ADD(p->m, deliveries_total, 1);
+        if (e) {
+                log_debug("final sample acknowledged", "sandbox=%s", e->sandbox);
+                int r = spool_done(&p->spool, e);
+                if (r < 0)
+                        log_error("could not delete an acknowledged spool entry", "error=\"%s\"", strerror(-r));
+        }
+}
+
+/* A fatal producer error (the idempotence guarantee cannot hold) leaves the
+ * producer unusable: stop, so the service manager restarts us with the spool. */
+static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+        struct publisher *p = opaque;
+        if (err != RD_KAFKA_RESP_ERR__FATAL) {
+                log_debug("kafka client reports", "error=\"%s\"", reason);
+                return;
+        }
+        char why[512];
+        rd_kafka_fatal_error(rk, why, sizeof(why));
+        log_error("fatal producer error; stopping", "error=\"%s\"", why);
+        p->fatal = true;
+}
+
+void publish_final(struct publisher *p, struct sandbox *s, struct spool_entry *e)
+{
+        if (e && !e->in_flight && announce_epoch(p, s) == 0 && produce(p, e->account, e->payload, e->len, e) == 0)
+                e->in_flight = true;
+}
+
+void publish_forget(struct publisher *p, struct sandbox *s)
+{
+        if (s->pending)
+                p->npending--;
+}
+
+int publisher_open_spool(struct publisher *p, const char *state_dir, const char *host_id,
+                         struct collector_metrics *m)
+{
+        p->host_id = host_id;
+        p->m = m;
+        return spool_open(&p->spool, state_dir);
+}
+
+int publisher_connect(struct publisher *p, const struct collector_options *opt, char *err, size_t errlen)
+{
+        char kerr[512], timeout[64], qmax[64];
+        p->queue_max = opt->queue_max;
+        snprintf(timeout, sizeof(timeout), "message.timeout.ms=%lld", (long long)opt->delivery_timeout_ms);
+        /* The queue holds ordinary samples up to queue_max plus every final in the spool. */
+        snprintf(qmax, sizeof(qmax), "queue.buffering.max.messages=%lld", (long long)opt->queue_max + 100000);
+        const char *const pairs[] = { timeout, qmax, "client.id=tally-collector", NULL };
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        rd_kafka_conf_set_error_cb(conf, on_error);
+        rd_kafka_conf_set_opaque(conf, p);
+        /* Partitions added to usage are produced to within 30 s, not
+         * librdkafka's 5 min (docs/kafka.md, "Adding partitions"); set before
+         * kafka_settings, which may change it. */
+        static const char *const defaults[] = { KAFKA_METADATA_REFRESH, NULL };
+        if (kafka_conf_set_all(conf, defaults, kerr, sizeof(kerr)) < 0 ||
+            kafka_conf_set_client(conf, opt->kafka, kerr, sizeof(kerr)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+                return -EINVAL;
+        }
+        p->rk = kafka_producer_new(opt->brokers, conf, pairs, kerr, sizeof(kerr));
+        if (!p->rk) {
+                snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);
+                return -EINVAL;
+        }
+        if (p->spool.count)
+                log_info("re-sending final samples left in the spool", "count=%zu", p->spool.count);
+        return 0;
+}
+
+void publisher_close(struct publisher *p)
+{
+        if (p->rk)
+                rd_kafka_destroy(p->rk);
+        p->rk = NULL;
+        spool_close(&p->spool);
+}
+
+void publisher_poll(struct publisher *p)
+{
+        rd_kafka_poll(p->rk, 0);
+        M_SET(p->m, queue_depth, rd_kafka_outq_len(p->rk));
+        M_SET(p->m, spool_entries, p->spool.count);
+        M_SET(p->m, spool_bytes, p->spool.bytes);
+}
+
+void publisher_flush(struct publisher *p, int timeout_ms)
+{
+        log_info("collector stopping", "queued=%d spool=%zu", rd_kafka_outq_len(p->rk), p->spool.count);
+        if (rd_kafka_flush(p->rk, timeout_ms) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                log_warn("stopped before the broker acknowledged everything; the spool keeps final samples",
+                         "queued=%d spool=%zu", rd_kafka_outq_len(p->rk), p->spool.count);
+}
