@@ -3,7 +3,7 @@
 from an alert's commit to the webhook receiver getting it.
 
 Each alert is committed on its own connection with the aggregator's own
-statement (aggregator.c limits_sql inserts into alerts; sql/009's trigger
+statement (aggregator/store.c limits_sql inserts into alerts; sql/009's trigger
 adds the delivery and the NOTIFY in that transaction). The clock starts just
 before COMMIT is sent (so the figure can only be too high, never too low) and
 stops when the loopback receiver has read the request. One tally-notifier,

@@ -393,7 +393,7 @@ def workdir(prefix):
     return tempfile.mkdtemp(prefix=prefix + "-", dir=base)
 
 
-# What the aggregator runs when a batch crosses a threshold (aggregator.c,
+# What the aggregator runs when a batch crosses a threshold (aggregator/store.c,
 # limits_sql): the same insert, committed on its own.
 def threshold_sql(key, account, pct, spend, limit, day="(now() AT TIME ZONE 'UTC')::date"):
     return (f"INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars)"

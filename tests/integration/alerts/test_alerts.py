@@ -4,7 +4,7 @@
 Real PostgreSQL (a migrated database of the test's own), real tally-api,
 tally-admin and tally-notifier processes, a webhook receiver and an SMTP sink
 on loopback started here. Alerts are recorded with the aggregator's own
-statement (aggregator.c limits_sql) and spend with the shape of its upsert
+statement (aggregator/store.c limits_sql) and spend with the shape of its upsert
 of spend_daily (rate_sql), so sql/009's triggers run as they do in a batch.
 
 Proves:
@@ -359,7 +359,7 @@ def make_account_key(db, account):
     return re.search(r"id=(\S+)", out).group(1)
 
 
-# The shape of the aggregator's spend upsert (aggregator.c rate_sql): rated
+# The shape of the aggregator's spend upsert (aggregator/store.c rate_sql): rated
 # CPU is quantity x rate; nanodollars = rated / 3600e9 (sql/002).
 def spend_sql(key, account, nanodollars):
     return (f"INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated)"

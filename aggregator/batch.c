@@ -1,0 +1,126 @@
+/* batch.c — see batch.h. */
+#include "batch.h"
+
+#include "text.h"
+#include "timeutil.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int batch_add_piece(struct batch *b, struct sandbox *sb, const struct fold_usage *u)
+{
+        if (grow((void **)&b->pieces, &b->cappieces, b->npieces + 1, sizeof(*b->pieces)) < 0)
+                return -ENOMEM;
+        b->pieces[b->npieces++] = (struct piece){ .sb = sb, .u = *u };
+        return 0;
+}
+
+int add_dead(struct batch *b, int32_t partition, int64_t offset, const void *raw, size_t len, const char *why)
+{
+        if (grow((void **)&b->dead, &b->capdead, b->ndead + 1, sizeof(*b->dead)) < 0)
+                return -ENOMEM;
+        struct dead_letter *d = &b->dead[b->ndead];
+        d->raw = malloc(len ? len : 1);
+        if (!d->raw)
+                return -ENOMEM;
+        if (len)
+                memcpy(d->raw, raw, len);
+        d->len = len;
+        d->partition = partition;
+        d->offset = offset;
+        utf8_copy(d->reason, sizeof(d->reason), why);
+        b->ndead++;
+        return 0;
+}
+
+int mark_dirty(struct batch *b, struct sandbox *sb)
+{
+        if (sb->dirty)
+                return 0;
+        if (grow((void **)&b->dirty, &b->capdirty, b->ndirty + 1, sizeof(*b->dirty)) < 0)
+                return -ENOMEM;
+        b->dirty[b->ndirty++] = sb;
+        sb->dirty = true;
+        return 0;
+}
+
+int batch_add_event(struct batch *b, const struct usage_event *ev)
+{
+        if (grow((void **)&b->events, &b->capevents, b->nevents + 1, sizeof(*b->events)) < 0)
+                return -ENOMEM;
+        b->events[b->nevents++] = *ev; /* the batch owns it now */
+        return 0;
+}
+
+void batch_count_message(struct batch *b, int64_t kafka_ms)
+{
+        if (b->messages == 0)
+                b->started_ns = time_mono_ns();
+        b->messages++;
+        if (kafka_ms > 0 && grow((void **)&b->stamps, &b->capstamps, b->nstamps + 1, sizeof(*b->stamps)) == 0)
+                b->stamps[b->nstamps++] = kafka_ms;
+}
+
+void keep_first(struct batch *b, const struct raw *m)
+{
+        if (b->first_cap < m->len + 1) {
+                char *q = realloc(b->first_raw, m->len + 1);
+                if (!q) {
+                        free(b->first_raw);
+                        b->first_raw = NULL;
+                        b->first_cap = b->first_len = 0;
+                        return; /* then a refused batch of one is retried, not set aside */
+                }
+                b->first_raw = q;
+                b->first_cap = m->len + 1;
+        }
+        if (m->len)
+                memcpy(b->first_raw, m->payload, m->len);
+        b->first_len = m->len;
+        b->first_partition = m->partition;
+        b->first_offset = m->offset;
+}
+
+void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns)
+{
+        for (size_t i = 0; i < b->ndirty; i++) {
+                struct sandbox *s = b->dirty[i];
+                s->db_state = (int)s->fold.state + 1;
+                memcpy(s->db_host, s->host, sizeof(s->db_host));
+                s->net_unsaved = false;
+                s->version++;
+                s->used_ns = now_mono_ns;
+        }
+        for (size_t i = 0; i < b->nevents; i++) {
+                struct sandbox *s = sandbox_find(c, b->events[i].sandbox);
+                if (s)
+                        s->db_state = 0; /* the event may have changed the row's state */
+        }
+}
+
+void batch_clear(struct batch *b)
+{
+        for (size_t i = 0; i < b->ndirty; i++)
+                b->dirty[i]->dirty = false;
+        for (size_t i = 0; i < b->nevents; i++)
+                event_clear(&b->events[i]);
+        for (size_t i = 0; i < b->ndead; i++)
+                free(b->dead[i].raw);
+        for (size_t i = 0; i < b->nwaiting; i++)
+                free(b->waiting[i].raw);
+        b->npieces = b->ndirty = b->nevents = b->ndead = b->messages = b->nstamps = b->nwaiting = 0;
+}
+
+void batch_free(struct batch *b)
+{
+        batch_clear(b);
+        free(b->pieces);
+        free(b->dirty);
+        free(b->events);
+        free(b->dead);
+        free(b->waiting);
+        free(b->stamps);
+        free(b->first_raw);
+        *b = (struct batch){ 0 };
+}

@@ -1,0 +1,108 @@
+/* ledger.c — see ledger.h. */
+#include "ledger.h"
+
+#include "db.h"
+#include "log.h"
+#include "schema_version.h"
+#include "text.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+/* Schema this aggregator writes: 002_ledger and up to what it knows. */
+#define SCHEMA_NEED  14 /* held_readings */
+#define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
+
+/* Each session's staging tables (emptied at every commit or rollback). */
+static const char *const session_sql =
+        "SET TIME ZONE 'UTC';"
+        "CREATE TEMP TABLE IF NOT EXISTS stage_usage (sandbox_id text, hour timestamptz, account_id text,"
+        " key_id text, cpu_ns bigint, mem_byte_ns numeric, storage_byte_ns numeric, mem_peak_bytes bigint)"
+        " ON COMMIT DELETE ROWS;"
+        "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
+        " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"
+        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint) ON COMMIT DELETE ROWS;";
+
+static int db_session(PGconn *db, char *err, size_t errlen)
+{
+        int r = db_check_schema(db, SCHEMA_NEED, SCHEMA_KNOWN, err, errlen);
+        if (r < 0)
+                return r;
+        if (db_exec(db, session_sql, err, errlen) < 0)
+                return -EIO;
+        PGresult *res = PQprepare(db, "dead_letter",
+                                  "INSERT INTO dead_letters (topic, partition, \"offset\", raw, reason)"
+                                  " VALUES ('usage', $1, $2, $3, $4) ON CONFLICT DO NOTHING", 4, NULL);
+        r = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : -EIO;
+        PQclear(res);
+        if (r < 0) {
+                snprintf(err, errlen, "could not prepare: %s", PQerrorMessage(db));
+                return r;
+        }
+        return 0;
+}
+
+/* Makes sure the connection works, reconnecting if it broke. */
+int db_ensure(struct ledger *l)
+{
+        char err[1024];
+        if (l->db && PQstatus(l->db) == CONNECTION_OK)
+                return 0;
+        PQfinish(l->db);
+        l->db = db_connect(l->url, err, sizeof(err));
+        if (!l->db || db_session(l->db, err, sizeof(err)) < 0) {
+                log_error("could not open the ledger", "error=\"%s\"", err);
+                PQfinish(l->db);
+                l->db = NULL;
+                return -EIO;
+        }
+        return 0;
+}
+
+int query_ok(struct ledger *l, PGresult *res, ExecStatusType want, const char *what)
+{
+        if (PQresultStatus(res) == want)
+                return 0;
+        /* The server's message, on one line and without quotes, for the log. */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", PQresultErrorMessage(res));
+        for (char *c = msg; *c; c++)
+                if (*c == '\n' || *c == '"')
+                        *c = *c == '\n' ? ' ' : '\'';
+        log_error("ledger statement failed", "what=%s error=\"%s\"", what, msg);
+        /* What the poison rule compares and a dead letter keeps: the SQLSTATE
+         * and the primary message (no statement text, no line numbers). */
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+        char e[sizeof(l->last_error)];
+        snprintf(e, sizeof(e), "%s %s: %s", state ? state : "?????", what,
+                 primary ? primary : PQerrorMessage(l->db));
+        utf8_copy(l->last_error, sizeof(l->last_error), e);
+        return -EIO;
+}
+
+int copy_rows(struct ledger *l, const char *sql, const char *buf, size_t len)
+{
+        PGresult *res = PQexec(l->db, sql);
+        int r = query_ok(l, res, PGRES_COPY_IN, "copy");
+        PQclear(res);
+        if (r < 0)
+                return r;
+        if (len && PQputCopyData(l->db, buf, (int)len) != 1)
+                r = -EIO;
+        if (PQputCopyEnd(l->db, r < 0 ? "failed" : NULL) != 1)
+                r = -EIO;
+        res = PQgetResult(l->db);
+        if (query_ok(l, res, PGRES_COMMAND_OK, "copy end") < 0)
+                r = -EIO;
+        PQclear(res);
+        while ((res = PQgetResult(l->db)))
+                PQclear(res);
+        return r;
+}
+
+void ledger_close(struct ledger *l)
+{
+        PQfinish(l->db);
+        l->db = NULL;
+}

@@ -1,0 +1,424 @@
+/* loop.c — tally-aggregator's main loop (see aggregator.h).
+ *
+ * Poll messages, fold each into the in-memory state of its sandbox (which
+ * produces usage per (sandbox, hour)), and every few thousand messages or
+ * batch_ms commit the batch in ONE transaction (store.h). Only after the
+ * commit are control commands published (enforce.h).
+ *
+ * In-memory fold state is always "the database plus this batch": when a
+ * commit fails (database error or fenced partition) the batch is thrown away
+ * and the state and positions are read back from the database (resync).
+ *
+ * The modules, each owning its state: ledger.h (the connection), cache.h
+ * (sandboxes in memory), partitions.h (ownership and offsets), batch.h,
+ * intake.h (messages into the batch, with held.h), store.h (the commit),
+ * poison.h (batches the ledger keeps refusing), enforce.h (commands). This
+ * file holds what ties them: the commit's before and after, the rebalance
+ * callback, and the loop's timing rules. */
+#include "aggregator.h"
+
+#include "batch.h"
+#include "cache.h"
+#include "enforce.h"
+#include "held.h"
+#include "intake.h"
+#include "kafka.h"
+#include "ledger.h"
+#include "log.h"
+#include "metrics.h"
+#include "metrics_http.h"
+#include "partitions.h"
+#include "poison.h"
+#include "store.h"
+#include "timeutil.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LAG_BUCKETS 60000                    /* 1 ms each: commit latency histogram up to 60 s */
+#define HOLD_MAX 4096                        /* messages taken from the consumer at once */
+#define METERING_CHECK_NS (5 * NS_PER_SEC)   /* how often the metering_gaps view is read */
+
+/* A batch of a consumer that is behind may grow past batch_ms, up to this
+ * many times batch_ms (see the commit rule in aggregator_run). */
+#ifndef CATCHUP_BATCH_FACTOR
+#define CATCHUP_BATCH_FACTOR 10
+#endif
+
+struct agg {
+        const struct aggregator_config *cfg;
+        volatile sig_atomic_t *stop;
+        struct agg_metrics *metrics;
+        rd_kafka_t *consumer;
+
+        struct ledger ledger;
+        struct sandbox_cache cache;
+        struct partitions parts;
+        struct batch batch;
+        struct intake intake;
+        struct poison poison;
+        struct enforce enforce;
+
+        uint64_t *lag_hist;
+        uint64_t committed_messages, committed_batches, fenced, dead_total;
+        int64_t last_sweep_ns, last_gap_check_ns, last_held_check_ns;
+};
+
+/* ---- commit latency ---- */
+
+static void record_latency(struct agg *a)
+{
+        int64_t now_ms = time_wall_ns() / NS_PER_MS;
+        for (size_t i = 0; i < a->batch.nstamps; i++) {
+                int64_t lag = now_ms - a->batch.stamps[i];
+                if (lag < 0)
+                        lag = 0;
+                a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1]++;
+                agg_histogram_add(&a->metrics->lag_ms, lag);
+        }
+}
+
+static int64_t lag_quantile(const struct agg *a, uint64_t num, uint64_t den)
+{
+        uint64_t total = 0, seen = 0;
+        for (int i = 0; i < LAG_BUCKETS; i++)
+                total += a->lag_hist[i];
+        if (!total)
+                return -1;
+        uint64_t want = (total * num + den - 1) / den;
+        for (int i = 0; i < LAG_BUCKETS; i++) {
+                seen += a->lag_hist[i];
+                if (seen >= want)
+                        return i;
+        }
+        return LAG_BUCKETS - 1;
+}
+
+/* ---- the batch's end ---- */
+
+/* Forgets the batch, committed or not. */
+static void batch_drop(struct agg *a)
+{
+        batch_clear(&a->batch);
+        partitions_untouch(&a->parts);
+}
+
+/* Commits the batch in one transaction. On failure the batch is dropped and
+ * the state read back from the ledger (resync); a failure that repeats is
+ * narrowed down to its message (poison_step). */
+static int commit_batch(struct agg *a)
+{
+        struct batch *b = &a->batch;
+        if (b->messages == 0)
+                return 0;
+        struct commit_report rep;
+        int r = store_commit(&a->ledger, b, &a->parts, a->metrics, &rep);
+        if (r == 0) {
+                int64_t now_mono = rep.at[sizeof(rep.at) / sizeof(rep.at[0]) - 1];
+                batch_committed(b, &a->cache, now_mono);
+                record_latency(a);
+                agg_histogram_add(&a->metrics->commit_ms, (now_mono - rep.t0) / NS_PER_MS);
+                enforce_publish(&a->enforce, rep.cmds, rep.ncmds, rep.blocked != 0);
+                a->committed_messages += b->messages;
+                a->committed_batches++;
+                a->dead_total += b->ndead;
+                atomic_fetch_add_explicit(&a->metrics->messages_committed, b->messages, memory_order_relaxed);
+                atomic_fetch_add_explicit(&a->metrics->batches_committed, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], b->ndead, memory_order_relaxed);
+                poison_committed(&a->poison, b->messages);
+                store_log_committed(&rep, b);
+                batch_drop(a);
+                free(rep.cmds);
+                return 0;
+        }
+        if (r == -ESTALE || r == -EBUSY) {
+                a->fenced++;
+                atomic_fetch_add_explicit(&a->metrics->batches_fenced, 1, memory_order_relaxed);
+                if (r == -EBUSY)
+                        atomic_fetch_add_explicit(&a->metrics->sandboxes_fenced, 1, memory_order_relaxed);
+                log_warn(r == -ESTALE ? "partition fenced: another aggregator owns it now; batch dropped"
+                                      : "sandbox fenced: another aggregator billed it meanwhile; batch read again",
+                         "messages=%zu", b->messages);
+        } else {
+                atomic_fetch_add_explicit(&a->metrics->batches_failed, 1, memory_order_relaxed);
+                log_error("could not commit a batch; it will be read again", "messages=%zu", b->messages);
+                if (content_error(&a->ledger, r)) /* the database will say the same again: no need to wait */
+                        a->dead_total += (uint64_t)poison_step(&a->poison, &a->ledger, b, &a->parts, a->metrics);
+                else
+                        time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
+        }
+        free(rep.cmds);
+        batch_drop(a);
+        resync(&a->parts);
+        return r;
+}
+
+static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,
+                         void *opaque)
+{
+        struct agg *a = opaque;
+        if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+                commit_batch(a); /* claiming replaces sandboxes the batch may point to */
+                a->parts.seek_gen++;
+                while (claim(&a->parts, parts) < 0 && !*a->stop) {
+                        log_error("could not claim partitions; retrying", NULL);
+                        time_sleep_ns(NS_PER_SEC);
+                }
+                rd_kafka_assign(rk, parts);
+        } else {
+                /* Revoked or lost: what we hold commits only if our generation
+                 * still owns the partitions; then the state is dropped. */
+                commit_batch(a);
+                release(&a->parts, parts);
+                rd_kafka_assign(rk, NULL);
+        }
+}
+
+/* ---- the loop ---- */
+
+/* Folds the held messages in order (and destroys them), committing whenever
+ * the batch reaches its limit. A commit that fails resyncs: the rest are
+ * stale then and dropped (the consumer delivers them again). */
+static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
+{
+        prefetch(&a->cache, held, n);
+        uint64_t gen = a->parts.seek_gen;
+        for (size_t i = 0; i < n; i++) {
+                rd_kafka_message_t *m = held[i];
+                if (a->parts.seek_gen == gen) {
+                        if (!m->err) {
+                                size_t before = a->batch.messages;
+                                if (take_message(&a->intake, m) < 0) {
+                                        log_error("could not take a message (memory, or the ledger unreadable);"
+                                                  " dropping the batch to read it again", NULL);
+                                        batch_drop(a);
+                                        resync(&a->parts);
+                                        time_sleep_ns(NS_PER_SEC / 2);
+                                } else if (before == 0 && a->batch.messages == 1) {
+                                        keep_first(&a->batch, &(struct raw){ .partition = m->partition,
+                                                                             .offset = m->offset,
+                                                                             .payload = m->payload, .len = m->len });
+                                }
+                        } else if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET) {
+                                /* Commit first: the gap moves the offset in the ledger. */
+                                struct partition *p = part(&a->parts, m->partition);
+                                if (p && p->owned && commit_batch(a) == 0)
+                                        offset_reset(&a->parts, m->partition);
+                        } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                                log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
+                        }
+                        if (a->batch.messages &&
+                            (int64_t)a->batch.messages >= batch_limit(&a->poison, a->cfg->batch_messages))
+                                commit_batch(a);
+                }
+                rd_kafka_message_destroy(m);
+        }
+        sandboxes_forget_absent(&a->cache);
+}
+
+/* Creates the consumer (offsets kept in the ledger, never committed to
+ * Kafka; a position the broker lost reported, never reset) and subscribes. */
+static int consumer_open(struct agg *a)
+{
+        const struct aggregator_config *cfg = a->cfg;
+        char err[1024];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
+        rd_kafka_conf_set_opaque(conf, a);
+        /* topic.metadata.refresh.interval.ms: partitions added to usage are
+         * found (and the group rebalanced onto them) within 30 s, not
+         * librdkafka's 5 min (docs/kafka.md, "Adding partitions");
+         * consumer_settings, applied after, may change it. */
+        static const char *const consumer_settings[] = {
+                "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
+                "queued.min.messages=200000", KAFKA_METADATA_REFRESH, NULL };
+        if (kafka_conf_set_client(conf, &cfg->kafka, err, sizeof(err)) < 0 ||
+            kafka_conf_set_all(conf, consumer_settings, err, sizeof(err)) < 0 ||
+            kafka_conf_set_list(conf, cfg->consumer_settings, err, sizeof(err)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                log_error("bad consumer setting", "error=\"%s\"", err);
+                return -EIO;
+        }
+        /* A stored offset the broker no longer has is reported, never silently
+         * reset (offset_reset): the error setting wins over any other. */
+        static const char *const consumer_fixed[] = { "auto.offset.reset=error", NULL };
+        a->consumer = kafka_consumer_new(cfg->kafka_brokers, cfg->group, conf, consumer_fixed, err, sizeof(err));
+        if (!a->consumer) {
+                log_error("could not create the consumer", "error=\"%s\"", err);
+                return -EIO;
+        }
+        a->parts.consumer = a->consumer;
+        rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(topics, TOPIC_USAGE, RD_KAFKA_PARTITION_UA);
+        rd_kafka_resp_err_t e = rd_kafka_subscribe(a->consumer, topics);
+        rd_kafka_topic_partition_list_destroy(topics);
+        if (e) {
+                log_error("could not subscribe", "error=\"%s\"", rd_kafka_err2str(e));
+                return -EIO;
+        }
+        return 0;
+}
+
+/* Takes what is waiting (up to HOLD_MAX messages) into held, so that the
+ * fold state of the sandboxes among them not in memory is read in one query
+ * before any is folded. Messages taken before a rebalance or a seek are
+ * stale: dropped, delivered again. Returns how many it holds. */
+static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
+{
+        uint64_t gen = a->parts.seek_gen;
+        size_t n = 0;
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, a->batch.messages ? 5 : 100);
+        while (m) {
+                if (a->parts.seek_gen != gen) {
+                        for (size_t i = 0; i < n; i++)
+                                rd_kafka_message_destroy(held[i]);
+                        n = 0;
+                        gen = a->parts.seek_gen;
+                }
+                held[n++] = m;
+                if (n == HOLD_MAX)
+                        break;
+                m = rd_kafka_consumer_poll(a->consumer, 0);
+        }
+        if (a->parts.seek_gen != gen) {
+                for (size_t i = 0; i < n; i++)
+                        rd_kafka_message_destroy(held[i]);
+                n = 0;
+        }
+        return n;
+}
+
+/* Commit when the batch is full, old enough, or nothing more is waiting:
+ * when idle a sample is committed without delay. Unless the consumer is
+ * behind: a quiet poll while the broker holds more for us is the fetcher
+ * between two fetches, not the end of the stream; and while at least as
+ * many messages wait as the batch holds, the batch grows to batch_messages
+ * (up to CATCHUP_BATCH_FACTOR x batch_ms): the ledger's work per batch is
+ * per sandbox and hour, so larger batches catch up faster, and the samples
+ * waiting are late already. quiet: nothing came within the first poll's
+ * wait (not merely an empty queue between fetches). */
+static bool commit_due(struct agg *a, bool quiet)
+{
+        int64_t age = time_mono_ns() - a->batch.started_ns, batch_ns = a->cfg->batch_ms * NS_PER_MS;
+        bool commit = (int64_t)a->batch.messages >= batch_limit(&a->poison, a->cfg->batch_messages);
+        if (!commit && (quiet || age >= batch_ns)) {
+                int64_t behind = backlog(&a->parts);
+                if (age >= CATCHUP_BATCH_FACTOR * batch_ns)
+                        commit = true;
+                else if (age >= batch_ns)
+                        commit = behind < (int64_t)a->batch.messages;
+                else
+                        commit = behind == 0;
+        }
+        return commit;
+}
+
+/* Between polls: evict idle sandboxes, watch for metering gaps, expire held
+ * readings (the first and last only between batches). */
+static void housekeeping(struct agg *a)
+{
+        const struct aggregator_config *cfg = a->cfg;
+        int64_t now_mono = time_mono_ns();
+        int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC ? cfg->keep_stopped_ms * NS_PER_MS
+                                                                               : 5 * NS_PER_SEC;
+        if (!a->batch.messages && now_mono - a->last_sweep_ns >= sweep_every) {
+                a->last_sweep_ns = now_mono;
+                sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms);
+        }
+        if (now_mono - a->last_gap_check_ns >= METERING_CHECK_NS) {
+                a->last_gap_check_ns = now_mono;
+                check_metering_gaps(&a->parts);
+        }
+        int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
+        if (held_every > METERING_CHECK_NS)
+                held_every = METERING_CHECK_NS;
+        if (!a->batch.messages && now_mono - a->last_held_check_ns >= held_every) {
+                a->last_held_check_ns = now_mono;
+                a->dead_total += expire_held(&a->ledger, cfg->provenance_grace_ms, a->metrics);
+        }
+}
+
+int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
+{
+        struct agg a = { .cfg = cfg, .stop = stop };
+        int r = -EIO;
+        struct metrics_http *ms = NULL;
+        rd_kafka_message_t **held = NULL;
+        a.lag_hist = calloc(LAG_BUCKETS, sizeof(*a.lag_hist));
+        a.metrics = calloc(1, sizeof(*a.metrics));
+        if (!a.lag_hist || !a.metrics) {
+                free(a.lag_hist);
+                free(a.metrics);
+                return -ENOMEM;
+        }
+        a.ledger = (struct ledger){ .url = cfg->database_url };
+        a.cache = (struct sandbox_cache){ .ledger = &a.ledger, .metrics = a.metrics };
+        a.parts = (struct partitions){ .group = cfg->group, .ledger = &a.ledger, .cache = &a.cache,
+                                       .metrics = a.metrics, .stop = stop };
+        a.intake = (struct intake){ .cache = &a.cache, .batch = &a.batch, .parts = &a.parts, .ledger = &a.ledger,
+                                    .metrics = a.metrics, .max_ahead_ns = cfg->max_clock_ahead_ms * NS_PER_MS,
+                                    .max_behind_ns = cfg->max_clock_behind_ms * NS_PER_MS };
+        if ((r = metrics_http_start(cfg->metrics_address ? cfg->metrics_address : "127.0.0.1",
+                                    (int)cfg->metrics_port, agg_metrics_page, a.metrics, METRICS_HTTP_PAGE_MAX, &ms)) < 0) {
+                log_error("could not serve /metrics", "port=%" PRId64 " error=\"%s\"", cfg->metrics_port,
+                          strerror(-r));
+                r = -EIO;
+                goto out;
+        }
+        r = -EIO;
+        if (ms)
+                log_info("metrics served", "url=http://%s:%" PRId64 "/metrics",
+                         cfg->metrics_address ? cfg->metrics_address : "127.0.0.1", cfg->metrics_port);
+        if (db_ensure(&a.ledger) < 0 || enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0 ||
+            consumer_open(&a) < 0)
+                goto out;
+        log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64, cfg->group,
+                 cfg->batch_messages, cfg->batch_ms);
+        int64_t last_report = time_mono_ns();
+        held = calloc(HOLD_MAX, sizeof(*held));
+        if (!held) {
+                r = -ENOMEM;
+                goto out;
+        }
+        while (!*stop) {
+                size_t n = poll_held(&a, held);
+                take_held(&a, held, n);
+                if (a.batch.messages && commit_due(&a, n == 0))
+                        commit_batch(&a);
+                enforce_poll(&a.enforce);
+                housekeeping(&a);
+                if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
+                        last_report = time_mono_ns();
+                        log_info("progress", "messages=%" PRIu64 " batches=%" PRIu64 " sandboxes=%zu dead=%" PRIu64
+                                             " fenced=%" PRIu64 " commit_lag_ms_p50=%" PRId64 " commit_lag_ms_p99=%" PRId64,
+                                 a.committed_messages, a.committed_batches, a.cache.nsandboxes, a.dead_total, a.fenced,
+                                 lag_quantile(&a, 50, 100), lag_quantile(&a, 99, 100));
+                }
+        }
+        commit_batch(&a);
+        r = 0;
+out:
+        free(held);
+        metrics_http_stop(ms);
+        if (a.consumer) {
+                rd_kafka_consumer_close(a.consumer);
+                rd_kafka_destroy(a.consumer);
+        }
+        enforce_close(&a.enforce);
+        if (r == 0)
+                log_info("aggregator stopped", "messages=%" PRIu64 " batches=%" PRIu64 " dead=%" PRIu64 " fenced=%" PRIu64
+                                               " commit_lag_ms_p50=%" PRId64 " commit_lag_ms_p99=%" PRId64,
+                         a.committed_messages, a.committed_batches, a.dead_total, a.fenced, lag_quantile(&a, 50, 100),
+                         lag_quantile(&a, 99, 100));
+        batch_free(&a.batch);
+        sandbox_cache_free(&a.cache);
+        partitions_free(&a.parts);
+        free(a.lag_hist);
+        free(a.metrics);
+        ledger_close(&a.ledger);
+        return r;
+}

@@ -1,0 +1,409 @@
+/* store.c — see store.h. */
+#include "store.h"
+
+#include "held.h"
+#include "log.h"
+#include "text.h"
+#include "timeutil.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The fold state of the batch's sandboxes, fenced per sandbox: a row is
+ * written only where its version is still the one this aggregator read, so
+ * the count tells whether another owner moved any of them on meanwhile.
+ * In id order: two aggregators sharing sandboxes lock their rows in one order. */
+static const char *const fold_sql =
+        "WITH w AS (INSERT INTO fold_state AS f (sandbox_id, account_id, key_id, fold, version, stopped)"
+        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold ORDER BY sandbox_id"
+        "  ON CONFLICT (sandbox_id) DO UPDATE SET account_id = EXCLUDED.account_id, key_id = EXCLUDED.key_id,"
+        "   fold = EXCLUDED.fold, version = EXCLUDED.version, stopped = EXCLUDED.stopped, updated_at = now()"
+        "   WHERE f.version = EXCLUDED.version - 1 RETURNING 1)"
+        " SELECT count(*) FROM w";
+
+/* Per host, when a sample of it was last committed (in host order, so that
+ * aggregators sharing a host lock its row in one order). */
+static const char *const hosts_sql =
+        "INSERT INTO hosts AS h (host, last_sample_at, last_sample_wall)"
+        " SELECT host, now(), max(wall) FROM stage_fold WHERE host <> '' GROUP BY host ORDER BY host"
+        " ON CONFLICT (host) DO UPDATE SET last_sample_at = EXCLUDED.last_sample_at,"
+        "  last_sample_wall = greatest(h.last_sample_wall, EXCLUDED.last_sample_wall)";
+
+/* Everything a batch writes from its staging tables, in one round trip. */
+static const char *const apply_sql =
+        "INSERT INTO usage_hourly AS u (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns,"
+        "  storage_byte_ns, mem_peak_bytes)"
+        " SELECT sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns, mem_peak_bytes"
+        "   FROM stage_usage"
+        " ON CONFLICT (sandbox_id, hour) DO UPDATE SET cpu_ns = u.cpu_ns + EXCLUDED.cpu_ns,"
+        "  mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,"
+        "  storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,"
+        "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
+        "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state, net_rx_bytes,"
+        "  net_tx_bytes)"
+        " SELECT sandbox_id, account_id, key_id, host, vcpus, mem_size_bytes, state, net_rx, net_tx FROM stage_fold"
+        "  WHERE sync"
+        " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, host = EXCLUDED.host, updated_at = now(),"
+        "  net_rx_bytes = greatest(s.net_rx_bytes, EXCLUDED.net_rx_bytes),"
+        "  net_tx_bytes = greatest(s.net_tx_bytes, EXCLUDED.net_tx_bytes)"
+        "  WHERE s.state IS DISTINCT FROM EXCLUDED.state OR s.host IS DISTINCT FROM EXCLUDED.host"
+        "   OR s.net_rx_bytes < EXCLUDED.net_rx_bytes OR s.net_tx_bytes < EXCLUDED.net_tx_bytes;";
+
+/* Rating, in one statement that looks each rate up once: spend per key and
+ * UTC day (the exact sums of quantity x rate), and the usage its plan has no
+ * rate for, recorded once per (account, meter, hour) in rating_gaps and
+ * returned so the aggregator can say so loudly. Such usage adds nothing to
+ * spend (docs/billing.md, "Dead letters"); invoices price it when read. */
+static const char *const rate_sql =
+        "WITH g AS ("
+        "  SELECT key_id, account_id, hour, plan, cpu, mem, sto, rate_at(plan, 'cpu', hour) AS rc,"
+        "         rate_at(plan, 'memory', hour) AS rm, rate_at(plan, 'storage', hour) AS rs"
+        "    FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
+        "                 sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
+        "            FROM stage_usage GROUP BY key_id, account_id, hour) x),"
+        " spend AS ("
+        "  INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
+        "  SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id), sum(cpu * coalesce(rc, 0)),"
+        "         sum(mem * coalesce(rm, 0)), sum(sto * coalesce(rs, 0))"
+        "    FROM g GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
+        "  ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
+        "   memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
+        "   storage_rated = s.storage_rated + EXCLUDED.storage_rated)"
+        " INSERT INTO rating_gaps (account_id, plan_id, meter, hour)"
+        " SELECT DISTINCT account_id, plan, m.meter, hour FROM g"
+        "  CROSS JOIN LATERAL (VALUES ('cpu', cpu, rc), ('memory', mem, rm), ('storage', sto, rs)) AS m(meter, q, r)"
+        " WHERE m.q > 0 AND m.r IS NULL"
+        " ON CONFLICT DO NOTHING"
+        " RETURNING account_id, plan_id, meter, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI\"Z\"')";
+
+/* After the usage: alerts once per (key, day, threshold), and the block at
+ * 100%. Returns the keys newly blocked. */
+static const char *const limits_sql =
+        "WITH spent AS ("
+        "  SELECT d.key_id, d.day, d.account_id, d.nanodollars, k.daily_limit_nanodollars AS lim, k.limit_policy"
+        "    FROM spend_daily d JOIN api_keys k ON k.id = d.key_id"
+        "   WHERE (d.key_id, d.day) IN (SELECT DISTINCT key_id, (hour AT TIME ZONE 'UTC')::date FROM stage_usage)"
+        "     AND k.daily_limit_nanodollars IS NOT NULL AND k.revoked_at IS NULL AND d.nanodollars > 0),"
+        " fired AS ("
+        "  INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars)"
+        "  SELECT s.key_id, s.day, t.pct, s.account_id, s.nanodollars, s.lim"
+        "    FROM spent s, (VALUES (50), (80), (100)) AS t(pct)"
+        "   WHERE s.nanodollars::numeric * 100 >= s.lim::numeric * t.pct"
+        "  ON CONFLICT (key_id, day, threshold_pct) DO NOTHING RETURNING 1),"
+        " blocked AS ("
+        "  INSERT INTO key_blocks (key_id, day, account_id, policy)"
+        "  SELECT key_id, day, account_id, limit_policy FROM spent WHERE nanodollars >= lim"
+        "  ON CONFLICT (key_id, day) DO NOTHING RETURNING key_id, day)"
+        " SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM blocked)";
+
+/* Keys blocked today that still had running sandboxes in this batch (the
+ * newly blocked among them): their sandboxes get a command. */
+static const char *const enforce_sql =
+        "SELECT b.key_id, b.account_id, b.policy FROM key_blocks b"
+        " WHERE b.day = (now() AT TIME ZONE 'UTC')::date"
+        "   AND b.key_id IN (SELECT key_id FROM stage_fold WHERE state = 'running')";
+
+
+static int piece_cmp(const void *x, const void *y)
+{
+        const struct piece *p = x, *q = y;
+        if (p->sb != q->sb)
+                return p->sb < q->sb ? -1 : 1;
+        return p->u.hour_ns < q->u.hour_ns ? -1 : p->u.hour_ns > q->u.hour_ns;
+}
+
+static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t *ret_rows)
+{
+        if (b->npieces)
+                qsort(b->pieces, b->npieces, sizeof(*b->pieces), piece_cmp);
+        size_t rows = 0;
+        t->len = 0;
+        for (size_t i = 0; i < b->npieces;) {
+                struct piece sum = b->pieces[i++];
+                while (i < b->npieces && b->pieces[i].sb == sum.sb && b->pieces[i].u.hour_ns == sum.u.hour_ns) {
+                        const struct fold_usage *u = &b->pieces[i++].u;
+                        sum.u.cpu_ns += u->cpu_ns;
+                        sum.u.mem_byte_ns += u->mem_byte_ns;
+                        sum.u.storage_byte_ns += u->storage_byte_ns;
+                        if (u->mem_peak_bytes > sum.u.mem_peak_bytes)
+                                sum.u.mem_peak_bytes = u->mem_peak_bytes;
+                }
+                char hour[64], mem[48], sto[48];
+                format_ts(hour, sizeof(hour), sum.u.hour_ns);
+                if (text_add(t, "%s\t%s\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\n", sum.sb->id, hour,
+                             sum.sb->account, sum.sb->key, sum.u.cpu_ns, u128_str(sum.u.mem_byte_ns, mem, sizeof(mem)),
+                             u128_str(sum.u.storage_byte_ns, sto, sizeof(sto)), sum.u.mem_peak_bytes) < 0)
+                        return -ENOMEM;
+                rows++;
+        }
+        *ret_rows = rows;
+        return copy_rows(l, "COPY stage_usage FROM STDIN", t->buf, t->len);
+}
+
+static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
+{
+        t->len = 0;
+        for (size_t i = 0; i < b->ndirty; i++) {
+                const struct sandbox *s = b->dirty[i];
+                const struct fold_state *f = &s->fold;
+                /* (A sandbox with only its created event has no reading to sync the row from.) */
+                bool sync = f->known &&
+                            (s->db_state != (int)f->state + 1 || strcmp(s->db_host, s->host) != 0 || s->net_unsaved);
+                char fold[FOLD_STATE_TEXT_MAX], wall[64];
+                if (fold_state_format(f, fold, sizeof(fold)) < 0)
+                        return -ENOBUFS;
+                for (char *c = fold; *c; c++) /* one COPY field: no tab, newline or backslash */
+                        if (*c == '\t' || *c == '\n' || *c == '\\')
+                                *c = ' ';
+                format_ts(wall, sizeof(wall), f->wall_ns);
+                if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64
+                             "\t%" PRIu64 "\n", s->id, s->account, s->key,
+                             f->known ? s->host : "" /* no sample of its host yet */, s->vcpus, fold, s->version,
+                             f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
+                             wall, sync ? "t" : "f", s->net_rx, s->net_tx) < 0)
+                        return -ENOMEM;
+        }
+        return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);
+}
+
+static int apply_event(struct ledger *l, const struct usage_event *ev)
+{
+        char ts[64], vcpus[16], mem[32], disk[32];
+        format_ts(ts, sizeof(ts), ev->wall_ns);
+        PGresult *res;
+        if (ev->type == EVENT_CREATED) {
+                json_t *labels = json_object();
+                for (size_t i = 0; i < ev->nlabels; i++)
+                        json_object_set_new(labels, ev->labels[i].key, json_string(ev->labels[i].value));
+                char *ljson = json_dumps(labels, JSON_COMPACT);
+                json_decref(labels);
+                snprintf(vcpus, sizeof(vcpus), "%u", ev->vcpus);
+                snprintf(mem, sizeof(mem), "%" PRIu64, ev->mem_size_bytes);
+                snprintf(disk, sizeof(disk), "%" PRIu64, ev->disk_size_bytes);
+                const char *params[] = { ev->sandbox, ev->account, ev->key, ev->host, ev->parent[0] ? ev->parent : NULL,
+                                         ev->backend[0] ? ev->backend : NULL, vcpus, mem, disk,
+                                         ljson ? ljson : "{}", ts };
+                res = PQexecParams(l->db,
+                                   "INSERT INTO sandboxes AS s (id, account_id, key_id, host, parent_id, backend, vcpus,"
+                                   "  mem_size_bytes, disk_size_bytes, labels, state, created_at)"
+                                   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, 'running', $11)"
+                                   " ON CONFLICT (id) DO UPDATE SET parent_id = EXCLUDED.parent_id,"
+                                   "  backend = EXCLUDED.backend, vcpus = EXCLUDED.vcpus,"
+                                   "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_size_bytes = EXCLUDED.disk_size_bytes,"
+                                   "  labels = EXCLUDED.labels, created_at = EXCLUDED.created_at, updated_at = now()",
+                                   11, NULL, params, NULL, NULL, 0);
+                free(ljson);
+        } else if (ev->type == EVENT_PAUSED || ev->type == EVENT_RESUMED || ev->type == EVENT_STOPPED) {
+                const char *state = ev->type == EVENT_PAUSED ? "paused" : ev->type == EVENT_RESUMED ? "running" : "stopped";
+                const char *params[] = { ev->sandbox, state };
+                res = PQexecParams(l->db, "UPDATE sandboxes SET state = $2, updated_at = now() WHERE id = $1", 2,
+                                   NULL, params, NULL, NULL, 0);
+        } else {
+                return 0; /* forked: each copy has its own created event */
+        }
+        int r = query_ok(l, res, PGRES_COMMAND_OK, event_type_name(ev->type));
+        PQclear(res);
+        return r;
+}
+
+int store_dead(struct ledger *l, const struct dead_letter *d)
+{
+        char p[16], o[32];
+        snprintf(p, sizeof(p), "%d", d->partition);
+        snprintf(o, sizeof(o), "%" PRId64, d->offset);
+        const char *params[] = { p, o, d->raw, d->reason };
+        int lens[] = { 0, 0, (int)d->len, 0 };
+        int fmts[] = { 0, 0, 1, 0 };
+        PGresult *res = PQexecPrepared(l->db, "dead_letter", 4, params, lens, fmts, 0);
+        int r = query_ok(l, res, PGRES_COMMAND_OK, "dead letter");
+        PQclear(res);
+        if (r == 0) {
+                char q[600];
+                log_warn("message dead-lettered", "partition=%d offset=%" PRId64 " reason=%s", d->partition,
+                         d->offset, log_quote(q, sizeof(q), d->reason));
+        }
+        return r;
+}
+
+/* Moves each touched partition's next offset, only where our generation
+ * still owns it. Returns 0, -ESTALE when fenced, -EIO. */
+static int store_offsets(struct ledger *l, const struct partitions *ps, struct text *t)
+{
+        t->len = 0;
+        int n = 0;
+        for (int32_t p = 0; p < ps->nparts; p++) {
+                if (!ps->parts[p].touched)
+                        continue;
+                if (text_add(t, "%s(%d, %" PRId64 "::bigint, %" PRId64 "::bigint)", n ? "," : "", p,
+                             ps->parts[p].position, ps->parts[p].generation) < 0)
+                        return -ENOMEM;
+                n++;
+        }
+        if (!n)
+                return 0;
+        struct text sql = { 0 };
+        if (text_add(&sql, "UPDATE consumer_offsets AS o SET next_offset = v.n, updated_at = now()"
+                           " FROM (VALUES %.*s) AS v(p, n, g)"
+                           " WHERE o.group_id = $1 AND o.topic = 'usage' AND o.partition = v.p AND o.generation = v.g",
+                     (int)t->len, t->buf) < 0)
+                return -ENOMEM;
+        const char *params[] = { ps->group };
+        PGresult *res = PQexecParams(l->db, sql.buf, 1, NULL, params, NULL, NULL, 0);
+        free(sql.buf);
+        int r = query_ok(l, res, PGRES_COMMAND_OK, "offsets");
+        if (r == 0 && atoi(PQcmdTuples(res)) != n)
+                r = -ESTALE;
+        PQclear(res);
+        return r;
+}
+
+/* ---- the commit: a table of steps ---- */
+
+/* One commit's working state. */
+struct commit {
+        struct ledger *l;
+        struct batch *b;
+        const struct partitions *ps;
+        struct agg_metrics *metrics;
+        struct text t;          /* COPY and SQL text, reused step to step */
+        struct commit_report *rep;
+};
+
+/* (fold state) Every row written: else another aggregator moved a sandbox
+ * on and ours is stale. */
+static int read_fold(struct commit *c, PGresult *res)
+{
+        return strtoull(PQgetvalue(res, 0, 0), NULL, 10) == c->b->ndirty ? 0 : -EBUSY;
+}
+
+/* (rate) Usage no rate applies to: said loudly, once per (account, meter, hour). */
+static int read_rating_gaps(struct commit *c, PGresult *res)
+{
+        for (int i = 0; i < PQntuples(res); i++) {
+                log_error("usage without a rate: kept, not rated; add the plan's rate",
+                          "account=%s plan=%s meter=%s hour=%s", PQgetvalue(res, i, 0), PQgetvalue(res, i, 1),
+                          PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+                atomic_fetch_add_explicit(&c->metrics->rating_gaps, 1, memory_order_relaxed);
+        }
+        return 0;
+}
+
+static int read_limits(struct commit *c, PGresult *res)
+{
+        c->rep->fired = atol(PQgetvalue(res, 0, 0));
+        c->rep->blocked = atol(PQgetvalue(res, 0, 1));
+        return 0;
+}
+
+/* (enforce) The commands for keys blocked today with running sandboxes. */
+static int read_commands(struct commit *c, PGresult *res)
+{
+        if (PQntuples(res) == 0)
+                return 0;
+        struct command *cmds = calloc((size_t)PQntuples(res), sizeof(*cmds));
+        c->rep->cmds = cmds;
+        for (int i = 0; cmds && i < PQntuples(res); i++) {
+                snprintf(cmds[i].key, sizeof(cmds[i].key), "%s", PQgetvalue(res, i, 0));
+                snprintf(cmds[i].account, sizeof(cmds[i].account), "%s", PQgetvalue(res, i, 1));
+                cmds[i].action = strcmp(PQgetvalue(res, i, 2), "stop") == 0 ? CONTROL_STOP : CONTROL_PAUSE;
+                c->rep->ncmds++;
+        }
+        return 0;
+}
+
+static int run_stage(struct commit *c)
+{
+        int r = stage_usage(c->l, c->b, &c->t, &c->rep->rows);
+        return r < 0 ? r : stage_fold(c->l, c->b, &c->t);
+}
+
+/* The batch's rows that are not staged: events, dead letters, held
+ * readings, and the partitions' offsets. */
+static int run_rows(struct commit *c)
+{
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < c->b->nevents; i++)
+                r = apply_event(c->l, &c->b->events[i]);
+        for (size_t i = 0; r == 0 && i < c->b->ndead; i++)
+                r = store_dead(c->l, &c->b->dead[i]);
+        for (size_t i = 0; r == 0 && i < c->b->nwaiting; i++)
+                r = store_waiting(c->l, &c->b->waiting[i]);
+        return r < 0 ? r : store_offsets(c->l, c->ps, &c->t);
+}
+
+enum { STEP_BEGIN, STEP_STAGE, STEP_FOLD, STEP_APPLY, STEP_RATE, STEP_ROWS, STEP_LIMITS, STEP_ENFORCE, STEP_HOSTS,
+       STEP_COMMIT, STEPS };
+
+/* A step is a statement (checked for want, then read) or a function. */
+struct step {
+        const char *what;       /* the statement's name in logs and last_error */
+        const char *sql;
+        ExecStatusType want;
+        int (*read)(struct commit *c, PGresult *res);
+        int (*run)(struct commit *c);
+};
+
+static const struct step steps[STEPS] = {
+        [STEP_BEGIN] = { "begin", "BEGIN", PGRES_COMMAND_OK, NULL, NULL },
+        [STEP_STAGE] = { "stage", NULL, 0, NULL, run_stage },
+        [STEP_FOLD] = { "fold state", fold_sql, PGRES_TUPLES_OK, read_fold, NULL },
+        [STEP_APPLY] = { "apply", apply_sql, PGRES_COMMAND_OK, NULL, NULL },
+        [STEP_RATE] = { "rate", rate_sql, PGRES_TUPLES_OK, read_rating_gaps, NULL },
+        [STEP_ROWS] = { "rows", NULL, 0, NULL, run_rows },
+        [STEP_LIMITS] = { "limits", limits_sql, PGRES_TUPLES_OK, read_limits, NULL },
+        [STEP_ENFORCE] = { "enforce", enforce_sql, PGRES_TUPLES_OK, read_commands, NULL },
+        /* Last: the one row aggregators share (per host), held until COMMIT. */
+        [STEP_HOSTS] = { "hosts", hosts_sql, PGRES_COMMAND_OK, NULL, NULL },
+        [STEP_COMMIT] = { "commit", "COMMIT", PGRES_COMMAND_OK, NULL, NULL },
+};
+
+_Static_assert(sizeof(((struct commit_report *)0)->at) / sizeof(int64_t) == STEPS, "one time per step");
+
+int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
+                 struct commit_report *ret)
+{
+        *ret = (struct commit_report){ .t0 = time_mono_ns() };
+        struct commit c = { .l = l, .b = b, .ps = ps, .metrics = metrics, .rep = ret };
+        l->last_error[0] = '\0';
+        int r = db_ensure(l);
+        size_t i = 0;
+        for (; r == 0 && i < STEPS; i++) {
+                const struct step *s = &steps[i];
+                if (s->run) {
+                        r = s->run(&c);
+                } else {
+                        PGresult *res = PQexec(l->db, s->sql);
+                        r = query_ok(l, res, s->want, s->what);
+                        if (r == 0 && s->read)
+                                r = s->read(&c, res);
+                        PQclear(res);
+                }
+                ret->at[i] = time_mono_ns();
+        }
+        /* A failure inside the transaction rolls it back (BEGIN's and
+         * COMMIT's leave none open). */
+        if (r < 0 && i > STEP_BEGIN + 1 && i < STEPS)
+                PQclear(PQexec(l->db, "ROLLBACK"));
+        free(c.t.buf);
+        return r;
+}
+
+void store_log_committed(const struct commit_report *rep, const struct batch *b)
+{
+        const int64_t *at = rep->at;
+        if (rep->fired)
+                log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", rep->fired, rep->blocked);
+        log_debug("batch committed",
+                  "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
+                  " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64
+                  " commit_ms=%" PRId64,
+                  b->messages, rep->rows, b->ndirty, b->nevents, b->ndead, (at[STEP_STAGE] - rep->t0) / NS_PER_MS,
+                  (at[STEP_ROWS] - at[STEP_STAGE]) / NS_PER_MS, (at[STEP_HOSTS] - at[STEP_ROWS]) / NS_PER_MS,
+                  (time_mono_ns() - rep->t0) / NS_PER_MS, (at[STEP_FOLD] - at[STEP_STAGE]) / NS_PER_MS,
+                  (at[STEP_APPLY] - at[STEP_FOLD]) / NS_PER_MS, (at[STEP_RATE] - at[STEP_APPLY]) / NS_PER_MS,
+                  (at[STEP_COMMIT] - at[STEP_HOSTS]) / NS_PER_MS);
+}

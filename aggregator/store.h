@@ -1,0 +1,47 @@
+/* store.h — writing a batch to the ledger: the SQL a commit runs, the
+ * staging of usage and fold state (COPY into the session's staging tables),
+ * and the commit itself, one transaction run as a table of steps.
+ *
+ * One transaction holds everything a batch produced: usage upserts, spend
+ * per key and day (rated), fold state fenced per sandbox by version, the
+ * sandboxes rows, lifecycle events, dead letters, held readings, the
+ * partitions' next offsets fenced by generation, alerts and blocks, and last
+ * the per-host sample times (the one row aggregators share, held until
+ * COMMIT). Every statement is one the tally_aggregator role is granted
+ * (sql/013_roles.sql, 014_provenance.sql). Nothing here publishes or changes
+ * memory: the caller does that once store_commit returned 0. */
+#pragma once
+
+#include "batch.h"
+#include "enforce.h"
+#include "ledger.h"
+#include "metrics.h"
+#include "partitions.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a committed transaction produced, for the caller to act on. */
+struct commit_report {
+        size_t rows;            /* usage rows (sandbox, hour) written */
+        long fired, blocked;    /* alerts recorded; keys newly blocked */
+        struct command *cmds;   /* enforcement to publish after COMMIT; the caller frees it */
+        int ncmds;
+        int64_t t0;             /* monotonic ns: start */
+        int64_t at[10];         /* monotonic ns: end of each step (store.c) */
+};
+
+/* Commits the batch in one transaction. Returns 0; -ESTALE when a partition
+ * is no longer ours (generation moved on); -EBUSY when another aggregator
+ * moved a sandbox's fold state or a held reading on meanwhile; -EIO when the
+ * ledger refused (last_error says why); -ENOMEM, -ENOBUFS. On failure the
+ * transaction is rolled back and nothing of the batch was written; *ret
+ * is filled either way (free ret->cmds). */
+int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
+                 struct commit_report *ret);
+
+/* Logs what a committed batch did and how long each part of it took. */
+void store_log_committed(const struct commit_report *rep, const struct batch *b);
+
+/* Inserts one dead letter (the session's prepared statement). 0 or -EIO. */
+int store_dead(struct ledger *l, const struct dead_letter *d);

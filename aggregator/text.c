@@ -1,0 +1,128 @@
+/* text.c — see text.h. */
+#include "text.h"
+
+#include "timeutil.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int grow(void **p, size_t *cap, size_t need, size_t size)
+{
+        if (need <= *cap)
+                return 0;
+        size_t n = *cap ? *cap * 2 : 1024;
+        while (n < need)
+                n *= 2;
+        void *q = realloc(*p, n * size);
+        if (!q)
+                return -ENOMEM;
+        *p = q;
+        *cap = n;
+        return 0;
+}
+
+/* Length of the valid UTF-8 character at s (RFC 3629: no overlong forms,
+ * no surrogates, nothing above U+10FFFF), or 0. */
+static size_t utf8_char(const unsigned char *s)
+{
+        if (s[0] < 0x80)
+                return 1;
+        size_t n;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (s[0] >= 0xC2 && s[0] <= 0xDF)
+                n = 2;
+        else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+                n = 3;
+                lo = s[0] == 0xE0 ? 0xA0 : 0x80;
+                hi = s[0] == 0xED ? 0x9F : 0xBF;
+        } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+                n = 4;
+                lo = s[0] == 0xF0 ? 0x90 : 0x80;
+                hi = s[0] == 0xF4 ? 0x8F : 0xBF;
+        } else
+                return 0;
+        if (s[1] < lo || s[1] > hi)
+                return 0;
+        for (size_t i = 2; i < n; i++)
+                if (s[i] < 0x80 || s[i] > 0xBF)
+                        return 0;
+        return n;
+}
+
+int text_add(struct text *t, const char *fmt, ...)
+{
+        for (;;) {
+                va_list ap;
+                va_start(ap, fmt);
+                int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->cap - t->len, fmt, ap);
+                va_end(ap);
+                if (n < 0)
+                        return -EINVAL;
+                if ((size_t)n < t->cap - t->len) {
+                        t->len += (size_t)n;
+                        return 0;
+                }
+                size_t cap = t->cap ? t->cap * 2 : 1 << 20;
+                while (cap < t->len + (size_t)n + 1)
+                        cap *= 2;
+                char *b = realloc(t->buf, cap);
+                if (!b)
+                        return -ENOMEM;
+                t->buf = b;
+                t->cap = cap;
+        }
+}
+
+void utf8_copy(char *dst, size_t size, const char *src)
+{
+        const unsigned char *s = (const unsigned char *)src;
+        size_t o = 0;
+        while (*s && size) {
+                size_t n = utf8_char(s);
+                if (n == 0) {
+                        if (o + 1 >= size)
+                                break;
+                        dst[o++] = '?';
+                        s++;
+                        continue;
+                }
+                if (o + n >= size)
+                        break;
+                memcpy(dst + o, s, n);
+                o += n;
+                s += n;
+        }
+        if (size)
+                dst[o] = '\0';
+}
+
+char *u128_str(u128 v, char *buf, size_t size)
+{
+        char tmp[48];
+        size_t n = 0;
+        do {
+                tmp[n++] = (char)('0' + (int)(v % 10));
+                v /= 10;
+        } while (v);
+        size_t i = 0;
+        for (; i < n && i + 1 < size; i++)
+                buf[i] = tmp[n - 1 - i];
+        buf[i] = '\0';
+        return buf;
+}
+
+void format_ts(char *buf, size_t size, int64_t ns)
+{
+        time_t s = (time_t)time_floor(ns, NS_PER_SEC) / NS_PER_SEC;
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        int64_t frac = ns - (int64_t)s * NS_PER_SEC;
+        char date[32];
+        strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
+        snprintf(buf, size, "%s.%06" PRId64 "+00", date, frac / NS_PER_US);
+}
