@@ -1,4 +1,4 @@
-/* protocol.h — the frames the host (vmm/qemu/qemu.c) and the guest agent
+/* protocol.h — the frames the host (vmm/qemu/agent_chan.c) and the guest agent
  * (vmm/guest/agent.c) exchange over the VM's second serial port.
  *
  * Every frame is
