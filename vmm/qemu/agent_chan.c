@@ -47,41 +47,26 @@ int agent_chan_ping(struct agent_chan *a)
         return qio_write_all(a->fd, h, sizeof(h), qio_now_ms() + PING_TIMEOUT_MS);
 }
 
-/* Reads the next frame, skipping bytes before the magic. *ret_payload is
- * malloc'd (NUL-terminated past its length). */
+/* Where read_frame reads: the channel's socket, until a deadline. */
+struct frame_source {
+        int fd;
+        int64_t deadline;
+};
+
+static int read_exact(void *ctx, void *buf, size_t len)
+{
+        const struct frame_source *src = ctx;
+        return qio_read_all(src->fd, buf, len, src->deadline);
+}
+
+/* Reads the next frame (protocol.h), skipping bytes before the magic.
+ * *ret_payload is malloc'd (NUL-terminated past its length). */
 static int read_frame(struct agent_chan *a, int *ret_type, unsigned char **ret_payload, uint32_t *ret_len,
                       int64_t deadline)
 {
-        unsigned char c, h[5];
-        int r, state = 0;
-        while (state < 2) {
-                r = qio_read_all(a->fd, &c, 1, deadline);
-                if (r < 0)
-                        return r;
-                if (state == 0)
-                        state = c == AGENT_MAGIC0;
-                else
-                        state = c == AGENT_MAGIC1 ? 2 : c == AGENT_MAGIC0;
-        }
-        r = qio_read_all(a->fd, h, sizeof(h), deadline);
-        if (r < 0)
-                return r;
-        uint32_t len = agent_get_u32(h + 1);
-        if (len > AGENT_PAYLOAD_MAX)
-                return -EPROTO;
-        unsigned char *p = malloc(len + 1);
-        if (!p)
-                return -ENOMEM;
-        r = qio_read_all(a->fd, p, len, deadline);
-        if (r < 0) {
-                free(p);
-                return r;
-        }
-        p[len] = 0;
-        *ret_type = h[0];
-        *ret_payload = p;
-        *ret_len = len;
-        return 0;
+        struct frame_source src = { a->fd, deadline };
+        int r = agent_read_frame(read_exact, &src, ret_type, ret_payload, ret_len);
+        return r == -EMSGSIZE ? -EPROTO : r;
 }
 
 int agent_chan_wait_ready(struct agent_chan *a, int64_t timeout_ms, char *why, size_t whylen)
