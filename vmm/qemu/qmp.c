@@ -3,7 +3,6 @@
 #include "sockio.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -39,22 +38,9 @@ static int read_line(struct qmp *q, char **ret, int64_t deadline)
                 }
                 if (q->len == sizeof(q->buf) - 1)
                         return -EMSGSIZE;
-                struct pollfd pf = { q->fd, POLLIN, 0 };
-                int n = poll(&pf, 1, qio_left_ms(deadline));
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        return -errno;
-                if (n == 0)
-                        return -ETIMEDOUT;
-                ssize_t r = read(q->fd, q->buf + q->len, sizeof(q->buf) - 1 - q->len);
-                if (r == 0)
-                        return -EPIPE;
-                if (r < 0) {
-                        if (errno == EINTR || errno == EAGAIN)
-                                continue;
-                        return -errno;
-                }
+                ssize_t r = qio_read_some(q->fd, q->buf + q->len, sizeof(q->buf) - 1 - q->len, deadline);
+                if (r < 0)
+                        return (int)r;
                 q->len += (size_t)r;
         }
 }

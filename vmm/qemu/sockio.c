@@ -66,10 +66,9 @@ int qio_write_all(int fd, const void *buf, size_t len, int64_t deadline)
         return 0;
 }
 
-int qio_read_all(int fd, void *buf, size_t len, int64_t deadline)
+ssize_t qio_read_some(int fd, void *buf, size_t len, int64_t deadline)
 {
-        char *p = buf;
-        while (len > 0) {
+        for (;;) {
                 struct pollfd pf = { fd, POLLIN, 0 };
                 int n = poll(&pf, 1, qio_left_ms(deadline));
                 if (n < 0 && errno == EINTR)
@@ -81,7 +80,7 @@ int qio_read_all(int fd, void *buf, size_t len, int64_t deadline)
                                 return -ETIMEDOUT;
                         continue;
                 }
-                ssize_t r = read(fd, p, len);
+                ssize_t r = read(fd, buf, len);
                 if (r == 0)
                         return -EPIPE;
                 if (r < 0) {
@@ -89,6 +88,17 @@ int qio_read_all(int fd, void *buf, size_t len, int64_t deadline)
                                 continue;
                         return -errno;
                 }
+                return r;
+        }
+}
+
+int qio_read_all(int fd, void *buf, size_t len, int64_t deadline)
+{
+        char *p = buf;
+        while (len > 0) {
+                ssize_t r = qio_read_some(fd, p, len, deadline);
+                if (r < 0)
+                        return (int)r;
                 p += r;
                 len -= (size_t)r;
         }

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t qio_now_ms(void);
@@ -24,6 +25,10 @@ int qio_listen_unix(const char *path);
 
 /* Writes all of buf to the socket fd (never raising SIGPIPE). */
 int qio_write_all(int fd, const void *buf, size_t len, int64_t deadline);
+
+/* Reads what fd has, up to len bytes (at least one; waiting for them). Returns
+ * how many, or a negative errno. */
+ssize_t qio_read_some(int fd, void *buf, size_t len, int64_t deadline);
 
 /* Reads exactly len bytes from fd into buf. */
 int qio_read_all(int fd, void *buf, size_t len, int64_t deadline);
