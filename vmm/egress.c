@@ -1,4 +1,7 @@
-/* egress.c — see egress.h.
+/* egress.c — see egress.h: the proxy's listener, its connections (one
+ * thread each: the request, the policy check, the relay) and the counters.
+ * egress_http.c reads the requests and writes the proxy's own answers;
+ * egress_dest.c resolves and checks where a connection may go.
  *
  * Threads: one accept thread per sandbox with internet, and one thread per
  * relayed connection (at most connections_max per sandbox: a per-tenant
@@ -9,20 +12,17 @@
  * returns to the daemon's code (it ends), so no other socket of the daemon
  * can be made in the wrong namespace. */
 #include "egress.h"
+#include "egress_dest.h"
+#include "egress_http.h"
 #include "jail.h"
 #include "log.h"
 #include "registry.h"
 #include "timeutil.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -30,13 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#define HEAD_MAX       8192     /* a request's line and headers */
-#define HEAD_WAIT_MS   10000
 #define RELAY_CHUNK    16384
 #define ADDRS_MAX      16       /* answers tried for one name */
 #define THREAD_STACK   (256 * 1024)
@@ -131,259 +128,11 @@ static int make_listener(pid_t pid, int *ret_fd, char *why, size_t whylen)
         return 0;
 }
 
-/* ---- small I/O ---- */
+/* ---- one connection ---- */
 
 static int64_t mono_ms(void)
 {
         return time_mono_ns() / NS_PER_MS;
-}
-
-/* Writes all of buf, waiting up to wait_ms for room. 0 or -errno. */
-static int write_all(int fd, const char *buf, size_t len, int wait_ms)
-{
-        while (len > 0) {
-                ssize_t w = send(fd, buf, len, MSG_NOSIGNAL);
-                if (w > 0) {
-                        buf += w;
-                        len -= (size_t)w;
-                        continue;
-                }
-                if (w < 0 && errno != EAGAIN && errno != EINTR)
-                        return -errno;
-                struct pollfd p = { fd, POLLOUT, 0 };
-                int pr = poll(&p, 1, wait_ms);
-                if (pr == 0)
-                        return -ETIMEDOUT;
-                if (pr < 0 && errno != EINTR)
-                        return -errno;
-        }
-        return 0;
-}
-
-static void reply(int fd, int status, const char *text, const char *detail)
-{
-        char buf[512];
-        int n = snprintf(buf, sizeof(buf),
-                         "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %zu\r\n"
-                         "\r\n%s\n",
-                         status, text, strlen(detail) + 1, detail);
-        if (n > 0 && (size_t)n < sizeof(buf))
-                write_all(fd, buf, (size_t)n, 1000);
-}
-
-/* ---- names and addresses ---- */
-
-/* Pins from the hosts file: "address name [name...]" lines, '#' comments.
- * Fills up to max addresses for host (lower case); returns how many. */
-static int hosts_lookup(const char *file, const char *host, struct sockaddr_storage *out, int max)
-{
-        if (!file || !*file)
-                return 0;
-        FILE *f = fopen(file, "re");
-        if (!f)
-                return 0;
-        char line[1024];
-        int n = 0;
-        while (n < max && fgets(line, sizeof(line), f)) {
-                char *hash = strchr(line, '#');
-                if (hash)
-                        *hash = '\0';
-                char *save = NULL, *addr = strtok_r(line, " \t\r\n", &save);
-                if (!addr)
-                        continue;
-                bool match = false;
-                for (char *name; (name = strtok_r(NULL, " \t\r\n", &save));)
-                        match |= strcasecmp(name, host) == 0;
-                if (!match)
-                        continue;
-                struct sockaddr_in *a4 = (struct sockaddr_in *)&out[n];
-                struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&out[n];
-                memset(&out[n], 0, sizeof(out[n]));
-                if (inet_pton(AF_INET, addr, &a4->sin_addr) == 1) {
-                        a4->sin_family = AF_INET;
-                        n++;
-                } else if (inet_pton(AF_INET6, addr, &a6->sin6_addr) == 1) {
-                        a6->sin6_family = AF_INET6;
-                        n++;
-                }
-        }
-        fclose(f);
-        return n;
-}
-
-/* The addresses host stands for: an address literal, the hosts file's pins,
- * else the host's resolver. Returns how many (0: none). */
-static int resolve(const struct egress *e, const char *host, struct sockaddr_storage *out, int max)
-{
-        memset(&out[0], 0, sizeof(out[0]));
-        struct sockaddr_in *a4 = (struct sockaddr_in *)&out[0];
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&out[0];
-        if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-                a4->sin_family = AF_INET;
-                return 1;
-        }
-        if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-                a6->sin6_family = AF_INET6;
-                return 1;
-        }
-        int n = hosts_lookup(e->s.hosts_file, host, out, max);
-        if (n > 0)
-                return n;
-        struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
-        if (getaddrinfo(host, NULL, &hints, &res) != 0)
-                return 0;
-        for (struct addrinfo *a = res; a && n < max; a = a->ai_next)
-                if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) && a->ai_addrlen <= sizeof(out[n])) {
-                        memset(&out[n], 0, sizeof(out[n]));
-                        memcpy(&out[n], a->ai_addr, a->ai_addrlen);
-                        n++;
-                }
-        freeaddrinfo(res);
-        return n;
-}
-
-/* Whether sa is one of this host's own addresses (any interface, up or not). */
-static bool host_own(const struct sockaddr *sa)
-{
-        struct ifaddrs *ifs = NULL;
-        if (getifaddrs(&ifs) < 0)
-                return true; /* unknown: refuse */
-        bool own = false;
-        for (struct ifaddrs *i = ifs; i && !own; i = i->ifa_next)
-                own = i->ifa_addr && net_addr_same(i->ifa_addr, sa);
-        freeifaddrs(ifs);
-        return own;
-}
-
-/* Connects to the first answer a sandbox may reach. Returns the socket, or
- * -EACCES if every answer was refused, or another -errno. */
-static int connect_checked(struct egress *e, struct sockaddr_storage *addrs, int n, int port)
-{
-        int r = -EACCES;
-        for (int i = 0; i < n; i++) {
-                struct sockaddr *sa = (struct sockaddr *)&addrs[i];
-                if (!net_addr_public(sa) || host_own(sa))
-                        continue;
-                socklen_t len;
-                if (sa->sa_family == AF_INET) {
-                        ((struct sockaddr_in *)sa)->sin_port = htons((uint16_t)port);
-                        len = sizeof(struct sockaddr_in);
-                } else {
-                        ((struct sockaddr_in6 *)sa)->sin6_port = htons((uint16_t)port);
-                        ((struct sockaddr_in6 *)sa)->sin6_scope_id = 0;
-                        len = sizeof(struct sockaddr_in6);
-                }
-                int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-                if (fd < 0) {
-                        r = -errno;
-                        continue;
-                }
-                /* Exactly the address checked above: no second lookup. */
-                if (connect(fd, sa, len) < 0 && errno != EINPROGRESS) {
-                        r = -errno;
-                        close(fd);
-                        continue;
-                }
-                struct pollfd p = { fd, POLLOUT, 0 };
-                int err = 0;
-                socklen_t el = sizeof(err);
-                int pr = poll(&p, 1, (int)e->s.connect_timeout_ms);
-                if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0)
-                        return fd;
-                r = pr == 0 ? -ETIMEDOUT : -(err ? err : EIO);
-                close(fd);
-        }
-        return r;
-}
-
-/* ---- one connection ---- */
-
-/* Splits "host:port" (IPv6 as "[addr]:port"); def_port when no port. */
-static bool split_authority(char *auth, char **ret_host, int *ret_port, int def_port)
-{
-        char *host = auth, *colon;
-        if (*auth == '[') {
-                char *end = strchr(auth, ']');
-                if (!end)
-                        return false;
-                *end = '\0';
-                host = auth + 1;
-                colon = end[1] == ':' ? end + 1 : NULL;
-                if (!colon && end[1])
-                        return false;
-        } else {
-                colon = strrchr(auth, ':');
-        }
-        int port = def_port;
-        if (colon) {
-                *colon = '\0';
-                char *endp;
-                long p = strtol(colon + 1, &endp, 10);
-                if (*endp || p < 1 || p > 65535)
-                        return false;
-                port = (int)p;
-        }
-        if (!*host || strlen(host) > NET_NAME_MAX)
-                return false;
-        for (char *c = host; *c; c++)
-                *c = (char)tolower((unsigned char)*c);
-        *ret_host = host;
-        *ret_port = port;
-        return true;
-}
-
-/* Reads the request's head (up to the blank line). Returns its length (the
- * bytes after it, *ret_len - head, are the body's start), or -1. */
-static ssize_t read_head(int fd, char *buf, size_t cap, size_t *ret_len)
-{
-        size_t len = 0;
-        int64_t until = mono_ms() + HEAD_WAIT_MS;
-        while (len < cap - 1) {
-                int left = (int)(until - mono_ms());
-                if (left <= 0)
-                        return -1;
-                struct pollfd p = { fd, POLLIN, 0 };
-                if (poll(&p, 1, left) <= 0)
-                        continue;
-                ssize_t n = recv(fd, buf + len, cap - 1 - len, 0);
-                if (n <= 0) {
-                        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-                                continue;
-                        return -1;
-                }
-                len += (size_t)n;
-                buf[len] = '\0';
-                char *end = strstr(buf, "\r\n\r\n");
-                if (end) {
-                        *ret_len = len;
-                        return end + 4 - buf;
-                }
-        }
-        return -1;
-}
-
-/* A header's value in the head (case-insensitive name), copied to out. */
-static bool header(const char *head, const char *name, char *out, size_t outlen)
-{
-        size_t nl = strlen(name);
-        for (const char *l = strstr(head, "\r\n"); l && l[2] != '\r'; l = strstr(l + 2, "\r\n")) {
-                const char *s = l + 2;
-                if (strncasecmp(s, name, nl) == 0 && s[nl] == ':') {
-                        s += nl + 1;
-                        while (*s == ' ' || *s == '\t')
-                                s++;
-                        const char *e = strstr(s, "\r\n");
-                        size_t n = e ? (size_t)(e - s) : strlen(s);
-                        if (n >= outlen)
-                                return false;
-                        memcpy(out, s, n);
-                        out[n] = '\0';
-                        while (n > 0 && (out[n - 1] == ' ' || out[n - 1] == '\t'))
-                                out[--n] = '\0';
-                        return true;
-                }
-        }
-        return false;
 }
 
 static void count(struct egress *e, bool to_sandbox, size_t n)
@@ -428,109 +177,78 @@ static void relay(struct conn *c)
                                         return;
                                 continue;
                         }
-                        if (write_all(to, buf, (size_t)n, (int)e->s.idle_timeout_ms) < 0)
+                        if (egress_write_all(to, buf, (size_t)n, (int)e->s.idle_timeout_ms) < 0)
                                 return;
                         count(e, k == 1, (size_t)n);
                 }
         }
 }
 
-static void serve(struct conn *c)
+/* The request r of connection c, allowed or refused: checks its name against
+ * the allow-list, connects to an address of it a sandbox may reach, passes
+ * the request on, and relays. */
+static void forward(struct conn *c, const struct egress_request *r)
 {
         struct egress *e = c->e;
-        char head[HEAD_MAX + 1], method[16], target[HEAD_MAX], version[16];
-        size_t len = 0;
-        ssize_t hl = read_head(c->fd, head, sizeof(head), &len);
-        if (hl < 0) {
-                reply(c->fd, 400, "Bad Request", "tally egress: no complete request head");
-                return;
-        }
-        char *eol = strstr(head, "\r\n");
-        size_t line_len = (size_t)(eol - head);
-        char line[HEAD_MAX];
-        memcpy(line, head, line_len);
-        line[line_len] = '\0';
-        if (sscanf(line, "%15s %8191s %15s", method, target, version) != 3 || strncmp(version, "HTTP/1.", 7) != 0) {
-                reply(c->fd, 400, "Bad Request", "tally egress: not an HTTP/1 request");
-                return;
-        }
-        bool tunnel = strcmp(method, "CONNECT") == 0;
-        char auth[HEAD_MAX], *host = NULL;
-        const char *path = "/";
-        int port = 0;
-        if (tunnel) {
-                snprintf(auth, sizeof(auth), "%s", target);
-                if (!strchr(auth, ':') || !split_authority(auth, &host, &port, 0) || port == 0) {
-                        reply(c->fd, 400, "Bad Request", "tally egress: CONNECT needs host:port");
-                        return;
-                }
-        } else if (strncasecmp(target, "http://", 7) == 0) {
-                char *a = target + 7, *slash = strchr(a, '/');
-                size_t al = slash ? (size_t)(slash - a) : strlen(a);
-                memcpy(auth, a, al);
-                auth[al] = '\0';
-                path = slash ? slash : "/";
-                if (strchr(auth, '@') || !split_authority(auth, &host, &port, 80)) {
-                        reply(c->fd, 400, "Bad Request", "tally egress: a bad URL");
-                        return;
-                }
-        } else if (target[0] == '/' && header(head, "Host", auth, sizeof(auth))) {
-                path = target;
-                if (!split_authority(auth, &host, &port, 80)) {
-                        reply(c->fd, 400, "Bad Request", "tally egress: a bad Host header");
-                        return;
-                }
-        } else {
-                reply(c->fd, 400, "Bad Request", "tally egress: CONNECT host:port, or http:// requests only");
-                return;
-        }
-        if (!net_policy_allows(&e->policy, host)) {
-                log_info("egress refused", "sandbox=%s host=\"%.64s\" port=%d reason=not_allowed", e->id, host, port);
-                reply(c->fd, 403, "Forbidden", "tally egress: this name is not on the sandbox's allow-list");
+        if (!net_policy_allows(&e->policy, r->host)) {
+                log_info("egress refused", "sandbox=%s host=\"%.64s\" port=%d reason=not_allowed", e->id, r->host,
+                         r->port);
+                egress_reply(c->fd, 403, "Forbidden", "tally egress: this name is not on the sandbox's allow-list");
                 return;
         }
         struct sockaddr_storage addrs[ADDRS_MAX];
-        int n = resolve(e, host, addrs, ADDRS_MAX);
+        int n = egress_resolve(e->s.hosts_file, r->host, addrs, ADDRS_MAX);
         if (n == 0) {
-                reply(c->fd, 502, "Bad Gateway", "tally egress: the name does not resolve");
+                egress_reply(c->fd, 502, "Bad Gateway", "tally egress: the name does not resolve");
                 return;
         }
-        c->up = connect_checked(e, addrs, n, port);
+        c->up = egress_connect_checked(addrs, n, r->port, e->s.connect_timeout_ms);
         if (c->up == -EACCES) {
                 c->up = -1;
-                log_info("egress refused", "sandbox=%s host=\"%.64s\" port=%d reason=address_not_public", e->id, host,
-                         port);
-                reply(c->fd, 403, "Forbidden",
-                      "tally egress: the name resolves only to addresses a sandbox may not reach (loopback, private, "
-                      "link-local, this host's own)");
+                log_info("egress refused", "sandbox=%s host=\"%.64s\" port=%d reason=address_not_public", e->id,
+                         r->host, r->port);
+                egress_reply(c->fd, 403, "Forbidden",
+                             "tally egress: the name resolves only to addresses a sandbox may not reach (loopback, "
+                             "private, link-local, this host's own)");
                 return;
         }
         if (c->up < 0) {
                 c->up = -1;
-                reply(c->fd, 502, "Bad Gateway", "tally egress: could not connect");
+                egress_reply(c->fd, 502, "Bad Gateway", "tally egress: could not connect");
                 return;
         }
-        const char *rest = head + hl;
-        size_t rest_len = len - (size_t)hl;
-        if (tunnel) {
+        const char *rest = r->head + r->head_len;
+        size_t rest_len = r->len - r->head_len;
+        size_t headers_len = (size_t)(rest - r->eol);
+        if (r->tunnel) {
                 static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
-                if (write_all(c->fd, ok, sizeof(ok) - 1, 5000) < 0)
+                if (egress_write_all(c->fd, ok, sizeof(ok) - 1, 5000) < 0)
                         return;
         } else {
                 /* origin-form line, then the headers and what came of the body, as they were */
-                char first[HEAD_MAX + 64];
-                int fl = snprintf(first, sizeof(first), "%s %s %s", method, path, version);
-                if (fl < 0 || (size_t)fl >= sizeof(first) || write_all(c->up, first, (size_t)fl, 5000) < 0 ||
-                    write_all(c->up, eol, (size_t)(head + hl - eol), 5000) < 0)
+                char first[EGRESS_HEAD_MAX + 64];
+                int fl = snprintf(first, sizeof(first), "%s %s %s", r->method, r->path, r->version);
+                if (fl < 0 || (size_t)fl >= sizeof(first) || egress_write_all(c->up, first, (size_t)fl, 5000) < 0 ||
+                    egress_write_all(c->up, r->eol, headers_len, 5000) < 0)
                         return;
-                count(e, false, (size_t)fl + (size_t)(head + hl - eol));
+                count(e, false, (size_t)fl + headers_len);
         }
         if (rest_len > 0) {
-                if (write_all(c->up, rest, rest_len, 5000) < 0)
+                if (egress_write_all(c->up, rest, rest_len, 5000) < 0)
                         return;
                 count(e, false, rest_len);
         }
         relay(c);
+}
+
+static void serve(struct conn *c)
+{
+        struct egress_request req;
+        const char *detail = NULL;
+        if (egress_request_read(c->fd, &req, &detail) < 0)
+                egress_reply(c->fd, 400, "Bad Request", detail);
+        else
+                forward(c, &req);
 }
 
 static void egress_free(struct egress *e)
@@ -623,7 +341,7 @@ static void *accept_main(void *arg)
                 }
                 pthread_mutex_unlock(&e->lock);
                 if (!c) {
-                        reply(fd, 503, "Service Unavailable", "tally egress: too many connections at once");
+                        egress_reply(fd, 503, "Service Unavailable", "tally egress: too many connections at once");
                         close(fd);
                         continue;
                 }
@@ -734,3 +452,4 @@ void egress_close(struct egress *e)
         if (last)
                 egress_free(e);
 }
+

@@ -77,40 +77,15 @@ static int64_t now_ms(void)
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Reads the next frame: skips bytes until the magic, then header and payload
- * (malloc'd in *ret_payload). */
+static int read_chan(void *ctx, void *buf, size_t len)
+{
+        return read_all(chan, buf, len);
+}
+
+/* Reads the next frame (protocol.h); the payload is malloc'd in *ret_payload. */
 static int read_frame(int *ret_type, unsigned char **ret_payload, uint32_t *ret_len)
 {
-        unsigned char c, h[5];
-        int r, state = 0;
-        while (state < 2) {
-                r = read_all(chan, &c, 1);
-                if (r < 0)
-                        return r;
-                if (state == 0)
-                        state = c == AGENT_MAGIC0;
-                else
-                        state = c == AGENT_MAGIC1 ? 2 : c == AGENT_MAGIC0;
-        }
-        r = read_all(chan, h, sizeof(h));
-        if (r < 0)
-                return r;
-        uint32_t len = agent_get_u32(h + 1);
-        if (len > AGENT_PAYLOAD_MAX)
-                return -EMSGSIZE;
-        unsigned char *p = malloc(len + 1);
-        if (!p)
-                return -ENOMEM;
-        r = read_all(chan, p, len);
-        if (r < 0) {
-                free(p);
-                return r;
-        }
-        p[len] = 0;
-        *ret_type = h[0];
-        *ret_payload = p;
-        *ret_len = len;
-        return 0;
+        return agent_read_frame(read_chan, NULL, ret_type, ret_payload, ret_len);
 }
 
 struct stream {

@@ -1,4 +1,4 @@
-/* protocol.h — the frames the host (vmm/qemu/qemu.c) and the guest agent
+/* protocol.h — the frames the host (vmm/qemu/agent_chan.c) and the guest agent
  * (vmm/guest/agent.c) exchange over the VM's second serial port.
  *
  * Every frame is
@@ -21,7 +21,10 @@
  * Shared by a static guest binary and the host library: no dependencies. */
 #pragma once
 
+#include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define AGENT_MAGIC0 'T'
 #define AGENT_MAGIC1 'L'
@@ -52,4 +55,44 @@ static inline void agent_put_u32(unsigned char *p, uint32_t v)
 static inline uint32_t agent_get_u32(const unsigned char *p)
 {
         return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* Reads one frame through read_exact (which reads exactly len bytes from ctx
+ * into buf and returns 0, or a negative errno that is passed on), skipping
+ * bytes before the magic. *ret_payload is malloc'd (the caller frees it) and
+ * NUL-terminated past its *ret_len bytes. -EMSGSIZE: a length over
+ * AGENT_PAYLOAD_MAX (the stream is then out of step). */
+static inline int agent_read_frame(int (*read_exact)(void *ctx, void *buf, size_t len), void *ctx, int *ret_type,
+                                   unsigned char **ret_payload, uint32_t *ret_len)
+{
+        unsigned char c, h[5];
+        int r, state = 0;
+        while (state < 2) {
+                r = read_exact(ctx, &c, 1);
+                if (r < 0)
+                        return r;
+                if (state == 0)
+                        state = c == AGENT_MAGIC0;
+                else
+                        state = c == AGENT_MAGIC1 ? 2 : c == AGENT_MAGIC0;
+        }
+        r = read_exact(ctx, h, sizeof(h));
+        if (r < 0)
+                return r;
+        uint32_t len = agent_get_u32(h + 1);
+        if (len > AGENT_PAYLOAD_MAX)
+                return -EMSGSIZE;
+        unsigned char *p = malloc(len + 1);
+        if (!p)
+                return -ENOMEM;
+        r = read_exact(ctx, p, len);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        p[len] = 0;
+        *ret_type = h[0];
+        *ret_payload = p;
+        *ret_len = len;
+        return 0;
 }

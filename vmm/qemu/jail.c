@@ -10,6 +10,7 @@
  * The child's half (qemu_jail_enter) must never allocate, lock or format: it
  * runs between fork and exec in a process whose other threads are gone. */
 #include "jail.h"
+#include "sockio.h"
 
 #include <elf.h>
 #include <errno.h>
@@ -18,7 +19,6 @@
 #include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,17 +65,6 @@ const char *qemu_jail_step_name(int step)
                 [JAIL_STEP_FDS] = "close the daemon's descriptors",
         };
         return step >= 0 && step < (int)(sizeof(names) / sizeof(names[0])) ? names[step] : "enter the jail";
-}
-
-static void set_why(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_why(char *why, size_t whylen, const char *fmt, ...)
-{
-        if (!why || whylen == 0)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, whylen, fmt, ap);
-        va_end(ap);
 }
 
 void qemu_jail_clear(struct qemu_jail *j)
@@ -303,17 +292,17 @@ int qemu_jail_prepare(struct qemu_jail *j, const char *binary, const char *workd
         }
         int r = resolve_binary(binary, j->exe, sizeof(j->exe));
         if (r < 0) {
-                set_why(why, whylen, "%s is not installed (Debian package qemu-system-x86)", binary);
+                qio_set_why(why, whylen, "%s is not installed (Debian package qemu-system-x86)", binary);
                 return r;
         }
         if (snprintf(j->root, sizeof(j->root), "%s/jail", workdir) >= (int)sizeof(j->root) ||
             snprintf(j->run_dir, sizeof(j->run_dir), "%s/qemu", workdir) >= (int)sizeof(j->run_dir)) {
-                set_why(why, whylen, "the working folder's path is too long");
+                qio_set_why(why, whylen, "the working folder's path is too long");
                 return -ENAMETOOLONG;
         }
         if ((mkdir(j->root, 0700) < 0 && errno != EEXIST) || (mkdir(j->run_dir, 0700) < 0 && errno != EEXIST)) {
                 r = -errno;
-                set_why(why, whylen, "could not create %s and %s: %s", j->root, j->run_dir, strerror(-r));
+                qio_set_why(why, whylen, "could not create %s and %s: %s", j->root, j->run_dir, strerror(-r));
                 return r;
         }
         j->sockets[0] = strdup(qmp_sock);
@@ -393,7 +382,7 @@ int qemu_jail_prepare(struct qemu_jail *j, const char *binary, const char *workd
         }
         return 0;
 fail:
-        set_why(why, whylen, "could not prepare QEMU's jail: %s: %s", what, strerror(-r));
+        qio_set_why(why, whylen, "could not prepare QEMU's jail: %s: %s", what, strerror(-r));
         qemu_jail_clear(j);
         return r;
 }
