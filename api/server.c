@@ -7,6 +7,7 @@
  * secret (key, cookie, password, CSRF token) is ever logged. */
 #include "log.h"
 #include "server.h"
+#include "vmm_hosts.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -116,6 +117,7 @@ struct api_server {
         struct MHD_Daemon *mhd;
         struct db_pool *pool;
         struct work_pool *workers;
+        struct vmm_hosts *hosts;
         struct metrics *metrics;
         int port;
         pthread_t janitor;
@@ -236,6 +238,11 @@ const char *req_cookie(struct api_req *r, const char *name)
 const struct api_config *req_config(struct api_req *r)
 {
         return r->srv->cfg;
+}
+
+struct vmm_hosts *req_vmm_hosts(struct api_req *r)
+{
+        return r->srv->hosts;
 }
 
 const char *req_param(void *ctx, const char *name)
@@ -1023,7 +1030,7 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         s->cfg = cfg;
         pthread_mutex_init(&s->lock, NULL);
         pthread_cond_init(&s->wake, NULL);
-        if ((r = vmm_hosts_init(cfg->vmm_sockets, err, errlen)) < 0)
+        if ((r = vmm_hosts_new(cfg->vmm_sockets, &s->hosts, err, errlen)) < 0)
                 goto fail;
         if ((r = db_pool_new(cfg->database_url, (int)cfg->db_pool_size, cfg->statement_timeout_ms, &s->pool, err,
                                errlen)) < 0)
@@ -1108,7 +1115,7 @@ void api_server_stop(struct api_server *s)
         pthread_mutex_destroy(&s->lock);
         pthread_cond_destroy(&s->wake);
         db_pool_free(s->pool);
-        vmm_hosts_free();
+        vmm_hosts_free(s->hosts);
         free(s->metrics);
         free(s);
 }

@@ -139,6 +139,8 @@ const char *req_cookie(struct api_req *r, const char *name);
 /* One query parameter, repeated ones joined with commas; NULL when absent. */
 const char *req_param(void *r, const char *name);
 const struct api_config *req_config(struct api_req *r);
+/* The hosts' tally-vmm daemons (vmm_hosts.h). */
+struct vmm_hosts *req_vmm_hosts(struct api_req *r);
 
 /* Fills out with json (stolen) as the body. Returns 0. */
 int reply_json(struct api_reply *out, int status, json_t *json);
@@ -206,9 +208,6 @@ int key_caps_read(PGconn *db, const char *account, const char *key, int64_t *ret
 int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 /* ---- sandboxes.c ---- */
-/* Splits the comma-separated socket list into hosts; call once at start. */
-int vmm_hosts_init(const char *sockets, char *err, size_t errlen);
-void vmm_hosts_free(void);
 int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *err);
