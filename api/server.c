@@ -5,8 +5,11 @@
  * Nothing here trusts the caller for its account: it comes from the key or
  * session found in the database, and every handler scopes its SQL to it. No
  * secret (key, cookie, password, CSRF token) is ever logged. */
+#include "destinations.h"
+#include "invoices.h"
 #include "log.h"
 #include "server.h"
+#include "static.h"
 #include "vmm_hosts.h"
 
 #include <arpa/inet.h>
@@ -37,18 +40,6 @@ static int h_usage(struct api_req *r, struct api_reply *out, struct api_error *e
 static int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err);
 static int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err);
-/* static.c: the dashboard page and its files */
-int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
-#include "invoices.h" /* h_invoices_list, h_invoice_current, h_invoice_get */
-/* api/destinations.c: where a person's alerts go (docs/alerts.md). */
-int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
-int alert_metrics_refresh(PGconn *db); /* destinations.c: the outbox gauges, refreshed by the janitor */
-void alert_metrics_write(FILE *f);
 
 struct route {
         const char *method;
