@@ -2,7 +2,7 @@
  * (sql/009, docs/alerts.md): webhook URLs with a signing secret shown once,
  * email addresses; list, disable, send a test event, resend a delivery.
  *
- * Only a person of the account may call these (NEED_PERSON in server.c's
+ * Only a person of the account may call these (NEED_PERSON in router.c's
  * route table: an API key gets 403 before they run); every statement is
  * scoped to the caller's account and every change is audited in the same
  * transaction. The secret is returned by create and never again. */
