@@ -3,6 +3,7 @@
  * every handler shares (replies, body fields, queries, ids). */
 #include "log.h"
 #include "server.h"
+#include "utf8.h"
 
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -131,43 +132,6 @@ bool req_is_write(const char *method)
         return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0;
 }
 
-/* Whether s[0..n) is UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF). */
-static bool utf8_valid(const unsigned char *s, size_t n)
-{
-        for (size_t i = 0; i < n;) {
-                unsigned char c = s[i];
-                size_t len;
-                uint32_t cp;
-                if (c < 0x80) {
-                        i++;
-                        continue;
-                } else if ((c & 0xe0) == 0xc0) {
-                        len = 2;
-                        cp = c & 0x1f;
-                } else if ((c & 0xf0) == 0xe0) {
-                        len = 3;
-                        cp = c & 0x0f;
-                } else if ((c & 0xf8) == 0xf0) {
-                        len = 4;
-                        cp = c & 0x07;
-                } else {
-                        return false;
-                }
-                if (i + len > n)
-                        return false;
-                for (size_t k = 1; k < len; k++) {
-                        if ((s[i + k] & 0xc0) != 0x80)
-                                return false;
-                        cp = cp << 6 | (s[i + k] & 0x3f);
-                }
-                static const uint32_t min[] = { 0, 0, 0x80, 0x800, 0x10000 };
-                if (cp < min[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                        return false;
-                i += len;
-        }
-        return true;
-}
-
 /* Collects the query's parameters as libmicrohttpd decoded them (with their
  * lengths: a %00 decodes to a NUL that a C string would silently end at). */
 static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
@@ -178,8 +142,8 @@ static enum MHD_Result collect_param(void *cls, enum MHD_ValueKind kind, const c
         if (!value)
                 value_size = 0;
         bool ok = memchr(key, '\0', key_size) == NULL && (!value || memchr(value, '\0', value_size) == NULL) &&
-                  utf8_valid((const unsigned char *)key, key_size) &&
-                  (!value || utf8_valid((const unsigned char *)value, value_size));
+                  utf8_valid(key, key_size) &&
+                  (!value || utf8_valid(value, value_size));
         if (!ok && !r->param_bad)
                 r->param_bad = key;
         if (r->nparams < API_MAX_PARAMS) {
