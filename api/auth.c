@@ -1,11 +1,12 @@
 /* auth.c — who is asking: API keys (SHA-256 of a 192-bit secret), people
  * (yescrypt passwords from libcrypt), sessions (cookie token and CSRF token,
  * both stored hashed, with an expiry), sign-in attempts (counted in
- * PostgreSQL, charged before the hash) and the in-memory request rate
- * limit. Secrets come from OpenSSL's RAND_bytes
- * only; none is stored or logged in clear. */
+ * PostgreSQL, charged before the hash). The request rate limit is
+ * ratelimit.c's. Secrets come from OpenSSL's RAND_bytes only; none is stored
+ * or logged in clear. */
 #include "log.h"
 #include "server.h"
+#include "timeutil.h"
 
 #include <arpa/inet.h>
 #include <crypt.h>
@@ -123,13 +124,6 @@ struct auth_entry {
 static struct auth_entry auth_cache[AUTH_CACHE_SLOTS];
 static pthread_mutex_t auth_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t mono_us(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static size_t auth_set_of(const char *hash)
 {
         /* the hash is uniform: its first 8 hex digits pick the set */
@@ -196,7 +190,7 @@ int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *er
                                         "Authorization must be \"Bearer <API key>\"");
                 const char *key = authz + 7;
                 sha256_hex(key, strlen(key), h);
-                int64_t now = mono_us();
+                int64_t now = time_mono_ns() / NS_PER_US;
                 struct auth_entry e;
                 if (!auth_cache_get(h, now, &e)) {
                         const char *params[] = { h };
@@ -251,46 +245,6 @@ int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *er
         }
         PQclear(res);
         return rc;
-}
-
-/* ---- request rate limits: a small in-memory table, per process (its
- * entries are authenticated keys and people, which no stranger can make up) ---- */
-
-#define SLOTS 4096
-
-struct slot {
-        char key[200];
-        int64_t a; /* milli-tokens */
-        int64_t t; /* last refill (us) */
-};
-
-static struct slot rate_slots[SLOTS];
-static pthread_mutex_t rate_lock = PTHREAD_MUTEX_INITIALIZER;
-
-
-/* The slot of key: its own, a free one, or (table full) the one it hashes to, reset. */
-static struct slot *slot_of(struct slot *table, const char *key, bool *ret_new)
-{
-        uint64_t h = 1469598103934665603ULL;
-        for (const char *p = key; *p; p++)
-                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        size_t start = (size_t)(h % SLOTS);
-        for (size_t i = 0; i < 16; i++) {
-                struct slot *s = &table[(start + i) % SLOTS];
-                if (strcmp(s->key, key) == 0) {
-                        *ret_new = false;
-                        return s;
-                }
-                if (!s->key[0]) {
-                        snprintf(s->key, sizeof(s->key), "%s", key);
-                        *ret_new = true;
-                        return s;
-                }
-        }
-        struct slot *s = &table[start];
-        snprintf(s->key, sizeof(s->key), "%s", key);
-        *ret_new = true;
-        return s;
 }
 
 /* ---- sign-in attempts: counted in PostgreSQL (sql/012), never evicted ---- */
@@ -367,32 +321,6 @@ static void signin_settle(PGconn *db, const char *email, const char *ip)
                          "                                           ELSE greatest(attempts - 1, 0) END "
                          "WHERE subject IN ($1, $2)",
                          2, p));
-}
-
-bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s)
-{
-        int64_t now = mono_us(), cap = cfg->rate_burst * 1000;
-        pthread_mutex_lock(&rate_lock);
-        bool fresh;
-        struct slot *s = slot_of(rate_slots, who, &fresh);
-        if (fresh) {
-                s->a = cap;
-                s->t = now;
-        }
-        /* rate_per_s tokens a second = rate_per_s milli-tokens a millisecond */
-        int64_t add = (now - s->t) * cfg->rate_per_s / 1000;
-        if (add > 0) {
-                s->a = s->a + add > cap ? cap : s->a + add;
-                s->t = now;
-        }
-        bool ok = s->a >= 1000;
-        if (ok)
-                s->a -= 1000;
-        int64_t need_us = ok ? 0 : (1000 - s->a) * 1000 / cfg->rate_per_s;
-        pthread_mutex_unlock(&rate_lock);
-        if (!ok)
-                *ret_retry_s = need_us / 1000000 + 1;
-        return ok;
 }
 
 /* ---- sessions: sign in, who am I, sign out ---- */

@@ -2,13 +2,14 @@
  * (sql/009, docs/alerts.md): webhook URLs with a signing secret shown once,
  * email addresses; list, disable, send a test event, resend a delivery.
  *
- * Only a person of the account may call these (NEED_PERSON in server.c's
+ * Only a person of the account may call these (NEED_PERSON in router.c's
  * route table: an API key gets 403 before they run); every statement is
  * scoped to the caller's account and every change is audited in the same
  * transaction. The secret is returned by create and never again. */
+#include "destinations.h"
+
 #include "db.h"
 #include "log.h"
-#include "server.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -18,14 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
-/* Outbox gauges for /metrics (see the end of this file). */
-int alert_metrics_refresh(PGconn *db);
-void alert_metrics_write(FILE *f);
 
 #define DEST_COLUMNS                                                                     \
         "id, kind, url, email, enabled, "                                                \

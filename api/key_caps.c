@@ -1,6 +1,6 @@
 /* key_caps.c — per-key caps on what a key may hold at once: sandboxes not
  * stopped, and their memory. Like the daily limit, only a person of the key's
- * account sets them (the route table in server.c refuses API keys on every
+ * account sets them (the route table in router.c refuses API keys on every
  * /v1/keys route); each change is audited in the same transaction. tally-api
  * enforces them at create and fork (sandboxes.c). */
 #include "db.h"

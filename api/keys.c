@@ -1,5 +1,5 @@
 /* keys.c — API keys and their daily limits, which only a person of the key's
- * account may change (invariant 5: the route table in server.c refuses
+ * account may change (invariant 5: the route table in router.c refuses
  * API keys before these run). Every change is written to audit_log in the
  * same transaction. Raising a limit above today's spend (or removing it, or
  * making it alert_only) deletes today's key_blocks row in that transaction:

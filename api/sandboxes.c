@@ -11,125 +11,16 @@
  * they stop spending. Create and fork are refused with 409 past the key's
  * caps (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
  * says). vmm_sockets is a list: a create goes to the next host in turn, a
- * sandbox is found by asking the hosts in order. */
+ * sandbox is found by asking the hosts in order (vmm_hosts.h). */
 #include "log.h"
 #include "server.h"
+#include "vmm_hosts.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_HOSTS 64
-
-static char *hosts[MAX_HOSTS];
-static int nhosts;
-static atomic_uint next_host;
-
-int vmm_hosts_init(const char *sockets, char *err, size_t errlen)
-{
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-        char *copy = strdup(sockets ? sockets : ""), *save = NULL;
-        for (char *t = strtok_r(copy, ",", &save); t && nhosts < MAX_HOSTS; t = strtok_r(NULL, ",", &save))
-                if (*t)
-                        hosts[nhosts++] = strdup(t);
-        free(copy);
-        if (nhosts == 0) {
-                snprintf(err, errlen, "vmm_sockets names no tally-vmm socket");
-                return -EINVAL;
-        }
-        return 0;
-}
-
-void vmm_hosts_free(void)
-{
-        for (int i = 0; i < nhosts; i++)
-                free(hosts[i]);
-        nhosts = 0;
-}
-
-struct buf {
-        char *data;
-        size_t len;
-};
-
-static size_t on_data(char *p, size_t size, size_t n, void *ud)
-{
-        struct buf *b = ud;
-        size_t add = size * n;
-        char *d = realloc(b->data, b->len + add + 1);
-        if (!d)
-                return 0;
-        memcpy(d + b->len, p, add);
-        b->len += add;
-        d[b->len] = '\0';
-        b->data = d;
-        return add;
-}
-
-/* One HTTP call to host h's tally-vmm. Returns the HTTP status with *ret the
- * parsed answer (the caller decrefs), or -EIO when the vmm cannot be reached. */
-static long vmm_call(int h, const char *method, const char *path, json_t *body, json_t **ret)
-{
-        CURL *curl = curl_easy_init();
-        if (!curl)
-                return -ENOMEM;
-        char url[512];
-        snprintf(url, sizeof(url), "http://vmm%s", path);
-        struct buf b = { 0 };
-        char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-        struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
-        curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, hosts[h]);
-        curl_easy_setopt(curl, CURLOPT_URL, url);
-        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
-        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
-        curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-        /* a host that does not accept within 5 s is down; an answer may take as
-         * long as the command it runs (the vmm bounds exec's timeout) */
-        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-        if (text)
-                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
-        else if (strcmp(method, "POST") == 0)
-                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, "{}");
-        CURLcode cr = curl_easy_perform(curl);
-        long status = -EIO;
-        if (cr == CURLE_OK)
-                curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-        else
-                log_error("could not reach tally-vmm", "socket=%s error=\"%s\"", hosts[h], curl_easy_strerror(cr));
-        curl_slist_free_all(headers);
-        curl_easy_cleanup(curl);
-        free(text);
-        *ret = status > 0 && b.data ? json_loads(b.data, 0, NULL) : NULL;
-        free(b.data);
-        return status;
-}
-
-/* Turns a vmm refusal into the API's error. */
-static int vmm_error(long status, json_t *j, struct api_error *err)
-{
-        const char *why = json_string_value(json_object_get(json_object_get(j, "error") ? j : NULL, "error"));
-        if (!why)
-                why = "tally-vmm refused";
-        switch (status) {
-        case 400: return api_fail(err, 400, "invalid_field", NULL, "%s", why);
-        case 403: return api_fail(err, 402, "limit_reached", NULL, "%s", why);
-        case 404: return api_fail(err, 404, "not_found", "id", "no such sandbox");
-        case 409: return api_fail(err, 409, "conflict", NULL, "%s", why);
-        case 422: return api_fail(err, 422, "unprocessable", NULL, "%s", why);
-        case 503: return api_fail(err, 503, "unavailable", NULL, "%s", why);
-        case 507: return api_fail(err, 507, "insufficient_capacity", NULL, "%s", why);
-        default:
-                if (status < 0)
-                        return api_fail(err, 502, "vmm_unavailable", NULL, "the sandbox host does not answer");
-                return api_fail(err, 502, "vmm_error", NULL, "the sandbox host answered %ld: %s", status, why);
-        }
-}
 
 /* Finds sandbox r->id among the hosts; it must belong to the caller's account.
  * Returns 0 with *ret_host and *ret (the sandbox), or an error. */
@@ -138,9 +29,10 @@ static int find(struct api_req *r, int *ret_host, json_t **ret, struct api_error
         char path[128];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", r->id);
         bool unreachable = false;
-        for (int h = 0; h < nhosts; h++) {
+        struct vmm_hosts *hosts = req_vmm_hosts(r);
+        for (int h = 0; h < vmm_hosts_count(hosts); h++) {
                 json_t *j = NULL;
-                long st = vmm_call(h, "GET", path, NULL, &j);
+                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
                 if (st == 200 && j) {
                         const char *acct = json_string_value(json_object_get(j, "account"));
                         if (!acct || strcmp(acct, r->caller.account) != 0) {
@@ -207,9 +99,10 @@ static int count_against_caps(struct api_req *r, const char *key, int64_t max_n,
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", r->caller.account);
         int64_t n = 0, mem = 0;
-        for (int h = 0; h < nhosts; h++) {
+        struct vmm_hosts *hosts = req_vmm_hosts(r);
+        for (int h = 0; h < vmm_hosts_count(hosts); h++) {
                 json_t *j = NULL, *sb;
-                long st = vmm_call(h, "GET", path, NULL, &j);
+                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
                 if (st != 200) {
                         json_decref(j);
                         return api_fail(err, 502, "vmm_unavailable", NULL,
@@ -307,7 +200,7 @@ static void scrub(json_t *j)
 static int forward(long st, json_t *j, int ok, struct api_reply *out, struct api_error *err)
 {
         if (st != ok) {
-                int rc = vmm_error(st, j, err);
+                int rc = vmm_hosts_error(st, j, err);
                 json_decref(j);
                 return rc;
         }
@@ -364,9 +257,9 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         json_t *spec = r->json ? json_deep_copy(r->json) : json_object();
         json_object_set_new(spec, "account", json_string(r->caller.account));
         json_object_set_new(spec, "key", json_string(r->caller.key));
-        int h = (int)(atomic_fetch_add(&next_host, 1) % (unsigned)nhosts);
+        struct vmm_hosts *hosts = req_vmm_hosts(r);
         json_t *j = NULL;
-        long st = vmm_call(h, "POST", "/v1/sandboxes", spec, &j);
+        long st = vmm_hosts_call(hosts, vmm_hosts_next(hosts), "POST", "/v1/sandboxes", spec, &j);
         if (lock)
                 pthread_mutex_unlock(lock);
         json_decref(spec);
@@ -421,12 +314,15 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", r->caller.account);
         json_t *all = json_array();
-        for (int h = 0; h < nhosts; h++) {
+        struct vmm_hosts *hosts = req_vmm_hosts(r);
+        for (int h = 0; h < vmm_hosts_count(hosts); h++) {
                 json_t *j = NULL;
-                long st = vmm_call(h, "GET", path, NULL, &j);
+                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
                 if (st != 200) {
                         json_decref(all);
-                        return vmm_error(st, j, err);
+                        int rc = vmm_hosts_error(st, j, err);
+                        json_decref(j);
+                        return rc;
                 }
                 size_t i;
                 json_t *sb;
@@ -547,7 +443,7 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", r->id, *action ? "/" : "", action);
         json_t *j = NULL;
-        long st = vmm_call(h, method, path, body, &j);
+        long st = vmm_hosts_call(req_vmm_hosts(r), h, method, path, body, &j);
         if (lock)
                 pthread_mutex_unlock(lock);
         return forward(st, j, ok, out, err);

@@ -1,6 +1,9 @@
-/* server.h — tally-api's insides, shared by its own files (server.c, auth.c,
- * keys.c, sandboxes.c, idempotency.c, pool.c, admin.c). The read handlers see
- * only api.h: nothing here is part of that contract. */
+/* server.h — tally-api's insides, shared by its own files: the settings, the
+ * database pool, the workers, the request as handlers see it and the
+ * handlers of each area (auth.c, keys.c, sandboxes.c, idempotency.c, ...).
+ * The server's own parts have a header each (router.h, dispatch.h, http.h,
+ * csrf.h, ratelimit.h, metrics.h, access_log.h, janitor.h, vmm_hosts.h). The
+ * read handlers see only api.h: nothing here is part of that contract. */
 #pragma once
 
 #include "api.h"
@@ -128,6 +131,7 @@ struct api_reply {
 
 typedef int (*api_handler_fn)(struct api_req *r, struct api_reply *out, struct api_error *err);
 
+/* ---- request.c ---- */
 /* A connection for r, taken from the pool on first use and held until the
  * request ends (or req_db_release). */
 PGconn *req_db(struct api_req *r);
@@ -139,6 +143,8 @@ const char *req_cookie(struct api_req *r, const char *name);
 /* One query parameter, repeated ones joined with commas; NULL when absent. */
 const char *req_param(void *r, const char *name);
 const struct api_config *req_config(struct api_req *r);
+/* The hosts' tally-vmm daemons (vmm_hosts.h). */
+struct vmm_hosts *req_vmm_hosts(struct api_req *r);
 
 /* Fills out with json (stolen) as the body. Returns 0. */
 int reply_json(struct api_reply *out, int status, json_t *json);
@@ -150,13 +156,33 @@ PGresult *db_query(PGconn *db, const char *what, ExecStatusType want, const char
                    const char *const *params);
 /* The ids every tally table uses: [A-Za-z0-9_.:-]{1,64}. */
 bool id_valid(const char *s);
+/* Whether method writes (anything but GET and HEAD). */
+bool req_is_write(const char *method);
+/* Reads r's query parameters as libmicrohttpd decoded them into r->param_*
+ * (a NUL or invalid UTF-8 in one sets r->param_bad; past API_MAX_PARAMS,
+ * r->params_over). */
+void req_collect_query(struct api_req *r);
 
-/* ---- server.c ---- */
+/* ---- server.c: the parts a request reaches, made by api_server_start and
+ * read-only after (each part is thread-safe on its own) ---- */
+struct api_server {
+        const struct api_config *cfg;
+        struct db_pool *pool;
+        struct work_pool *workers;
+        struct vmm_hosts *hosts;       /* vmm_hosts.h */
+        struct ratelimit *rate;        /* ratelimit.h */
+        struct api_metrics *metrics;   /* metrics.h */
+        struct http_server *http;      /* http.h */
+        struct janitor *janitor;       /* janitor.h; NULL if its thread could not start */
+};
+
 /* Starts the HTTP server. Returns 0 and *ret, or a negative errno with err filled. */
 int api_server_start(const struct api_config *cfg, struct api_server **ret, char *err, size_t errlen);
 /* The TCP port it listens on (useful with port 0). */
 int api_server_port(struct api_server *s);
 void api_server_stop(struct api_server *s);
+
+/* ---- router.c ---- */
 /* The route table, for the OpenAPI check: the i-th route's pattern (with
  * "{id}") and *ret_method; NULL past the last. */
 const char *api_route(size_t i, const char **ret_method);
@@ -180,8 +206,6 @@ bool password_verify(const char *password, const char *stored);
 int auth_resolve(struct api_req *r, char ret_csrf_hash[65], struct api_error *err);
 /* Forgets a key's cached verification (call after revoking it). */
 void auth_cache_forget_key(const char *key);
-/* Per-caller request budget (token bucket). Returns true when allowed; else *ret_retry_s. */
-bool rate_allow(const struct api_config *cfg, const char *who, int64_t *ret_retry_s);
 
 int h_session_create(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_session_get(struct api_req *r, struct api_reply *out, struct api_error *err);
@@ -217,9 +241,6 @@ int key_caps_read(PGconn *db, const char *account, const char *key, int64_t *ret
 int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 /* ---- sandboxes.c ---- */
-/* Splits the comma-separated socket list into hosts; call once at start. */
-int vmm_hosts_init(const char *sockets, char *err, size_t errlen);
-void vmm_hosts_free(void);
 int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *err);

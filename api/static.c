@@ -9,8 +9,9 @@
  * web/ (a development build run in place). Only names made of [a-z0-9._-]
  * that do not start with a dot are served, from that one folder: no path
  * ever reaches the file system from the request beyond that name. */
+#include "static.h"
+
 #include "log.h"
-#include "server.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -27,8 +28,6 @@
 
 #define STATIC_MAX_BYTES (8 * 1024 * 1024)
 
-int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
 
 /* Files npm installs (web/package.json), by the name the page asks for: the
  * installed tree keeps them in vendor/, the source tree in node_modules/. */

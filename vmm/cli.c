@@ -1,8 +1,10 @@
 /* cli.c — see cli.h. Prints what the daemon answers: JSON for single objects,
- * a table for `ls`, and for `exec` the command's own stdout, stderr and exit status. */
+ * a table for `ls`, and for `exec` the command's own stdout, stderr and exit status.
+ * It reaches the daemon through vmm/client.h. */
 #include "cli.h"
 
-#include <curl/curl.h>
+#include "client.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -23,58 +25,26 @@ int vmm_cli_is_command(const char *name)
         return 0;
 }
 
-struct buffer {
-        char *data;
-        size_t len;
-};
-
-static size_t on_data(char *ptr, size_t size, size_t n, void *user)
-{
-        struct buffer *b = user;
-        char *d = realloc(b->data, b->len + size * n + 1);
-        if (!d)
-                return 0;
-        memcpy(d + b->len, ptr, size * n);
-        b->len += size * n;
-        d[b->len] = '\0';
-        b->data = d;
-        return size * n;
-}
-
 long vmm_api_call(const char *socket_path, const char *method, const char *path, json_t *body, json_t **ret)
 {
-        CURL *curl = curl_easy_init();
-        struct buffer b = { 0 };
-        char url[512];
-        char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-        long status = -1;
-        struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
-        snprintf(url, sizeof(url), "http://localhost/v1%s", path);
-        curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, socket_path);
-        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L); /* a wedged daemon is an error, not a hang */
-        curl_easy_setopt(curl, CURLOPT_URL, url);
-        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
-        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
-        if (text)
-                curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
-        CURLcode e = curl_easy_perform(curl);
-        if (e != CURLE_OK) {
-                fprintf(stderr, "tally-vmm: could not reach the daemon at %s: %s\n", socket_path,
-                        curl_easy_strerror(e));
-                goto out;
+        /* a wedged daemon is an error, not a hang */
+        static const struct vmm_client_options opt = { .connect_timeout_ms = 10000 };
+        struct vmm_client *c;
+        char full[512], why[256] = "";
+        int r = vmm_client_new(socket_path, &opt, &c);
+        if (r < 0) {
+                fprintf(stderr, "tally-vmm: could not reach the daemon at %s: %s\n", socket_path, strerror(-r));
+                return -1;
         }
-        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-        /* exec output may hold NUL bytes (\u0000 in the answer). */
-        *ret = b.data ? json_loadb(b.data, b.len, JSON_ALLOW_NUL, NULL) : NULL;
-        if (!*ret)
-                *ret = json_object();
-out:
-        free(b.data);
-        free(text);
-        curl_slist_free_all(headers);
-        curl_easy_cleanup(curl);
+        snprintf(full, sizeof(full), "/v1%s", path);
+        json_t *answer = NULL;
+        long status = vmm_client_call(c, method, full, body, &answer, why, sizeof(why));
+        vmm_client_free(c);
+        if (status < 0) {
+                fprintf(stderr, "tally-vmm: could not reach the daemon at %s: %s\n", socket_path, why);
+                return -1;
+        }
+        *ret = answer ? answer : json_object();
         return status;
 }
 

@@ -1,4 +1,4 @@
-/* fuzz_api.c — tally-api's request handling (api/server.c: routing, query
+/* fuzz_api.c — tally-api's request handling (api/router.c, dispatch.c, http.c: routing, query
  * strings, headers, cookies, JSON bodies, and every handler a request
  * reaches) on hostile bytes.
  *

@@ -759,6 +759,14 @@ static void test_lifecycle(void)
                       json_integer_value(json_object_get(r.json, "exit_code")) == 3,
               "exec: %ld %s", r.status, r.body);
         resp_free(&r);
+        /* output holding a NUL byte comes through whole: the vmm writes it \u0000 */
+        r = http("POST", path, key_a2.secret, NULL, "{\"command\":[\"printf\",\"a\\\\0b\"]}");
+        json_t *nul = r.body ? json_loads(r.body, JSON_ALLOW_NUL, NULL) : NULL;
+        json_t *nul_out = json_object_get(nul, "stdout");
+        CHECK(r.status == 200 && json_string_length(nul_out) == 3 && memcmp(json_string_value(nul_out), "a\0b", 3) == 0,
+              "exec with a NUL in its output: %ld %s", r.status, r.body);
+        json_decref(nul);
+        resp_free(&r);
         /* a command longer than the idle connection timeout (2 s here) still answers */
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
         r = http("POST", path, key_a2.secret, NULL, "{\"command\":\"sleep 3; echo late\"}");

@@ -1,5 +1,6 @@
 /* Unit tests of api/auth.c and the id check: key format, hashing, passwords,
  * and the in-memory rate limits (sign-in failures, request budget). */
+#include "ratelimit.h"
 #include "server.h"
 
 #include <setjmp.h>
@@ -68,13 +69,15 @@ static void ids(void **state)
 static void request_budget(void **state)
 {
         (void)state;
-        struct api_config cfg = { .rate_per_s = 1, .rate_burst = 3 };
+        struct ratelimit *rl;
+        assert_int_equal(ratelimit_new(1, 3, &rl), 0);
         int64_t retry = -1;
         for (int i = 0; i < 3; i++)
-                assert_true(rate_allow(&cfg, "key_budget", &retry));
-        assert_false(rate_allow(&cfg, "key_budget", &retry));
+                assert_true(ratelimit_allow(rl, "key_budget", &retry));
+        assert_false(ratelimit_allow(rl, "key_budget", &retry));
         assert_true(retry >= 1 && retry <= 2);
-        assert_true(rate_allow(&cfg, "key_other", &retry)); /* per caller */
+        assert_true(ratelimit_allow(rl, "key_other", &retry)); /* per caller */
+        ratelimit_free(rl);
 }
 
 int main(void)
