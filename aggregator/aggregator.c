@@ -990,7 +990,7 @@ static const char *const enforce_sql =
 
 static int db_session(struct agg *a, char *err, size_t errlen)
 {
-        int r = db_check_schema(a->db, SCHEMA_NEED, SCHEMA_KNOWN, err, errlen);
+        int r = db_check_schema(a->db, err, errlen);
         if (r < 0)
                 return r;
         if (db_exec(a->db, session_sql, err, errlen) < 0)
