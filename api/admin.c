@@ -3,6 +3,7 @@
  * The same code as tally-api (keys.c, auth.c). A password is read from a
  * file or the terminal, never from the command line (argv is visible to
  * every user of the host); a key's secret is printed once and never again. */
+#include "admin.h"
 #include "config.h"
 #include "db.h"
 #include "log.h"
@@ -161,8 +162,6 @@ static int set_password(PGconn *db, const char *email, const char *file)
         }
         return r < 0 ? r : 0;
 }
-
-int admin_view(PGconn *db, int argc, char **argv); /* admin_status.c: status, spend, usage */
 
 /* Prints what close_month()/close_due() returned: one line per month. */
 static int close_print(PGresult *res)

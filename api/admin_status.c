@@ -12,6 +12,7 @@
  * that takes more than a second shows what it waits for and for how long.
  * Money and quantities are computed and rounded by PostgreSQL (numeric) and
  * printed as its text: no floating point. admin.c hands these commands here. */
+#include "admin.h"
 #include "server.h"
 #include "timeutil.h"
 
@@ -25,8 +26,6 @@
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
-
-int admin_view(PGconn *db, int argc, char **argv);
 
 /* ---- running a query with a progress line ---- */
 

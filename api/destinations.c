@@ -18,15 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
-/* Outbox gauges for /metrics (see the end of this file). */
-int alert_metrics_refresh(PGconn *db);
-void alert_metrics_write(FILE *f);
-
 #define DEST_COLUMNS                                                                     \
         "id, kind, url, email, enabled, "                                                \
         "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "     \

@@ -27,9 +27,6 @@
 
 #define STATIC_MAX_BYTES (8 * 1024 * 1024)
 
-int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
-
 /* Files npm installs (web/package.json), by the name the page asks for: the
  * installed tree keeps them in vendor/, the source tree in node_modules/. */
 static const struct {
