@@ -51,7 +51,7 @@ struct api_body {
         const char *content_type; /* static: "application/json" or "text/csv; charset=utf-8" */
 };
 
-/* GET /v1/usage (issue 11: from, to, granularity, group_by, meter, cursor,
+/* GET /v1/usage (from, to, granularity, group_by, meter, cursor,
  * limit); csv selects text/csv. Returns 0 and fills *ret, or a negative errno
  * with *err filled (status 4xx for the caller's mistakes, 500 otherwise). */
 int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ctx, bool csv, struct api_body *ret,
