@@ -3,15 +3,10 @@
 
 #include "db.h"
 #include "log.h"
-#include "schema_version.h"
 #include "text.h"
 
 #include <errno.h>
 #include <stdio.h>
-
-/* Schema this aggregator writes: 002_ledger and up to what it knows. */
-#define SCHEMA_NEED  14 /* held_readings */
-#define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 
 /* Each session's staging tables (emptied at every commit or rollback). */
 static const char *const session_sql =
@@ -25,7 +20,7 @@ static const char *const session_sql =
 
 static int db_session(PGconn *db, char *err, size_t errlen)
 {
-        int r = db_check_schema(db, SCHEMA_NEED, SCHEMA_KNOWN, err, errlen);
+        int r = db_check_schema(db, err, errlen); /* the schema this build was made for */
         if (r < 0)
                 return r;
         if (db_exec(db, session_sql, err, errlen) < 0)

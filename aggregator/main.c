@@ -33,10 +33,8 @@ static const struct setting settings[] = {
           1, INT64_C(31536000000),
           "A reading of a sandbox with no `created` event, or under an epoch its host did not announce, is held this "
           "long, then dead-lettered" },
-        { "metrics_port", SETTING_INT, "0", false, offsetof(struct aggregator_config, metrics_port), 0, 65535,
-          "Serve Prometheus /metrics on this port (0: off)" },
-        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct aggregator_config, metrics_address),
-          0, 0, "IPv4 address /metrics listens on" },
+        SETTING_METRICS_PORT(struct aggregator_config, metrics_port),
+        SETTING_METRICS_ADDRESS(struct aggregator_config, metrics_address),
         { "keep_stopped_ms", SETTING_INT, "60000", false, offsetof(struct aggregator_config, keep_stopped_ms), 0,
           86400000, "A stopped sandbox's state leaves memory this long after its final reading (read back by id)" },
         { "keep_idle_ms", SETTING_INT, "900000", false, offsetof(struct aggregator_config, keep_idle_ms), 0,

@@ -469,8 +469,9 @@ int main(int argc, char **argv)
 
         char err[512];
         PGconn *db = db_connect(cfg.database_url, err, sizeof(err));
-        if (!db) {
+        if (!db || db_check_schema(db, err, sizeof(err)) < 0) {
                 fprintf(stderr, "tally-admin: %s\n", err);
+                PQfinish(db);
                 config_free(settings, &cfg);
                 return 1;
         }

@@ -14,6 +14,7 @@
  * printed as its text: no floating point. admin.c hands these commands here. */
 #include "admin.h"
 #include "server.h"
+#include "timeutil.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -28,13 +29,6 @@
 
 /* ---- running a query with a progress line ---- */
 
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Runs sql; after a second, says on stderr what it waits for (one updating
  * line on a terminal, one line otherwise). Returns the result or NULL (said). */
 static PGresult *query(PGconn *db, const char *what, const char *sql, int n, const char *const *params)
@@ -44,7 +38,7 @@ static PGresult *query(PGconn *db, const char *what, const char *sql, int n, con
                 return NULL;
         }
         bool tty = isatty(STDERR_FILENO), said = false;
-        int64_t t0 = now_ms();
+        int64_t t0 = time_mono_ms();
         static const char spin[] = "|/-\\";
         int turn = 0;
         while (PQisBusy(db)) {
@@ -52,7 +46,7 @@ static PGresult *query(PGconn *db, const char *what, const char *sql, int n, con
                 poll(&p, 1, 100);
                 if (!PQconsumeInput(db))
                         break;
-                int64_t ms = now_ms() - t0;
+                int64_t ms = time_mono_ms() - t0;
                 if (ms >= 1000 && tty) {
                         fprintf(stderr, "\r%c %s… %lld.%lld s ", spin[turn++ % 4], what, (long long)(ms / 1000),
                                 (long long)(ms % 1000 / 100));
@@ -339,14 +333,14 @@ static int status(PGconn *db, int argc, char **argv)
                                 curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, probe_write);
                                 curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
                                 curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-                                int64_t t0 = now_ms();
+                                int64_t t0 = time_mono_ms();
                                 CURLcode rc = curl_easy_perform(c);
                                 long code = 0;
                                 curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
                                 if (rc == CURLE_OK) {
                                         state = code == 200 ? "up" : "UNHEALTHY";
                                         snprintf(answer, sizeof(answer), "HTTP %ld in %lld ms", code,
-                                                 (long long)(now_ms() - t0));
+                                                 (long long)(time_mono_ms() - t0));
                                 } else {
                                         snprintf(answer, sizeof(answer), "%s", curl_easy_strerror(rc));
                                 }

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #define DEST_COLUMNS                                                                     \
         "id, kind, url, email, enabled, "                                                \
         "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "     \

@@ -13,6 +13,7 @@
  * state): the row is deleted, so a retry once that changed runs again. */
 #include "log.h"
 #include "server.h"
+#include "timeutil.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -20,13 +21,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Who the key belongs to: the API key's id, or "person:<id>". */
 static void idem_caller(const struct api_req *r, char *out, size_t size)
@@ -69,7 +63,7 @@ int idem_begin(struct api_req *r, const char *key, struct api_reply *out, struct
         char caller[EVENT_ID_MAX + 8];
         idem_caller(r, caller, sizeof(caller));
         const char *params[] = { r->caller.account, key, caller, r->route, hash };
-        int64_t deadline = now_ms() + req_config(r)->idempotency_wait_ms;
+        int64_t deadline = time_mono_ms() + req_config(r)->idempotency_wait_ms;
         for (;;) {
                 PGconn *db = req_db(r);
                 PGresult *res = db_query(db, "expire an idempotency key", PGRES_COMMAND_OK,
@@ -113,7 +107,7 @@ int idem_begin(struct api_req *r, const char *key, struct api_reply *out, struct
                 PQclear(res);
                 /* still running (or just expired): wait without holding a connection */
                 req_db_release(r);
-                if (now_ms() >= deadline)
+                if (time_mono_ms() >= deadline)
                         return api_fail(err, 409, "idempotency_key_in_use", "Idempotency-Key",
                                         "a request with this Idempotency-Key is still running; retry later");
                 usleep(50 * 1000);

@@ -1,6 +1,7 @@
 /* pool.c — a small fixed pool of PostgreSQL connections for the request
  * threads. A thread waits for a free connection rather than opening one:
  * the database sees at most db_pool_size connections from one tally-api. */
+#include "db.h"
 #include "log.h"
 #include "server.h"
 
@@ -49,12 +50,17 @@ int db_pool_new(const char *url, int size, int64_t statement_timeout_ms, struct 
         p->size = size;
         p->statement_timeout_ms = statement_timeout_ms;
         for (int i = 0; i < size; i++) {
-                PGconn *c = PQconnectdb(url);
-                if (PQstatus(c) != CONNECTION_OK) {
-                        snprintf(err, errlen, "could not connect to the database: %s", PQerrorMessage(c));
-                        PQfinish(c);
+                PGconn *c = db_connect(url, err, errlen);
+                if (!c) {
                         db_pool_free(p);
                         return -ECONNREFUSED;
+                }
+                /* A database of another schema than this tally-api was built for: refused at start. */
+                int r = i == 0 ? db_check_schema(c, err, errlen) : 0;
+                if (r < 0) {
+                        PQfinish(c);
+                        db_pool_free(p);
+                        return r;
                 }
                 set_timeout(p, c);
                 p->conns[p->nfree++] = c;

@@ -28,7 +28,6 @@
 
 #define STATIC_MAX_BYTES (8 * 1024 * 1024)
 
-
 /* Files npm installs (web/package.json), by the name the page asks for: the
  * installed tree keeps them in vendor/, the source tree in node_modules/. */
 static const struct {

@@ -59,10 +59,8 @@ static const struct setting settings[] = {
           "files (two preads a sandbox), or auto (scan where it loads, else files)" },
         { "seq_start", SETTING_INT, "0", false, offsetof(struct collector_config, seq_start), 0, 4294967295,
           "For tests only: the n every sandbox's sequence numbers count from (near 2^32 to try the wrap)" },
-        { "metrics_port", SETTING_INT, "0", false, offsetof(struct collector_config, metrics_port), 0, 65535,
-          "Port for /metrics (Prometheus text format); 0: off" },
-        { "metrics_address", SETTING_STRING, "127.0.0.1", false,
-          offsetof(struct collector_config, metrics_address), 0, 0, "IPv4 address /metrics listens on" },
+        SETTING_METRICS_PORT(struct collector_config, metrics_port),
+        SETTING_METRICS_ADDRESS(struct collector_config, metrics_address),
         SETTING_LOG_LEVEL(struct collector_config, log_level),
         SETTINGS_END,
 };

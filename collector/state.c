@@ -51,25 +51,8 @@ static int fsync_parent(const char *path)
 
 int state_write_atomic(const char *path, const char *text, size_t len)
 {
-        char tmp[PATH_MAX + 8];
-        int n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-        if (n < 0 || (size_t)n >= sizeof(tmp))
-                return -ENAMETOOLONG;
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0)
-                return -errno;
-        int r = 0;
-        if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-                r = errno ? -errno : -EIO;
-        if (close(fd) < 0 && r == 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, path) < 0)
-                r = -errno;
-        if (r < 0) {
-                unlink(tmp);
-                return r;
-        }
-        return fsync_parent(path);
+        int r = file_write_atomic(path, text, len, 0644);
+        return r < 0 ? r : fsync_parent(path);
 }
 
 static void generation_path(char *buf, size_t size, const char *state_dir)

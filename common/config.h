@@ -45,6 +45,13 @@ struct program_info {
 #define SETTING_STATE_DIR(type, field) \
         { "state_dir", SETTING_STRING, "./var", false, offsetof(type, field), 0, 0, \
           "Folder for this host's durable state" }
+/* A daemon's Prometheus /metrics (common/metrics_http.c): its port (0: off) and address. */
+#define SETTING_METRICS_PORT(type, field) \
+        { "metrics_port", SETTING_INT, "0", false, offsetof(type, field), 0, 65535, \
+          "Serve Prometheus /metrics on this port (0: off)" }
+#define SETTING_METRICS_ADDRESS(type, field) \
+        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(type, field), 0, 0, \
+          "IPv4 address /metrics listens on" }
 #define SETTING_DATABASE_URL(type, field) \
         { "database_url", SETTING_STRING, NULL, true, offsetof(type, field), 0, 0, \
           "PostgreSQL connection string (libpq URI or key=value)" }

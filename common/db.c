@@ -1,6 +1,7 @@
 /* db.c — see db.h. */
 #include "db.h"
 #include "log.h"
+#include "schema_version.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -71,21 +72,40 @@ int db_schema_version(PGconn *conn, char *err, size_t errlen)
         return r;
 }
 
-int db_check_schema(PGconn *conn, int need, int known, char *err, size_t errlen)
+int db_check_schema(PGconn *conn, char *err, size_t errlen)
 {
         int v = db_schema_version(conn, err, errlen);
         if (v < 0)
                 return v;
-        if (v > known) {
+        if (v > TALLY_SCHEMA_VERSION) {
                 snprintf(err, errlen,
-                         "database schema is at migration %d, newer than this tally knows (%d): "
-                         "upgrade tally before running it against this database", v, known);
+                         "database schema is at migration %d, newer than this tally was built for (%d): "
+                         "upgrade tally before running it against this database", v, TALLY_SCHEMA_VERSION);
                 return -EPROTO;
         }
-        if (v < need) {
+        if (v < TALLY_SCHEMA_VERSION) {
                 snprintf(err, errlen,
-                         "database schema is at migration %d, this tally needs %d: run tally-migrate", v, need);
+                         "database schema is at migration %d, this tally was built for %d: run tally-migrate", v,
+                         TALLY_SCHEMA_VERSION);
                 return -EPROTO;
         }
         return 0;
+}
+
+int db_ensure_conn(PGconn **conn, const char *url, db_setup_fn setup, void *arg, char *err, size_t errlen)
+{
+        if (*conn && PQstatus(*conn) == CONNECTION_OK)
+                return 0;
+        PQfinish(*conn);
+        *conn = db_connect(url, err, errlen);
+        if (!*conn)
+                return -EIO;
+        int r = db_check_schema(*conn, err, errlen);
+        if (r == 0 && setup)
+                r = setup(*conn, arg, err, errlen) < 0 ? -EIO : 0;
+        if (r < 0) {
+                PQfinish(*conn);
+                *conn = NULL;
+        }
+        return r;
 }

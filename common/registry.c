@@ -3,6 +3,7 @@
  * Records name tenants (account and key ids): the folder is 0700 and each
  * file 0600, so only root (tally-vmm, tally-collector) reads them. */
 #include "registry.h"
+#include "fileutil.h"
 #include "log.h"
 
 #include <dirent.h>
@@ -55,7 +56,7 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
 {
         if (!event_id_valid(rec->id))
                 return -EINVAL;
-        char dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX + 8];
+        char dir[PATH_MAX], path[PATH_MAX];
         snprintf(dir, sizeof(dir), "%s/" REGISTRY_DIR, state_dir);
         if (mkdir(state_dir, 0700) < 0 && errno != EEXIST)
                 return -errno;
@@ -63,7 +64,6 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
                 return -errno;
         if (registry_path(path, sizeof(path), state_dir, rec->id) < 0)
                 return -ENAMETOOLONG;
-        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
         json_t *j = to_json(rec);
         if (!j)
                 return -ENOMEM;
@@ -73,29 +73,7 @@ int registry_write(const char *state_dir, const struct sandbox_record *rec)
         json_decref(j);
         if (!text)
                 return -ENOMEM;
-        int r = 0;
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-                r = -errno;
-                goto out;
-        }
-        /* A temporary file a crash left behind keeps its old mode: 0600 whatever it was. */
-        if (fchmod(fd, 0600) < 0) {
-                r = -errno;
-                close(fd);
-                unlink(tmp);
-                goto out;
-        }
-        size_t len = strlen(text);
-        if (write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-                r = errno ? -errno : -EIO;
-        if (close(fd) < 0 && r == 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, path) < 0)
-                r = -errno;
-        if (r < 0)
-                unlink(tmp);
-out:
+        int r = file_write_atomic(path, text, strlen(text), 0600);
         free(text);
         return r;
 }

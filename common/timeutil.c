@@ -16,6 +16,7 @@ static int64_t now(clockid_t clock)
 int64_t time_wall_ns(void) { return now(CLOCK_REALTIME); }
 int64_t time_mono_ns(void) { return now(CLOCK_MONOTONIC); }
 int64_t time_boot_ns(void) { return now(CLOCK_BOOTTIME); }
+int64_t time_mono_ms(void) { return now(CLOCK_MONOTONIC) / NS_PER_MS; }
 
 int64_t time_floor(int64_t t, int64_t unit)
 {

@@ -13,6 +13,8 @@
 
 int64_t time_wall_ns(void);
 int64_t time_mono_ns(void);
+/* The monotonic clock in milliseconds (deadlines of polls and waits). */
+int64_t time_mono_ms(void);
 /* CLOCK_BOOTTIME: never steps, counts suspended time, shared by every process
  * of the host until it reboots (held time is measured on it). */
 int64_t time_boot_ns(void);

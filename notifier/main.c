@@ -37,10 +37,8 @@ static const struct setting settings[] = {
           "SMTP password; best given as TALLY_SMTP_PASSWORD" },
         { "dashboard_url", SETTING_STRING, "http://127.0.0.1:8080/", false,
           offsetof(struct notifier_config, dashboard_url), 0, 0, "Dashboard link written in alert emails" },
-        { "metrics_port", SETTING_INT, "0", false, offsetof(struct notifier_config, metrics_port), 0, 65535,
-          "Serve Prometheus /metrics on this port (0: off)" },
-        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct notifier_config, metrics_address),
-          0, 0, "IPv4 address /metrics listens on" },
+        SETTING_METRICS_PORT(struct notifier_config, metrics_port),
+        SETTING_METRICS_ADDRESS(struct notifier_config, metrics_address),
         SETTING_LOG_LEVEL(struct notifier_config, log_level),
         SETTINGS_END,
 };

@@ -9,7 +9,6 @@
  * It must never mark a row delivered that it did not see answered 2xx. */
 #include "notifier.h"
 #include "db.h"
-#include "schema_version.h"
 #include "log.h"
 #include "metrics_http.h"
 
@@ -26,10 +25,6 @@
 #include <sys/random.h>
 #include <time.h>
 
-/* The migrations this notifier understands (sql/009 made the outbox) up to the newest in sql/ at build time; like
- * the aggregator it stays off a database newer than it knows. */
-#define SCHEMA_NEED 9
-#define SCHEMA_KNOWN TALLY_SCHEMA_VERSION
 /* The shortest sleep of a worker that found nothing to claim. */
 #define IDLE_MIN_MS 50
 
@@ -90,26 +85,21 @@ struct notifier {
         PGconn *db;
 };
 
+static int listen_deliveries(PGconn *conn, void *arg, char *err, size_t errlen)
+{
+        return db_exec(conn, "LISTEN tally_alert_deliveries", err, errlen);
+}
+
 static int db_ensure(struct notifier *n)
 {
         char err[1024];
         if (n->db && PQstatus(n->db) == CONNECTION_OK)
                 return 0;
-        PQfinish(n->db);
-        n->db = db_connect(n->cfg->database_url, err, sizeof(err));
-        if (n->db && db_check_schema(n->db, SCHEMA_NEED, SCHEMA_KNOWN, err, sizeof(err)) < 0) {
-                PQfinish(n->db);
-                n->db = NULL;
-        }
-        if (n->db && !db_exec_logged(n->db, "LISTEN tally_alert_deliveries")) {
-                PQfinish(n->db);
-                n->db = NULL;
-                snprintf(err, sizeof(err), "could not LISTEN");
-        }
+        int r = db_ensure_conn(&n->db, n->cfg->database_url, listen_deliveries, NULL, err, sizeof(err));
         atomic_store(&n->m->db_up, n->db ? 1 : 0);
-        if (!n->db) {
+        if (r < 0) {
                 log_error("could not connect to the database", "error=\"%s\"", err);
-                return -EIO;
+                return r;
         }
         log_info("database connected", NULL);
         return 0;
@@ -389,6 +379,19 @@ int notifier_run(const struct notifier_config *cfg, volatile sig_atomic_t *stop)
                 curl_global_cleanup();
                 return -EIO;
         }
+        /* A database of another schema than this notifier was built for stops it here; one
+         * that cannot be reached yet is waited for by the workers. */
+        char err[1024];
+        PGconn *probe = NULL;
+        if ((r = db_ensure_conn(&probe, cfg->database_url, NULL, NULL, err, sizeof(err))) == -EPROTO) {
+                log_error("refusing the database", "error=\"%s\"", err);
+                metrics_http_stop(ms);
+                free(m);
+                free(ws);
+                curl_global_cleanup();
+                return r;
+        }
+        PQfinish(probe);
         log_info("notifier started", "workers=%" PRId64 " batch=%" PRId64 " allow_http=\"%s\" metrics_port=%" PRId64,
                  cfg->workers, cfg->batch, cfg->allow_http, cfg->metrics_port);
         r = 0;

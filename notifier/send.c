@@ -2,6 +2,7 @@
  * host checks on; plain http only to hosts the operator listed; no redirect
  * is followed (a receiver answering 3xx is a failed attempt, retried). */
 #include "send.h"
+#include "money.h"
 #include "tally_build.h"
 
 #include <curl/curl.h>
@@ -10,6 +11,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,12 +164,13 @@ static json_int_t jint(json_t *o, const char *k)
         return json_integer_value(json_object_get(o, k));
 }
 
-/* Nano-dollars as dollars with 9 decimals, exactly. */
+/* Nano-dollars as dollars with 9 decimals, exactly (common/money.c): "$17.083333333". */
 static void dollars(char *out, size_t size, json_int_t nd)
 {
-        const char *sign = nd < 0 ? "-" : "";
-        unsigned long long v = nd < 0 ? (unsigned long long)(-(nd + 1)) + 1 : (unsigned long long)nd;
-        snprintf(out, size, "%s$%llu.%09llu", sign, v / 1000000000ULL, v % 1000000000ULL);
+        char amount[32];
+        money_format(amount, sizeof(amount), (int64_t)nd, 9);
+        bool neg = amount[0] == '-';
+        snprintf(out, size, "%s$%s", neg ? "-" : "", amount + neg);
 }
 
 /* The message: headers and a plain-text body with the event's facts. Lines

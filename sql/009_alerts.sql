@@ -1,4 +1,4 @@
--- 009_alerts: spend alerts reach the account's owners (issue 13, docs/alerts.md).
+-- 009_alerts: spend alerts reach the account's owners (docs/alerts.md).
 --
 -- The aggregator records each (key, day, threshold) alert once in `alerts`
 -- (002). Here:

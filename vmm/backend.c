@@ -8,10 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef VMM_HAVE_QEMU
-extern const struct backend_ops qemu_backend;
-#endif
-
 static const struct backend_ops *const backends[] = {
         &process_backend,
 #ifdef VMM_HAVE_QEMU

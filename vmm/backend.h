@@ -152,3 +152,8 @@ const struct backend_ops *backend_resolve(const char *name, const char **ret_rea
 
 /* Names of every backend built in, e.g. "process, qemu". */
 const char *backend_names(void);
+
+#ifdef VMM_HAVE_QEMU
+/* The qemu backend's operations (vmm/qemu/backend_qemu.c), built with -Dqemu. */
+extern const struct backend_ops qemu_backend;
+#endif

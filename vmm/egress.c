@@ -130,11 +130,6 @@ static int make_listener(pid_t pid, int *ret_fd, char *why, size_t whylen)
 
 /* ---- one connection ---- */
 
-static int64_t mono_ms(void)
-{
-        return time_mono_ns() / NS_PER_MS;
-}
-
 static void count(struct egress *e, bool to_sandbox, size_t n)
 {
         atomic_fetch_add(to_sandbox ? &e->rx : &e->tx, (uint64_t)n);
@@ -146,15 +141,15 @@ static void relay(struct conn *c)
         struct egress *e = c->e;
         char buf[RELAY_CHUNK];
         bool open_in = true, open_out = true;
-        int64_t last = mono_ms();
+        int64_t last = time_mono_ms();
         while ((open_in || open_out) && !atomic_load(&e->stopping)) {
                 struct pollfd p[2] = { { open_in ? c->fd : -1, POLLIN, 0 }, { open_out ? c->up : -1, POLLIN, 0 } };
                 int pr = poll(p, 2, 1000);
-                if (pr == 0 && mono_ms() - last >= e->s.idle_timeout_ms)
+                if (pr == 0 && time_mono_ms() - last >= e->s.idle_timeout_ms)
                         return;
                 if (pr == 0)
                         continue;
-                last = mono_ms();
+                last = time_mono_ms();
                 if (pr < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -317,7 +312,7 @@ static void *accept_main(void *arg)
                 int pr = poll(p, 2, COUNT_WRITE_MS);
                 if (p[1].revents)
                         break;
-                int64_t now = mono_ms();
+                int64_t now = time_mono_ms();
                 if (now - last_write >= COUNT_WRITE_MS) {
                         write_counts(e, false);
                         last_write = now;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/bench/aggregator.sh — tally-aggregator's figures on this machine, with
-# the goals of issue 5 beside them; the last line is JSON. Its baseline (a
+# the goals (docs/benchmarks.md) beside them; the last line is JSON. Its baseline (a
 # billing engine's published 10,000 events/s) is quoted, not measured here,
 # and printed and keyed as quoted.
 #
@@ -251,7 +251,7 @@ N=$(wc -l <"$WORK/freeze.sorted")
 F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")
 F99=$(sed -n "$(( (N * 99 + 99) / 100 ))p" "$WORK/freeze.sorted")
 
-printf '%-34s %14s   %s\n' "figure" "measured" "goal (issue 5) / quoted baseline"
+printf '%-34s %14s   %s\n' "figure" "measured" "goal / quoted baseline"
 printf '%-34s %14s   %s\n' "e2e samples/s ($PARTITIONS partitions)" "$E2E" ">= 200000; quoted baseline, not measured here: a billing engine's published 10000 events/s"
 [ -z "$E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  e2e samples/s is" "" "$E2E_NOTE"
 printf '%-34s %14s   %s\n' "  (with the ${JOIN_MS} ms group join)" "$E2E_WITH_JOIN" ""

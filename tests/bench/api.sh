@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/bench/api.sh — tally-api's read side on this machine, with the goals of
-# issue 11 beside them; the last line is JSON.
+# the read API's beside them (docs/benchmarks.md); the last line is JSON.
 #
 # The ledger gets one month of hourly usage for 1,000 sandboxes of one account
 # (720 hours x 1,000 = 720,000 usage_hourly rows, one API key, labels), then
@@ -220,7 +220,7 @@ else
   Q_ALONE=null Q_NOISY=null Q_RATIO=null NOISY_DONE=null P_ALONE=null P_NOISY=null P_RATIO=null
 fi
 
-printf '%-40s %12s   %s\n' "figure" "measured" "goal (issue 11)"
+printf '%-40s %12s   %s\n' "figure" "measured" "goal"
 printf '%-40s %12s   %s\n' "in-process usage calls/s (month by day)" "$(field "$IP_USAGE" calls_per_s)" "-"
 printf '%-40s %12s   %s\n' "in-process usage p99 (ms)" "$(field "$IP_USAGE" p99_ms)" "< 50"
 printf '%-40s %12s   %s\n' "in-process spend calls/s" "$(field "$IP_SPEND" calls_per_s)" "-"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/bench/finance.sh — closing a month and exporting its invoices, with the
-# goal of issue 12 beside the figures; the last line is JSON.
+# goal (docs/benchmarks.md) beside the figures; the last line is JSON.
 #
 #  rows               usage_hourly rows of the month: 2,000 sandboxes in 200 accounts (10 each,
 #                     2 API keys per account), every hour of last month (UTC); each sandbox-hour
@@ -106,7 +106,7 @@ EXPORT_RPS=$(( EXPORT_ROWS * 1000000000 / EXPORT_NS ))
 SD_RPS=$(( SD_ROWS * 1000000000 / SD_NS ))
 CLOSE_S=$(secs 0 "$CLOSE_NS")
 GOAL=$([ "$CLOSE_NS" -lt 10000000000 ] && echo met || echo MISSED)
-printf '%-44s %14s   %s\n' "figure" "measured" "goal (issue 12)"
+printf '%-44s %14s   %s\n' "figure" "measured" "goal"
 printf '%-44s %14s   %s\n' "usage_hourly rows ($MONTH)" "$ROWS" "2,000 sandboxes x 200 accounts x hours"
 printf '%-44s %14s   %s\n' "preview of the month, s" "$(secs 0 "$PREVIEW_NS")" "-"
 printf '%-44s %14s   %s\n' "close-month, s" "$CLOSE_S" "< 10 ($GOAL)"

@@ -1,13 +1,21 @@
 /* Integration: tally-migrate against a real PostgreSQL. Applying twice changes
  * nothing; a database newer than the code is refused; a failing migration
- * leaves nothing of itself behind. */
+ * leaves nothing of itself behind; every program that touches the database
+ * refuses one a migration behind the sql/ it was built with. */
 #include "support.h"
+#include "tally_build.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <libpq-fe.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 
 static char *query1(const char *url, const char *sql)
@@ -40,6 +48,116 @@ static int migrate(const char *url, const char *dir, char **err)
         char *argv[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", (char *)url,
                          dir ? "--sql-dir" : NULL, (char *)dir, NULL };
         return test_run(argv, NULL, err);
+}
+
+/* The path of tally program `name` among TALLY_BINARIES (malloc'd). */
+static char *binary(const char *name)
+{
+        char *list = strdup(test_env("TALLY_BINARIES")), *save = NULL, *found = NULL;
+        for (char *p = strtok_r(list, ":", &save); p && !found; p = strtok_r(NULL, ":", &save)) {
+                const char *base = strrchr(p, '/');
+                if (strcmp(base ? base + 1 : p, name) == 0)
+                        found = strdup(p);
+        }
+        free(list);
+        if (!found) {
+                fprintf(stderr, "FAIL: %s is not among TALLY_BINARIES\n", name);
+                exit(1);
+        }
+        return found;
+}
+
+/* Every program that touches the database, against one a migration behind the
+ * newest in sql/: each exits non-zero at start, saying which migration the
+ * database is at and which it was built for. */
+static void check_one_behind(void)
+{
+        /* The newest migration, read from sql/'s file names here. */
+        DIR *d = opendir(TALLY_SOURCE_SQL_DIR);
+        CHECK(d, "cannot list %s", TALLY_SOURCE_SQL_DIR);
+        if (!d)
+                return;
+        int newest = 0;
+        for (struct dirent *e; (e = readdir(d));) {
+                int v, n = 0;
+                if (sscanf(e->d_name, "%3d_%*[^.].sql%n", &v, &n) == 1 && n > 0 && v > newest)
+                        newest = v;
+        }
+        /* sql/ without the newest migration: a database one behind. */
+        char *dir = test_tmpdir("sql-behind");
+        rewinddir(d);
+        for (struct dirent *e; (e = readdir(d));) {
+                int v, n = 0;
+                if (sscanf(e->d_name, "%3d_%*[^.].sql%n", &v, &n) != 1 || n == 0 || v == newest)
+                        continue;
+                char from[1024], to[1024];
+                snprintf(from, sizeof(from), "%s/%s", TALLY_SOURCE_SQL_DIR, e->d_name);
+                snprintf(to, sizeof(to), "%s/%s", dir, e->d_name);
+                CHECK(symlink(from, to) == 0, "symlink %s: %s", to, strerror(errno));
+        }
+        closedir(d);
+        char *url = test_db_create("migrate_behind");
+        char *err = NULL;
+        CHECK(migrate(url, dir, &err) == 0, "migrating to one behind failed: %s", err);
+        free(err);
+        char *at = query1(url, "SELECT max(version)::text FROM schema_migrations");
+        char want_at[16];
+        snprintf(want_at, sizeof(want_at), "%d", newest - 1);
+        CHECK(strcmp(at, want_at) == 0, "the database is at %s, not %s", at, want_at);
+        free(at);
+
+        char want[128];
+        snprintf(want, sizeof(want), "database schema is at migration %d, this tally was built for %d: run tally-migrate",
+                 newest - 1, newest);
+        struct {
+                const char *name;
+                char *extra[6];
+        } progs[] = {
+                { "tally-aggregator", { "--kafka-brokers", "127.0.0.1:1", "--metrics-port", "0", NULL } },
+                { "tally-notifier", { "--metrics-port", "0", NULL } },
+                { "tally-api", { "--port", "0", "--listen-address", "127.0.0.1", NULL } },
+                { "tally-admin", { "account", "create", "a-behind", NULL } },
+        };
+        /* All at once, each given 30 s: one that starts instead of refusing is killed then. */
+        enum { N = sizeof(progs) / sizeof(progs[0]) };
+        pid_t pids[N];
+        int rcs[N];
+        char err_paths[N][1024];
+        for (size_t i = 0; i < N; i++) {
+                char *bin = binary(progs[i].name);
+                char *argv[12] = { bin, "--database-url", url };
+                int k = 3;
+                for (int j = 0; progs[i].extra[j]; j++)
+                        argv[k++] = progs[i].extra[j];
+                argv[k] = NULL;
+                snprintf(err_paths[i], sizeof(err_paths[i]), "%s/%s.err", dir, progs[i].name);
+                pids[i] = test_spawn(argv, NULL, err_paths[i]);
+                rcs[i] = -1;
+                free(bin);
+        }
+        for (int t = 0, left = N; t < 300 && left > 0; t++) {
+                for (size_t i = 0; i < N; i++) {
+                        int st;
+                        if (rcs[i] == -1 && waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+                                rcs[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                                left--;
+                        }
+                }
+                nanosleep(&(struct timespec){ 0, 100000000 }, NULL);
+        }
+        for (size_t i = 0; i < N; i++) {
+                if (rcs[i] == -1) {
+                        kill(pids[i], SIGKILL);
+                        waitpid(pids[i], NULL, 0);
+                }
+                char *out = test_read_file(err_paths[i]);
+                CHECK(rcs[i] > 0, "%s against a database one migration behind: %s (stderr: %s)", progs[i].name,
+                      rcs[i] < 0 ? "still running after 30 s" : "exit 0", out ? out : "");
+                CHECK(out && strstr(out, want), "%s did not say \"%s\": %s", progs[i].name, want, out ? out : "");
+                free(out);
+        }
+        test_db_drop(url);
+        free(dir);
 }
 
 int main(void)
@@ -134,6 +252,8 @@ int main(void)
         rc = migrate(url2, dir, &err);
         CHECK(rc != 0 && strstr(err, "3_c.sql is not named NNN_name.sql"), "bad name not refused: %s", err);
         free(err);
+
+        check_one_behind();
 
         free(one);
         free(two);

@@ -6,6 +6,7 @@
  * must never exit (PID 1 exiting panics the guest, which ends the VM), so
  * every error is reported to the host and the loop goes on. */
 #include "protocol.h"
+#include "timeutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,13 +69,6 @@ static void send_frame(int type, const void *payload, size_t len)
 static void send_error(const char *what)
 {
         send_frame(AGENT_ERROR, what, strlen(what));
-}
-
-static int64_t now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int read_chan(void *ctx, void *buf, size_t len)
@@ -194,7 +188,7 @@ static void run_command(const unsigned char *p, uint32_t len)
                 close(in_fd);
                 in_fd = -1;
         }
-        int64_t deadline = timeout_ms ? now_ms() + timeout_ms : 0, drain_until = 0;
+        int64_t deadline = timeout_ms ? time_mono_ms() + timeout_ms : 0, drain_until = 0;
         bool timed_out = false, exited = false;
         int status = 0;
         while (out.fd >= 0 || err.fd >= 0) {
@@ -231,20 +225,20 @@ static void run_command(const unsigned char *p, uint32_t len)
                 }
                 if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
                         exited = true;
-                        drain_until = now_ms() + 200;
+                        drain_until = time_mono_ms() + 200;
                 }
                 /* After the command ended, its pipes are read until they are
                  * empty — or, if something it left behind keeps writing, for
                  * a moment. */
-                if (exited && (!got || now_ms() >= drain_until))
+                if (exited && (!got || time_mono_ms() >= drain_until))
                         break;
-                if (!exited && deadline && now_ms() >= deadline) {
+                if (!exited && deadline && time_mono_ms() >= deadline) {
                         timed_out = true;
                         kill(-pid, SIGKILL);
                         kill(pid, SIGKILL);
                         waitpid(pid, &status, 0);
                         exited = true;
-                        drain_until = now_ms() + 200;
+                        drain_until = time_mono_ms() + 200;
                 }
         }
         if (!exited)

@@ -44,7 +44,7 @@ void agent_chan_shutdown(struct agent_chan *a)
 int agent_chan_ping(struct agent_chan *a)
 {
         unsigned char h[AGENT_HEADER_LEN] = { AGENT_MAGIC0, AGENT_MAGIC1, AGENT_PING, 0, 0, 0, 0 };
-        return qio_write_all(a->fd, h, sizeof(h), qio_now_ms() + PING_TIMEOUT_MS);
+        return qio_write_all(a->fd, h, sizeof(h), time_mono_ms() + PING_TIMEOUT_MS);
 }
 
 /* Where read_frame reads: the channel's socket, until a deadline. */
@@ -77,7 +77,7 @@ int agent_chan_wait_ready(struct agent_chan *a, int64_t timeout_ms, char *why, s
                 qio_set_why(why, whylen, "the VM is not running");
                 return -ESRCH;
         }
-        int64_t deadline = qio_now_ms() + timeout_ms;
+        int64_t deadline = time_mono_ms() + timeout_ms;
         for (;;) {
                 int type;
                 unsigned char *p;
@@ -170,7 +170,7 @@ int agent_chan_exec(struct agent_chan *a, const struct qemu_exec_request *req, c
                 return r;
 
         /* The agent enforces the timeout; the host only guards against a guest that stopped answering. */
-        int64_t deadline = timeout_ms ? qio_now_ms() + (int64_t)timeout_ms + EXEC_SLACK_MS : -1;
+        int64_t deadline = timeout_ms ? time_mono_ms() + (int64_t)timeout_ms + EXEC_SLACK_MS : -1;
         r = qio_write_all(a->fd, msg, msg_len, deadline);
         free(msg);
         if (r < 0) {
@@ -187,7 +187,7 @@ int agent_chan_exec(struct agent_chan *a, const struct qemu_exec_request *req, c
                 r = read_frame(a, &type, &f, &flen, deadline);
                 if (r == -ETIMEDOUT && __atomic_load_n(paused, __ATOMIC_ACQUIRE)) {
                         /* Paused meanwhile: the guest's clock stands still too. */
-                        deadline = qio_now_ms() + EXEC_SLACK_MS;
+                        deadline = time_mono_ms() + EXEC_SLACK_MS;
                         continue;
                 }
                 if (r < 0) {

@@ -178,7 +178,7 @@ static int send_state(struct qemu_vm *src, int fd, char *why, size_t whylen)
                 qio_set_why(why, whylen, "QEMU refused to send the VM's state: %s", strerror(-r));
                 return r;
         }
-        int64_t deadline = qio_now_ms() + 120000;
+        int64_t deadline = time_mono_ms() + 120000;
         for (;;) {
                 json_t *st = NULL;
                 r = qmp_call(&src->qmp, "{\"execute\":\"query-migrate\"}", &st);
@@ -200,7 +200,7 @@ static int send_state(struct qemu_vm *src, int fd, char *why, size_t whylen)
                         qio_set_why(why, whylen, "sending the VM's state failed: %s", *detail ? detail : "(no detail)");
                         return -EIO;
                 }
-                if (qio_now_ms() >= deadline) {
+                if (time_mono_ms() >= deadline) {
                         qio_set_why(why, whylen, "sending the VM's state took over 120 s");
                         return -ETIMEDOUT;
                 }
@@ -211,7 +211,7 @@ static int send_state(struct qemu_vm *src, int fd, char *why, size_t whylen)
 /* Waits until an incoming copy has loaded its state, and lets it run. */
 static int wait_running(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_t whylen)
 {
-        int64_t deadline = qio_now_ms() + timeout_ms;
+        int64_t deadline = time_mono_ms() + timeout_ms;
         for (;;) {
                 json_t *st = NULL;
                 int r = qmp_call(&vm->qmp, "{\"execute\":\"query-status\"}", &st);
@@ -243,7 +243,7 @@ static int wait_running(struct qemu_vm *vm, int64_t timeout_ms, char *why, size_
                                 vm->log_path);
                         return -EIO;
                 }
-                if (qio_now_ms() >= deadline) {
+                if (time_mono_ms() >= deadline) {
                         qio_set_why(why, whylen, "the copy did not load the VM's state within %lld ms",
                                 (long long)timeout_ms);
                         return -ETIMEDOUT;
@@ -369,17 +369,17 @@ int qemu_vm_stop(struct qemu_vm *vm, int grace_ms)
                 return 0;
         __atomic_store_n(&vm->stopped, true, __ATOMIC_RELEASE);
         qmp_quit(&vm->qmp);
-        int64_t deadline = qio_now_ms() + grace_ms;
+        int64_t deadline = time_mono_ms() + grace_ms;
         bool dead = false;
-        while (!(dead = vm_gone(vm)) && qio_now_ms() < deadline)
+        while (!(dead = vm_gone(vm)) && time_mono_ms() < deadline)
                 usleep(20000);
         if (!dead) {
                 /* A QEMU in a frozen cgroup (v1) does not die of SIGKILL until
                  * thawed: the wait is bounded, and its end is an error, so a
                  * caller never takes a live QEMU for stopped. */
                 kill(vm->pid, SIGKILL);
-                deadline = qio_now_ms() + STOP_KILL_WAIT_MS;
-                while (!(dead = vm_gone(vm)) && qio_now_ms() < deadline)
+                deadline = time_mono_ms() + STOP_KILL_WAIT_MS;
+                while (!(dead = vm_gone(vm)) && time_mono_ms() < deadline)
                         usleep(10000);
                 if (!dead)
                         return -ETIMEDOUT;

@@ -94,7 +94,7 @@ int qmp_call(struct qmp *q, const char *json, json_t **ret_value)
         if (closed(q))
                 return -ESRCH;
         pthread_mutex_lock(&q->lock);
-        int64_t deadline = qio_now_ms() + QMP_TIMEOUT_MS;
+        int64_t deadline = time_mono_ms() + QMP_TIMEOUT_MS;
         int r = qio_write_all(q->fd, json, strlen(json), deadline);
         if (r >= 0)
                 r = qio_write_all(q->fd, "\n", 1, deadline);
@@ -132,7 +132,7 @@ int qmp_send_fd(struct qmp *q, const char *name, int fd)
         c->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(c), &fd, sizeof(int));
         pthread_mutex_lock(&q->lock);
-        int64_t deadline = qio_now_ms() + QMP_TIMEOUT_MS;
+        int64_t deadline = time_mono_ms() + QMP_TIMEOUT_MS;
         ssize_t w;
         do
                 w = sendmsg(q->fd, &msg, MSG_NOSIGNAL);
@@ -153,7 +153,7 @@ void qmp_quit(struct qmp *q)
                 return;
         static const char quit[] = "{\"execute\":\"quit\"}\n";
         pthread_mutex_lock(&q->lock);
-        qio_write_all(q->fd, quit, sizeof(quit) - 1, qio_now_ms() + 1000);
+        qio_write_all(q->fd, quit, sizeof(quit) - 1, time_mono_ms() + 1000);
         pthread_mutex_unlock(&q->lock);
 }
 

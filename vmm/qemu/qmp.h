@@ -31,7 +31,7 @@ void qmp_init(struct qmp *q);
 void qmp_free(struct qmp *q);
 
 /* On a freshly connected socket: waits for QEMU's greeting and enters
- * command mode (qmp_capabilities), both before deadline (a qio_now_ms value). */
+ * command mode (qmp_capabilities), both before deadline (a time_mono_ms() value). */
 int qmp_handshake(struct qmp *q, int64_t deadline);
 
 /* Sends one command (a JSON object without the newline) and waits for its

@@ -11,16 +11,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-int64_t qio_now_ms(void)
-{
-        return time_mono_ns() / NS_PER_MS;
-}
-
 int qio_left_ms(int64_t deadline)
 {
         if (deadline < 0)
                 return -1;
-        int64_t l = deadline - qio_now_ms();
+        int64_t l = deadline - time_mono_ms();
         return l < 0 ? 0 : l > 60000 ? 60000 : (int)l;
 }
 
@@ -76,7 +71,7 @@ ssize_t qio_read_some(int fd, void *buf, size_t len, int64_t deadline)
                 if (n < 0)
                         return -errno;
                 if (n == 0) {
-                        if (deadline >= 0 && qio_now_ms() >= deadline)
+                        if (deadline >= 0 && time_mono_ms() >= deadline)
                                 return -ETIMEDOUT;
                         continue;
                 }

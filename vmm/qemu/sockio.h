@@ -1,9 +1,8 @@
-/* sockio.h — the small I/O every part of the qemu backend shares: the
- * monotonic clock in milliseconds, reads and writes on a socket bounded by a
+/* sockio.h — the small I/O every part of the qemu backend shares: reads and writes on a socket bounded by a
  * deadline, the listening unix sockets QEMU connects to, and the why
  * sentence a failure is explained in.
  *
- * A deadline is a qio_now_ms() value; -1 means none (wait for ever). Errors
+ * A deadline is a time_mono_ms() value; -1 means none (wait for ever). Errors
  * are negative errno: -ETIMEDOUT when the deadline passed, -EPIPE when the
  * peer closed its end before len bytes came. Nothing here keeps state. */
 #pragma once
@@ -12,8 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* CLOCK_MONOTONIC in milliseconds. */
-int64_t qio_now_ms(void);
+#include "timeutil.h" /* time_mono_ms(): the deadlines' clock */
 
 /* Milliseconds left until deadline, for poll: -1 without a deadline, 0 once
  * it passed, at most 60 s (poll is then called again). */

@@ -300,7 +300,7 @@ static void log_tail(const char *path, char *buf, size_t len)
 /* Takes QEMU's two connections and enters QMP's command mode. */
 static int connect_qemu(struct qemu_vm *vm, struct launch *l, char *why, size_t whylen)
 {
-        int64_t deadline = qio_now_ms() + QEMU_CONNECT_TIMEOUT_MS;
+        int64_t deadline = time_mono_ms() + QEMU_CONNECT_TIMEOUT_MS;
         vm->qmp.fd = vm_accept(vm, l->qmp_l, deadline);
         if (vm->qmp.fd >= 0)
                 vm->agent.fd = vm_accept(vm, l->agent_l, deadline);
@@ -397,7 +397,7 @@ int vm_accept(struct qemu_vm *vm, int lfd, int64_t deadline)
                         vm->pid = 0;
                         return -ECHILD;
                 }
-                if (qio_now_ms() >= deadline)
+                if (time_mono_ms() >= deadline)
                         return -ETIMEDOUT;
         }
 }

@@ -128,7 +128,7 @@ static int reconnect(struct qemu_vm *vm, const char *workdir, uid_t uid, gid_t g
                 goto out;
         }
         /* QEMU retries its connections every second (reconnect=1). */
-        int64_t deadline = qio_now_ms() + QEMU_CONNECT_TIMEOUT_MS;
+        int64_t deadline = time_mono_ms() + QEMU_CONNECT_TIMEOUT_MS;
         int qmp = vm_accept(vm, qmp_l, deadline), agent = qmp < 0 ? -1 : vm_accept(vm, agent_l, deadline);
         r = qmp < 0 ? qmp : agent < 0 ? agent : 0;
         if (qmp >= 0)

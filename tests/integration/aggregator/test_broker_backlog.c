@@ -1,5 +1,5 @@
 /* Integration: the development broker keeps the backlog it is told to
- * (issue 9, item 6; the aggregator bench's 1,000,000-sample preload). By
+ * (the aggregator bench's 1,000,000-sample preload). By
  * default it keeps librdkafka's 5 MiB per partition and drops the oldest
  * messages beyond it; with --keep-bytes-per-partition 64 MiB the same 7 MB
  * backlog is kept whole (first offset 0, all 70 messages), nothing is said

@@ -1,4 +1,4 @@
-/* Integration (issue 9, item 3): sample times are checked against the
+/* Integration: sample times are checked against the
  * aggregator's own clock. A 30-minute sandbox (samples every 60 s, 0.5 vCPU
  * busy, 2 GiB) with one sample whose host clock jumped +1 h, +10 years or to
  * 2199, or back 401 days or to 2020 (beyond max_clock_behind_ms, 400 days),

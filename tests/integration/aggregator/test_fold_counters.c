@@ -1,4 +1,4 @@
-/* Integration (issue 9, items 1 and 7): sequence numbers and counters.
+/* Integration: sequence numbers and counters.
  * - A seq that wraps into the next generation ((g << 32) | 0xFFFFFFFA then
  *   ((g + 1) << 32) | 1, the collector's contract) bills everything.
  * - A forged seq of 2^63 - 1 mid-life is a dead letter and does not silence

@@ -1,4 +1,4 @@
-/* Integration (issue 9, items 2 and 7): held time is billed from the vmm's
+/* Integration: held time is billed from the vmm's
  * cumulative held counters, not from sample ticks, and the vmm's `stopped`
  * event closes a sandbox's bill — alone when the collector is gone for good,
  * and in either order with the collector's final sample, never twice.

@@ -1,4 +1,4 @@
-/* Integration: retention gaps are loud (issue 9, item 6). The aggregator
+/* Integration: retention gaps are loud. The aggregator
  * bills a few samples of one partition and stops (then, second, is frozen
  * while it runs); then the development
  * broker's memory limit (about 5 MiB per partition: librdkafka's mock drops

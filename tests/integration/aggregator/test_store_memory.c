@@ -1,4 +1,4 @@
-/* Integration: memory stays bounded (issue 9, item 9). A stopped sandbox's
+/* Integration: memory stays bounded. A stopped sandbox's
  * state leaves the aggregator's memory keep_stopped_ms after its final
  * reading (1 s here); a late, resent sample of it must then be read back by
  * id from fold_state and billed as the duplicate it is — not as a first

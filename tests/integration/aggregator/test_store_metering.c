@@ -1,4 +1,4 @@
-/* Integration: metering gaps are loud (issue 9, item 2's second half). Two
+/* Integration: metering gaps are loud. Two
  * hosts run a sandbox each; host B keeps sampling, host A falls silent. Within
  * the threshold (set to 3 s here by replacing metering_gap_threshold()) plus
  * a check interval, the metering_gaps view lists host A and not B, the

@@ -1,4 +1,4 @@
-/* Integration: poison messages never stall (issue 9, item 4). Through the
+/* Integration: poison messages never stall. Through the
  * development broker, a real tally-aggregator and the ledger:
  *  1. a `created` event whose label key is long and multi-byte, so the
  *     decoder's reason is cut inside a character (the dead-letter INSERT was

@@ -1,5 +1,5 @@
-/* Integration: fold state follows the sandbox, not the partition (issue 9,
- * item 5). The usage topic "grows" from 4 to 8 partitions under two real
+/* Integration: fold state follows the sandbox, not the partition.
+ * The usage topic "grows" from 4 to 8 partitions under two real
  * aggregators: producers' partitioners map keys modulo the partition count,
  * so when the count doubles an account's messages either stay on partition p
  * or move to p + 4 — here produced to those partitions explicitly, because

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Integration: spend alerts reach account owners (issue 13, docs/alerts.md).
+"""Integration: spend alerts reach account owners (docs/alerts.md).
 
 Real PostgreSQL (a migrated database of the test's own), real tally-api,
 tally-admin and tally-notifier processes, a webhook receiver and an SMTP sink

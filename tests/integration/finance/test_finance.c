@@ -1,4 +1,4 @@
-/* Integration: finance (issue 12) through the real pipeline. Samples go to a
+/* Integration: finance (invoices, credit, month close) through the real pipeline. Samples go to a
  * development broker, a real tally-aggregator bills them into a real
  * PostgreSQL, months are closed by the real tally-admin, and the invoices are
  * read back from the finance views. Every expected figure is worked by hand

@@ -1,6 +1,6 @@
 /* Integration, Apache Kafka: the usage topic grows from 4 to 8 partitions for
  * real (CreatePartitions, an operator's call) while two tally-aggregators in
- * one group bill a stream (issue 9). Samples come from two independent
+ * one group bill a stream exactly once. Samples come from two independent
  * producers keyed by account with librdkafka's default partitioner, as the
  * collectors produce them: an early one that learns the new partition count
  * within half a second of the growth, before the group has rebalanced, and a

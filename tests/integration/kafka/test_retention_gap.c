@@ -1,5 +1,5 @@
-/* Integration, Apache Kafka: a retention gap made for real (issue 16; issue
- * 9, item 6). The aggregator bills the first samples of a sandbox on
+/* Integration, Apache Kafka: a retention gap made for real
+ * (test_store_gap's on Apache Kafka). The aggregator bills the first samples of a sandbox on
  * partition 1 of `usage` and stops. Then the topic's retention is shortened
  * (an operator's AlterConfigs, from the test's own client) and more samples
  * go in while it is down; Kafka's log cleaner deletes whole segments past

@@ -2,7 +2,7 @@
  * backend) on this machine's real cgroups makes real sandboxes; inside each,
  * escape-helper (a static program this test puts into the sandbox's disk
  * through the sandbox's own exec: base64 on stdin, decoded by base64(1)
- * inside) tries one attack of issue 10 and the test checks, from the host,
+ * inside) tries one attack of docs/security.md's list and the test checks, from the host,
  * that it failed. The same helper with the same arguments also runs as host root
  * outside any sandbox — against a scratch cgroup, a scratch registry copy, a
  * private mount namespace, a victim process this test started — and the test

@@ -99,8 +99,8 @@ static void test_new_epoch_bills_whole_counter(void **unused)
         assert_int_equal(total_cpu(&s), 940);
 }
 
-/* Same epoch, higher seq, smaller counter: the counter restarted (issue 9,
- * item 7: 50 -> 1 then rising to 61 burned 50 + 61 = 111). */
+/* Same epoch, higher seq, smaller counter: the counter restarted
+ * (50 -> 1 then rising to 61 burned 50 + 61 = 111). */
 static void test_counter_back_is_a_restart(void **unused)
 {
         struct fold_state st = PROVEN;
@@ -178,7 +178,7 @@ static void test_impossible_cpu_is_refused(void **unused)
         assert_int_equal(total_cpu(&s), 240 * NS_PER_SEC);
 }
 
-/* ---- held time from cumulative counters (issue 9, items 1-4) ---- */
+/* ---- held time from cumulative counters ---- */
 
 static struct usage_event held(uint64_t seq, int64_t wall, enum sandbox_state st, uint64_t cpu, uint64_t run,
                                uint64_t paused)
