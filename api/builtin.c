@@ -16,36 +16,27 @@ int h_healthz(struct api_req *r, struct api_reply *out, struct api_error *err)
         return reply_json(out, 200, json_pack("{s:s}", "status", "ok"));
 }
 
-static int from_body(struct api_reply *out, struct api_body *b)
-{
-        out->status = 200;
-        out->body = b->data;
-        out->len = b->len;
-        out->content_type = b->content_type;
-        return 0;
-}
-
 int h_usage(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         const char *accept = req_header(r, "Accept");
         bool csv = accept && strstr(accept, "text/csv");
         struct api_body b = { 0 };
         int rc = api_usage(req_db(r), &r->caller, req_param, r, csv, &b, err);
-        return rc < 0 ? rc : from_body(out, &b);
+        return rc < 0 ? rc : reply_body(out, &b, "tally-usage.csv");
 }
 
 int h_spend(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         struct api_body b = { 0 };
         int rc = api_spend(req_db(r), &r->caller, req_param, r, &b, err);
-        return rc < 0 ? rc : from_body(out, &b);
+        return rc < 0 ? rc : reply_body(out, &b, NULL);
 }
 
 int h_alerts(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         struct api_body b = { 0 };
         int rc = api_alerts(req_db(r), &r->caller, req_param, r, &b, err);
-        return rc < 0 ? rc : from_body(out, &b);
+        return rc < 0 ? rc : reply_body(out, &b, NULL);
 }
 
 int h_openapi(struct api_req *r, struct api_reply *out, struct api_error *err)

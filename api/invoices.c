@@ -173,15 +173,6 @@ static bool wants_csv(struct api_req *r)
         return accept && strstr(accept, "text/csv");
 }
 
-static int reply_body(struct api_reply *out, struct api_body *b)
-{
-        out->status = 200;
-        out->body = b->data;
-        out->len = b->len;
-        out->content_type = b->content_type;
-        return 0;
-}
-
 /* GET /v1/invoices: every invoice of the account, newest first (no lines);
  * CSV: every line of them. */
 int h_invoices_list(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -196,7 +187,7 @@ int h_invoices_list(struct api_req *r, struct api_reply *out, struct api_error *
                         return -EIO;
                 rc = lines_csv(lines, &b, err);
                 PQclear(lines);
-                return rc < 0 ? rc : reply_body(out, &b);
+                return rc < 0 ? rc : reply_body(out, &b, "tally-invoices.csv");
         }
         PGresult *heads = read_query(db, "invoices", HEADS_SQL, 3, p, err);
         if (!heads)
@@ -206,7 +197,7 @@ int h_invoices_list(struct api_req *r, struct api_reply *out, struct api_error *
                 json_array_append_new(data, invoice_json(heads, i, NULL));
         PQclear(heads);
         rc = read_json_body(json_pack("{s:s, s:o}", "account", r->caller.account, "data", data), &b, err);
-        return rc < 0 ? rc : reply_body(out, &b);
+        return rc < 0 ? rc : reply_body(out, &b, NULL);
 }
 
 /* One month's invoice with its lines and key breakdown; the current month
@@ -217,6 +208,8 @@ static int invoice_month(struct api_req *r, const char *month, bool current, str
         char day[11];
         if (!month_parse(month, day))
                 return api_fail(err, 400, "invalid_field", "month", "the month is YYYY-MM (or current)");
+        char name[48];
+        snprintf(name, sizeof(name), "tally-invoice-%.7s%s.csv", day, current ? "-preview" : "");
         PGconn *db = req_db(r);
         const char *p[] = { r->caller.account, day, current ? "true" : "false" };
         struct api_body b = { 0 };
@@ -227,7 +220,7 @@ static int invoice_month(struct api_req *r, const char *month, bool current, str
         if (wants_csv(r)) {
                 rc = lines_csv(lines, &b, err);
                 PQclear(lines);
-                return rc < 0 ? rc : reply_body(out, &b);
+                return rc < 0 ? rc : reply_body(out, &b, name);
         }
         PGresult *heads = read_query(db, "invoices", HEADS_SQL, 3, p, err);
         if (!heads) {
@@ -274,7 +267,7 @@ static int invoice_month(struct api_req *r, const char *month, bool current, str
         if (!inv)
                 return api_fail(err, 404, "not_found", "month", "no invoice for %s", month);
         rc = read_json_body(inv, &b, err);
-        return rc < 0 ? rc : reply_body(out, &b);
+        return rc < 0 ? rc : reply_body(out, &b, name);
 }
 
 /* GET /v1/invoices/{YYYY-MM} */

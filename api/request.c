@@ -6,6 +6,7 @@
 #include "utf8.h"
 
 #include <microhttpd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,18 @@ int reply_json(struct api_reply *out, int status, json_t *json)
         out->len = out->body ? strlen(out->body) : 0;
         out->content_type = "application/json";
         json_decref(json);
+        return 0;
+}
+
+int reply_body(struct api_reply *out, struct api_body *b, const char *csv_name)
+{
+        out->status = 200;
+        out->body = b->data;
+        out->len = b->len;
+        out->content_type = b->content_type;
+        if (csv_name && b->content_type && strncmp(b->content_type, "text/csv", 8) == 0)
+                snprintf(out->headers[0], sizeof(out->headers[0]), "Content-Disposition: attachment; filename=\"%s\"",
+                         csv_name);
         return 0;
 }
 

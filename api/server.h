@@ -148,6 +148,9 @@ struct vmm_hosts *req_vmm_hosts(struct api_req *r);
 
 /* Fills out with json (stolen) as the body. Returns 0. */
 int reply_json(struct api_reply *out, int status, json_t *json);
+/* Fills out (200) with what a read handler made (b's data stolen); a CSV
+ * answer is offered as a download named csv_name (Content-Disposition). */
+int reply_body(struct api_reply *out, struct api_body *b, const char *csv_name);
 /* Refuses a body field that is not in allowed (NULL-terminated). Returns 0 or api_fail. */
 int body_check_fields(json_t *body, const char *const *allowed, struct api_error *err);
 /* Runs a parameterized statement (text parameters); returns the result when

@@ -337,15 +337,21 @@ static void test_csv_formulas(void)
                  port);
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_a.secret);
         struct curl_slist *hs = curl_slist_append(curl_slist_append(NULL, auth), "Accept: text/csv");
-        struct resp r = { 0 };
+        struct resp r = { 0 }, heads = { 0 };
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_HEADERDATA, &heads);
         curl_easy_perform(c);
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
         curl_slist_free_all(hs);
         curl_easy_cleanup(c);
+        /* offered as a download with a name, not shown as a page */
+        CHECK(heads.body && strstr(heads.body, "Content-Disposition: attachment; filename=\"tally-usage.csv\"\r\n"),
+              "usage CSV without its Content-Disposition: %s", heads.body ? heads.body : "");
+        resp_free(&heads);
         int records = 0;
         for (const char *p = r.body ? r.body : ""; (p = strstr(p, "\r\n")); p += 2)
                 records++;
