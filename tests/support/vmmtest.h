@@ -5,7 +5,6 @@
 
 #include <jansson.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -62,12 +61,3 @@ json_t *test_vmm_cli(const char *sock, int *ret_rc, char **ret_err, const char *
  * to the daemon's cgroup_version. Returns 0, or -ETIMEDOUT (what to do then,
  * the test decides). */
 int test_vmm_wait_ready(const char *sock, int timeout_ms, int *cgroup_version);
-
-/* GET /metrics of a daemon on 127.0.0.1:port: the whole answer, headers and
- * body (malloc'd), or NULL when nothing answered. */
-char *test_get_metrics(int port);
-/* The value of the sample whose name and labels are exactly series (for
- * example `tally_vmm_sandboxes{state="running"}`) in page, as an integer in
- * base units: a value written as seconds with a fraction ("0.300125") is
- * returned in microseconds. -1 when the page has no such sample. */
-int64_t test_metric(const char *page, const char *series, bool seconds);
