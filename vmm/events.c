@@ -182,6 +182,25 @@ static void *control_loop(void *arg)
         return NULL;
 }
 
+/* A client configuration for the producer or the consumer, with e as the
+ * callbacks' opaque; NULL with err when kafka_settings do not apply. */
+static rd_kafka_conf_t *conf_new(const struct vmm_settings *s, struct events *e, char *err, size_t errlen)
+{
+        char kerr[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_opaque(conf, e);
+        /* Partitions added to usage or control are followed within 30 s (a pause
+         * command on a new control partition must not wait 5 min). */
+        static const char *const refresh[] = { KAFKA_METADATA_REFRESH, NULL };
+        if (kafka_conf_set_all(conf, refresh, kerr, sizeof(kerr)) < 0 ||
+            kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
+                rd_kafka_conf_destroy(conf);
+                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+                return NULL;
+        }
+        return conf;
+}
+
 int events_open(struct events *e, const struct vmm_settings *s, struct records *table, events_apply_fn apply,
                 void *apply_arg, char *err, size_t errlen)
 {
@@ -193,19 +212,12 @@ int events_open(struct events *e, const struct vmm_settings *s, struct records *
         atomic_init(&e->control_ready, false);
         int r;
         char kerr[512];
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
-        rd_kafka_conf_set_opaque(conf, e);
-        /* Partitions added to usage or control are followed within 30 s (a pause
-         * command on a new control partition must not wait 5 min). */
-        static const char *const refresh[] = { KAFKA_METADATA_REFRESH, NULL };
-        if (kafka_conf_set_all(conf, refresh, kerr, sizeof(kerr)) < 0 ||
-            kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
-                rd_kafka_conf_destroy(conf);
-                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+        rd_kafka_conf_t *conf = conf_new(s, e, err, errlen);
+        if (!conf) {
                 r = -EINVAL;
                 goto fail;
         }
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         /* Lifecycle events are never given up on: delivery retries until the broker takes them. */
         static const char *const producer_pairs[] = { "message.timeout.ms=0", "linger.ms=1", NULL };
         if (!(e->producer = kafka_producer_new(s->kafka_brokers, conf, producer_pairs, kerr, sizeof(kerr)))) {
@@ -215,16 +227,11 @@ int events_open(struct events *e, const struct vmm_settings *s, struct records *
         }
         char group[128];
         snprintf(group, sizeof(group), "tally-vmm-%s", s->host_id);
-        conf = rd_kafka_conf_new();
-        rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
-        rd_kafka_conf_set_opaque(conf, e);
-        if (kafka_conf_set_all(conf, refresh, kerr, sizeof(kerr)) < 0 ||
-            kafka_conf_set_client(conf, s->kafka, kerr, sizeof(kerr)) < 0) {
-                rd_kafka_conf_destroy(conf);
-                snprintf(err, errlen, "could not apply kafka_settings: %s", kerr);
+        if (!(conf = conf_new(s, e, err, errlen))) {
                 r = -EINVAL;
                 goto fail;
         }
+        rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
         static const char *const consumer_pairs[] = { "session.timeout.ms=6000", "heartbeat.interval.ms=500",
                                                       "fetch.wait.max.ms=50", NULL };
         if (!(e->consumer = kafka_consumer_new(s->kafka_brokers, group, conf, consumer_pairs, kerr, sizeof(kerr)))) {
