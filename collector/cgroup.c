@@ -1,5 +1,6 @@
 /* cgroup.c — see cgroup.h. Nothing here allocates or opens on the read path. */
 #include "cgroup.h"
+#include "cgroup_counter.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,47 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-int cgroup_parse_u64(const char *buf, size_t len, uint64_t *ret)
-{
-        uint64_t v = 0;
-        size_t i = 0;
-        if (len == 0 || buf[0] < '0' || buf[0] > '9')
-                return -EINVAL;
-        for (; i < len && buf[i] >= '0' && buf[i] <= '9'; i++) {
-                uint64_t d = (uint64_t)(buf[i] - '0');
-                if (v > (UINT64_MAX - d) / 10)
-                        return -EINVAL;
-                v = v * 10 + d;
-        }
-        if (i < len && buf[i] != '\n')
-                return -EINVAL;
-        *ret = v;
-        return 0;
-}
-
-int cgroup_parse_cpu_stat(const char *buf, size_t len, uint64_t *ret_ns)
-{
-        static const char name[] = "usage_usec ";
-        const size_t nlen = sizeof(name) - 1;
-        size_t pos = 0;
-        while (pos < len) {
-                const char *nl = memchr(buf + pos, '\n', len - pos);
-                size_t end = nl ? (size_t)(nl - buf) : len;
-                if (end - pos > nlen && memcmp(buf + pos, name, nlen) == 0) {
-                        uint64_t us;
-                        int r = cgroup_parse_u64(buf + pos + nlen, end - pos - nlen, &us);
-                        if (r < 0)
-                                return r;
-                        if (us > UINT64_MAX / 1000)
-                                return -EINVAL;
-                        *ret_ns = us * 1000;
-                        return 0;
-                }
-                pos = end + 1;
-        }
-        return -EINVAL;
-}
 
 static char *path_of(const char *dir, const char *name)
 {
@@ -157,12 +117,12 @@ int cgroup_files_read(const struct cgroup_files *f, struct cgroup_reading *ret)
         int r = read_file(f->cpu_fd, f->cpu_path, buf, sizeof(buf), &len);
         if (r < 0)
                 return r;
-        r = f->version == 2 ? cgroup_parse_cpu_stat(buf, len, &rd.cpu_ns) : cgroup_parse_u64(buf, len, &rd.cpu_ns);
+        r = cgroup_counter_parse_cpu(f->version, buf, len, &rd.cpu_ns);
         if (r < 0)
                 return r;
         if (f->mem_fd >= 0 || (f->transient && f->mem_path)) {
                 if ((r = read_file(f->mem_fd, f->mem_path, buf, sizeof(buf), &len)) < 0 ||
-                    (r = cgroup_parse_u64(buf, len, &rd.mem_bytes)) < 0)
+                    (r = cgroup_counter_parse_u64(buf, len, &rd.mem_bytes)) < 0)
                         return r;
         }
         *ret = rd;
@@ -176,7 +136,7 @@ int cgroup_files_read_peak(const struct cgroup_files *f, uint64_t *ret)
         uint64_t v = 0;
         int r;
         if (f->peak_path &&
-            ((r = read_file(-1, f->peak_path, buf, sizeof(buf), &len)) < 0 || (r = cgroup_parse_u64(buf, len, &v)) < 0))
+            ((r = read_file(-1, f->peak_path, buf, sizeof(buf), &len)) < 0 || (r = cgroup_counter_parse_u64(buf, len, &v)) < 0))
                 return r;
         *ret = v;
         return 0;

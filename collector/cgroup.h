@@ -59,9 +59,4 @@ int cgroup_files_read_peak(const struct cgroup_files *f, uint64_t *ret);
 /* Descriptors f keeps open (2 normally, 1 without a memory file, 0 when transient). */
 int cgroup_files_kept(const struct cgroup_files *f);
 
-/* Parsers for the kernel's formats, exposed for tests.
- * cpu.stat: lines "name value"; returns usage_usec × 1000 in *ret_ns. */
-int cgroup_parse_cpu_stat(const char *buf, size_t len, uint64_t *ret_ns);
-/* A file holding one decimal integer and a newline (memory.current, cpuacct.usage, ...).
- * "max" is refused: counters never read "max". */
-int cgroup_parse_u64(const char *buf, size_t len, uint64_t *ret);
+/* The files' text is parsed by common/cgroup_counter.h, the vmm's parser too. */

@@ -20,6 +20,7 @@
 #include "registry.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -53,7 +54,7 @@ struct exec_request {
         size_t stdin_len;
         int64_t timeout_ns;          /* > 0: the command is killed after this long */
         size_t output_cap;           /* bytes kept of stdout and of stderr each; the rest is read and dropped */
-        const volatile int *cancel;  /* may be NULL; once it reads non-zero (the daemon is stopping) the
+        const atomic_int *cancel;    /* may be NULL; once it reads non-zero (the daemon is stopping) the
                                         command is ended as at a timeout and exec returns -ECANCELED */
 };
 

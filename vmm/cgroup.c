@@ -2,6 +2,7 @@
  * backend knowledge here. cgroup_enter() must stay async-signal-safe: it runs
  * in children forked from a threaded daemon before they exec. */
 #include "cgroup.h"
+#include "cgroup_counter.h"
 #include "fileutil.h"
 #include "timeutil.h"
 
@@ -378,20 +379,8 @@ static int parse_u64(const char *s, uint64_t *ret)
 int cgroup_cpu_ns(const struct sandbox_cgroup *cg, uint64_t *ret)
 {
         char buf[1024];
-        int r;
-        if (cg->version == 1) {
-                if ((r = read_file(cg->cpuacct, "cpuacct.usage", buf, sizeof(buf))) < 0)
-                        return r;
-                return parse_u64(buf, ret);
-        }
-        if ((r = read_file(cg->cpuacct, "cpu.stat", buf, sizeof(buf))) < 0)
-                return r;
-        char *p = strstr(buf, "usage_usec ");
-        uint64_t us;
-        if (!p || parse_u64(p + 11, &us) < 0)
-                return -EINVAL;
-        *ret = us * 1000;
-        return 0;
+        int r = read_file(cg->cpuacct, cg->version == 1 ? "cpuacct.usage" : "cpu.stat", buf, sizeof(buf));
+        return r < 0 ? r : cgroup_counter_parse_cpu(cg->version, buf, strlen(buf), ret);
 }
 
 int cgroup_memory_bytes(const struct sandbox_cgroup *cg, uint64_t *ret)

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "timeutil.h"
 #include "vmm.h"
 
@@ -40,6 +41,8 @@ struct vmm_config {
         int64_t egress_connections_max;
         int64_t egress_connect_timeout_ms;
         int64_t egress_idle_timeout_s;
+        int64_t metrics_port;
+        char *metrics_address;
         char *log_level;
 };
 
@@ -115,6 +118,10 @@ static const struct setting settings[] = {
           "How long the egress proxy waits for an outside server to accept a connection" },
         { "egress_idle_timeout_s", SETTING_INT, "600", false, offsetof(struct vmm_config, egress_idle_timeout_s), 1,
           86400, "A connection through the egress proxy with no byte either way this long is closed" },
+        { "metrics_port", SETTING_INT, "0", false, offsetof(struct vmm_config, metrics_port), 0, 65535,
+          "Serve Prometheus /metrics on this port (0: off)" },
+        { "metrics_address", SETTING_STRING, "127.0.0.1", false, offsetof(struct vmm_config, metrics_address), 0, 0,
+          "IPv4 address /metrics listens on" },
         SETTING_LOG_LEVEL(struct vmm_config, log_level),
         SETTINGS_END,
 };
@@ -202,10 +209,21 @@ int main(int argc, char **argv)
         char err[1024];
         struct vmm *v = NULL;
         struct vmm_api *api = NULL;
+        struct metrics_http *ms = NULL;
         if ((r = vmm_open(&s, &v, err, sizeof(err))) < 0) {
                 log_error("could not start", "error=\"%s\"", err);
                 goto out;
         }
+        if ((r = metrics_http_start(cfg.metrics_address, (int)cfg.metrics_port, vmm_metrics_page, v,
+                                    METRICS_HTTP_PAGE_MAX, &ms)) < 0) {
+                log_error("could not serve /metrics", "address=%s port=%lld error=\"%s\"", cfg.metrics_address,
+                          (long long)cfg.metrics_port, strerror(-r));
+                vmm_close(v, time_mono_ns() + SHUTDOWN_MS * NS_PER_MS);
+                goto out;
+        }
+        if (ms)
+                log_info("metrics served", "url=http://%s:%lld/metrics", cfg.metrics_address,
+                         (long long)cfg.metrics_port);
         struct vmm_api_settings as = {
                 .idle_timeout_s = (unsigned int)cfg.api_idle_timeout_s,
                 .connections_max = (unsigned int)cfg.api_connections_max,
@@ -214,6 +232,7 @@ int main(int argc, char **argv)
         };
         if ((r = vmm_api_start(v, socket_path, &as, &api, err, sizeof(err))) < 0) {
                 log_error("could not start the local API", "error=\"%s\"", err);
+                metrics_http_stop(ms);
                 vmm_close(v, time_mono_ns() + SHUTDOWN_MS * NS_PER_MS);
                 goto out;
         }
@@ -237,6 +256,7 @@ int main(int argc, char **argv)
                 vmm_flush(v, (deadline - time_mono_ns()) / NS_PER_MS - 200);
                 _exit(0);
         }
+        metrics_http_stop(ms);
         vmm_close(v, deadline);
         status = 0;
 out:

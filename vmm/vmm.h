@@ -91,6 +91,12 @@ json_t *vmm_status(struct vmm *v);
 /* Carries out a control-topic command for the matching sandboxes. Returns how many it changed. */
 int vmm_apply_control(struct vmm *v, const struct control_command *c);
 
+/* The /metrics page (Prometheus text format) as a metrics_http page function
+ * (arg: the struct vmm): sandboxes by state, creates, forks and execs with
+ * their latency, control commands and what they changed, registry write
+ * failures. Safe on any thread. Returns the length or -ENOBUFS. */
+int vmm_metrics_page(const void *arg, char *buf, size_t size);
+
 const struct vmm_settings *vmm_get_settings(const struct vmm *v);
 /* What a create request may ask for on this host. */
 const struct vmm_limits *vmm_get_limits(const struct vmm *v);

@@ -4,7 +4,7 @@
  * create_request_parse (POST /v1/sandboxes) and command_parse (exec's
  * "command"), both in vmm/spec.c.
  *
- * The parsers alone, fast and with no service behind them; route(), do_exec()
+ * The parsers alone, fast and with no service behind them; route(), vmm_api_exec()
  * and the vmm behind them get the same bodies inside whole HTTP requests from
  * the target vmm-http (fuzz_vmm_http.c: a real vmm and its API in the
  * fuzzer's process). Checked beyond "no crash": an accepted create request holds

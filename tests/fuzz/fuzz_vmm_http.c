@@ -1,5 +1,5 @@
-/* fuzz_vmm_http.c — tally-vmm's local API (vmm/api.c: handle, route, do_exec
- * and every vmm.c operation a request reaches) on hostile bytes.
+/* fuzz_vmm_http.c — tally-vmm's local API (vmm/api.c: handle, route; vmm/api_exec.c
+ * and every operation of the sandbox manager a request reaches) on hostile bytes.
  *
  * The real daemon runs in this process: vmm_open with the process backend on
  * this machine's real cgroups (a cgroup parent of its own) and the test

@@ -1,9 +1,11 @@
 /* support.c — see support.h. */
 #include "support.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <poll.h>
 #include <signal.h>
@@ -467,4 +469,52 @@ size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t
         }
         close(fd);
         return got;
+}
+
+char *test_get_metrics(int port)
+{
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return NULL;
+        }
+        const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        size_t cap = 65536, len = 0;
+        char *buf = malloc(cap);
+        ssize_t n = write(fd, req, sizeof(req) - 1);
+        while (buf && n >= 0 && len < cap - 1 && (n = read(fd, buf + len, cap - len - 1)) > 0)
+                len += (size_t)n;
+        close(fd);
+        if (buf)
+                buf[len] = '\0';
+        return buf;
+}
+
+int64_t test_metric(const char *page, const char *series, bool seconds)
+{
+        size_t sl = strlen(series);
+        for (const char *at = page ? strstr(page, series) : NULL; at; at = strstr(at + 1, series)) {
+                if ((at != page && at[-1] != '\n') || at[sl] != ' ')
+                        continue;
+                const char *p = at + sl + 1;
+                int64_t whole = 0, frac = 0;
+                int digits = 0;
+                for (; *p >= '0' && *p <= '9'; p++)
+                        whole = whole * 10 + (*p - '0');
+                if (!seconds)
+                        return whole;
+                if (*p == '.')
+                        for (p++; *p >= '0' && *p <= '9'; p++)
+                                if (digits < 6) {
+                                        frac = frac * 10 + (*p - '0');
+                                        digits++;
+                                }
+                for (; digits < 6; digits++)
+                        frac *= 10;
+                return whole * 1000000 + frac;
+        }
+        return -1;
 }

@@ -7,6 +7,7 @@
 #include <librdkafka/rdkafka.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -163,3 +164,12 @@ rd_kafka_conf_t *test_kafka_conf(rd_kafka_conf_t *conf);
 char **test_kafka_environ(const char *program);
 /* Frees what test_kafka_environ returned (NULL is fine). */
 void test_kafka_environ_free(char **env);
+
+/* GET /metrics of a daemon on 127.0.0.1:port: the whole answer, headers and
+ * body (malloc'd), or NULL when nothing answered. */
+char *test_get_metrics(int port);
+/* The value of the sample whose name and labels are exactly series (for
+ * example `tally_vmm_sandboxes{state="running"}`) in page, as an integer in
+ * base units: a value written as seconds with a fraction ("0.300125") is
+ * returned in microseconds. -1 when the page has no such sample. */
+int64_t test_metric(const char *page, const char *series, bool seconds);

@@ -20,6 +20,7 @@
  *   bench-collector --registry DIR N       create N cgroups with registry records in DIR (as the vmm
  *                                          would), print "ready", and remove them when stdin closes */
 #include "cgroup.h"
+#include "cgroup_counter.h"
 #include "cgroup_scan.h"
 #include "registry.h"
 
@@ -181,7 +182,7 @@ static uint64_t read_openclose(const char *dir, const char *name)
         ssize_t len = read(fd, buf, sizeof(buf));
         close(fd);
         uint64_t v = 0;
-        if (len <= 0 || cgroup_parse_u64(buf, (size_t)len, &v) < 0)
+        if (len <= 0 || cgroup_counter_parse_u64(buf, (size_t)len, &v) < 0)
                 fail("could not parse", path, "bad content");
         return v;
 }

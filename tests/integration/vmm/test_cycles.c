@@ -1,11 +1,11 @@
 /* Integration: create → exec → stop cycles through a real tally-vmm daemon,
- * four loops at once, none allowed to take over 5 s (the old
+ * four loops at once, none allowed to take over 5 s (the hang this guards against: an old
  * in-daemon sandbox init, a clone() of the threaded daemon, called fork() and
  * hung on a malloc lock another thread held; create or exec then never
  * answered). Every call has a client-side timeout, so a hang is a failure with
  * a reason, not a test that never ends. Prints the max and the p99.
  *
- * Then the lease: a sandbox with a 5 s lease keeps running
+ * Then the lease a sandbox holds without tally-vmm: a sandbox with a 5 s lease keeps running
  * after tally-vmm is killed with SIGKILL; its processes must be gone within
  * about a second of the deadline, read from the host (its cgroup's tasks).
  *

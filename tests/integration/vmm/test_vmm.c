@@ -35,6 +35,8 @@ static const char *brokers;      /* the shared test broker, or the outage case's
 static struct test_kafka outage_kafka; /* the outage case's Apache Kafka (TALLY_TEST_KAFKA=apache) */
 static const char *final_wait_ms = "4000";
 static int cgroup_version;
+static int metrics_port;         /* the daemon's /metrics */
+static char metrics_port_arg[16];
 
 /* ---- cleaning up whatever the test made ---- */
 
@@ -107,7 +109,7 @@ static void start_daemon(void)
                          "--host-id", "test-vmm-host", "--backend", "process", "--final-wait-ms", (char *)final_wait_ms,
                          "--limits-database-url", db_url,
                          "--blocked-key-query", "SELECT 1 FROM blocked WHERE account_id = $1 AND key_id = $2",
-                         "--log-level", "debug", NULL };
+                         "--metrics-port", metrics_port_arg, "--log-level", "debug", NULL };
         /* Append: a restarted daemon's log follows the first one's. */
         daemon_pid = test_spawn(argv, NULL, log);
         if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0)
@@ -191,6 +193,104 @@ static bool wait_state(const char *id, const char *want, int timeout_ms)
                 test_sleep_ms(20);
         } while (test_now_ms() < until);
         return false;
+}
+
+/* ---- /metrics ---- */
+
+static char *metrics_page(void)
+{
+        char *p = test_get_metrics(metrics_port);
+        CHECK(p && strstr(p, " 200 ") && strstr(p, "\r\n\r\n# HELP "), "GET /metrics on port %d: %.200s",
+              metrics_port, p ? p : "no answer");
+        return p;
+}
+
+static int64_t metric(const char *page, const char *series)
+{
+        return test_metric(page, series, false);
+}
+
+/* Every figure of the page after real creates, execs, a fork, a pause and a stop,
+ * each counted here by hand. Runs first: the daemon has no sandbox yet. */
+static void test_metrics(void)
+{
+        char *p = metrics_page();
+        static const char *const zero[] = {
+                "tally_vmm_sandboxes{state=\"running\"}", "tally_vmm_sandboxes{state=\"paused\"}",
+                "tally_vmm_sandboxes{state=\"stopped\"}", "tally_vmm_creates_total{result=\"ok\"}",
+                "tally_vmm_execs_total{result=\"ok\"}", "tally_vmm_forks_total{result=\"ok\"}",
+                "tally_vmm_exec_duration_seconds_count", "tally_vmm_control_commands_total",
+                "tally_vmm_control_applied_total", "tally_vmm_registry_write_failures_total",
+        };
+        for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++)
+                CHECK(metric(p, zero[i]) == 0, "a fresh daemon's %s is %lld, not 0", zero[i],
+                      (long long)metric(p, zero[i]));
+        free(p);
+
+        json_t *a = create("key-metrics", "1", "64", "120", NULL), *b = create("key-metrics", "1", "64", "120", NULL);
+        const char *ida = test_jstr(a, "id"), *idb = test_jstr(b, "id");
+        int rc;
+        json_decref(cli(&rc, "create", "--account", account, "--key", "key-blocked", NULL)); /* refused: blocked */
+        CHECK(rc == 1, "a blocked key's create was not refused: rc=%d", rc);
+        /* Three execs that run (one whose command fails is still an exec done), one of 300 ms. */
+        CHECK(sh_exec(ida, "true", NULL, NULL) == 0, "exec true");
+        CHECK(sh_exec(ida, "exit 3", NULL, NULL) == 3, "exec exit 3");
+        int64_t t0 = test_now_ms();
+        CHECK(sh_exec(ida, "sleep 0.3", NULL, NULL) == 0, "exec sleep 0.3");
+        CHECK(test_now_ms() - t0 >= 300, "sleep 0.3 took less than 300 ms");
+        json_decref(cli(&rc, "pause", idb, NULL));
+        CHECK(rc == 0, "pause failed: rc=%d", rc);
+        CHECK(sh_exec(idb, "true", NULL, NULL) != 0, "exec in a paused sandbox ran"); /* a failed exec */
+        json_t *f = cli(&rc, "fork", ida, "--count", "2", NULL);
+        json_t *copies = json_object_get(f, "sandboxes");
+        CHECK(rc == 0 && json_array_size(copies) == 2, "fork failed: rc=%d %s", rc, json_dumps(f, 0));
+        const char *copy2 = test_jstr(json_array_get(copies, 1), "id");
+        json_decref(cli(&rc, "stop", copy2, NULL));
+        CHECK(rc == 0, "stop failed: rc=%d", rc);
+
+        p = metrics_page();
+        static const struct {
+                const char *series;
+                int64_t want;
+        } want[] = {
+                /* a and the first copy run; b is paused; the second copy is stopped */
+                { "tally_vmm_sandboxes{state=\"running\"}", 2 },
+                { "tally_vmm_sandboxes{state=\"paused\"}", 1 },
+                { "tally_vmm_creates_total{result=\"ok\"}", 2 },
+                { "tally_vmm_creates_total{result=\"failed\"}", 1 },
+                { "tally_vmm_create_duration_seconds_count", 3 },
+                { "tally_vmm_forks_total{result=\"ok\"}", 1 },
+                { "tally_vmm_forks_total{result=\"failed\"}", 0 },
+                { "tally_vmm_fork_copies_total", 2 },
+                { "tally_vmm_fork_duration_seconds_count", 1 },
+                { "tally_vmm_execs_total{result=\"ok\"}", 3 },
+                { "tally_vmm_execs_total{result=\"failed\"}", 1 },
+                { "tally_vmm_exec_duration_seconds_count", 4 },
+                { "tally_vmm_exec_duration_seconds_bucket{le=\"+Inf\"}", 4 },
+                { "tally_vmm_control_commands_total", 0 },
+                { "tally_vmm_registry_write_failures_total", 0 },
+        };
+        for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+                CHECK(metric(p, want[i].series) == want[i].want, "%s is %lld, not %lld", want[i].series,
+                      (long long)metric(p, want[i].series), (long long)want[i].want);
+        /* The stopped copy counts until its clean-up (final_wait_ms with no collector). */
+        int64_t stopped = metric(p, "tally_vmm_sandboxes{state=\"stopped\"}");
+        CHECK(stopped == 0 || stopped == 1, "stopped sandboxes: %lld, not 0 or 1", (long long)stopped);
+        /* The 300 ms exec is above the 250 ms bucket and in the sum. */
+        int64_t le250 = metric(p, "tally_vmm_exec_duration_seconds_bucket{le=\"0.250\"}");
+        int64_t sum_us = test_metric(p, "tally_vmm_exec_duration_seconds_sum", true);
+        CHECK(le250 >= 0 && le250 <= 3, "execs within 250 ms: %lld, more than the 3 that did not sleep",
+              (long long)le250);
+        CHECK(sum_us >= 300000, "exec time summed: %lld us, less than the 300 ms slept", (long long)sum_us);
+        CHECK(test_metric(p, "tally_vmm_create_duration_seconds_sum", true) > 0, "no create time summed");
+        free(p);
+        for (size_t i = 0; i < json_array_size(copies); i++)
+                json_decref(cli(&rc, "stop", test_jstr(json_array_get(copies, i), "id"), NULL));
+        json_decref(cli(&rc, "stop", ida, NULL));
+        json_decref(cli(&rc, "stop", idb, NULL));
+        json_decref(f);
+        json_decref(a);
+        json_decref(b);
 }
 
 /* ---- the usage topic ---- */
@@ -700,6 +800,10 @@ static void test_control(void)
 {
         json_t *a = create("key-ctl", "1", "64", "120", NULL), *b = create("key-ctl", "1", "64", "120", NULL),
                *other = create("key-other", "1", "64", "120", NULL);
+        char *page = metrics_page();
+        int64_t commands0 = metric(page, "tally_vmm_control_commands_total"),
+                applied0 = metric(page, "tally_vmm_control_applied_total");
+        free(page);
         char err[512];
         rd_kafka_t *p = kafka_producer_new(brokers, test_kafka_conf(NULL), NULL, err, sizeof(err));
         CHECK(p != NULL, "producer: %s", err);
@@ -744,6 +848,20 @@ static void test_control(void)
         CHECK(wait_state(test_jstr(a, "id"), "stopped", 3000) && wait_state(test_jstr(b, "id"), "stopped", 3000),
               "the control stop command did not stop the key's sandboxes");
         rd_kafka_destroy(p);
+        /* Three commands read (the warm-up, the pause, the stop; other tests on the shared broker
+         * may add theirs); four changes (a and b paused, then stopped: only this account's
+         * sandboxes match). The count follows the change a moment later: waited for, then exact. */
+        int64_t commands = -1, applied = -1;
+        for (int64_t until = test_now_ms() + 3000; test_now_ms() < until; test_sleep_ms(50)) {
+                page = metrics_page();
+                commands = metric(page, "tally_vmm_control_commands_total") - commands0;
+                applied = metric(page, "tally_vmm_control_applied_total") - applied0;
+                free(page);
+                if (commands >= 3 && applied >= 4)
+                        break;
+        }
+        CHECK(commands >= 3 && applied == 4, "/metrics: %lld control commands applied to %lld sandboxes, not 3 to 4",
+              (long long)commands, (long long)applied);
         int rc;
         json_decref(cli(&rc, "stop", test_jstr(other, "id"), NULL));
         json_decref(a);
@@ -919,9 +1037,12 @@ int main(void)
         test_cleanup_at_exit(cleanup);
         brokers = test_env("TALLY_TEST_BROKERS");
         make_limits_db();
+        metrics_port = test_free_port();
+        snprintf(metrics_port_arg, sizeof(metrics_port_arg), "%d", metrics_port);
         open_usage_consumer();
         start_daemon();
         const struct test_case cases[] = {
+                { "metrics", test_metrics },
                 { "cpu_conserved", test_cpu_conserved }, { "memory_limit", test_memory_limit },
                 { "pause", test_pause },                 { "timeout", test_timeout },
                 { "fork", test_fork },                   { "bad_input", test_bad_input },

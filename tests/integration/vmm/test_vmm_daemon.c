@@ -41,6 +41,7 @@ static char account[64];
 static char base[64];            /* /tmp/tally-vmmd-XXXXXX, 0755: a host user can reach it */
 static char *state, *sock, *db_url, *log_path;
 static pid_t daemon_pid = -1;
+static char metrics_port_arg[16]; /* the daemon's /metrics */
 static int cgroup_version;
 
 #define IDLE_TIMEOUT_S 2         /* the daemon's api_idle_timeout_s here */
@@ -158,7 +159,7 @@ static void start_daemon(void)
                          "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent,
                          "--host-id", "test-vmmd-host", "--backend", "process", "--final-wait-ms", "30000",
                          "--limits-database-url", db_url, "--api-idle-timeout-s", IDLE_TIMEOUT, "--log-level", "debug",
-                         NULL };
+                         "--metrics-port", metrics_port_arg, NULL };
         daemon_pid = test_spawn(argv, NULL, log_path);
         if (test_vmm_wait_ready(sock, 20000, &cgroup_version) == 0)
                 return;
@@ -555,8 +556,19 @@ static void test_resume_blocked(void)
 
 /* A record that cannot be written after a pause or stop fails the request, and
  * is written as soon as it can be: the daemon and the record never disagree silently. */
+/* tally_vmm_registry_write_failures_total on the daemon's /metrics. */
+static int64_t write_failures(void)
+{
+        char *page = test_get_metrics(atoi(metrics_port_arg));
+        int64_t n = test_metric(page, "tally_vmm_registry_write_failures_total", false);
+        free(page);
+        return n;
+}
+
 static void test_record_failure(void)
 {
+        int64_t failures = write_failures();
+        CHECK(failures >= 0, "no tally_vmm_registry_write_failures_total on /metrics");
         json_t *sb = create("key-rec", "64");
         const char *id = test_jstr(sb, "id");
         char tmp[1024];
@@ -571,6 +583,10 @@ static void test_record_failure(void)
                 CHECK(rc == 1 && err && strstr(err, "could not be written"),
                       "%s with an unwritable record reported success: rc=%d %s", steps[i], rc, err ? err : "");
                 free(err);
+                /* The request tried the write three times at once before it failed. */
+                int64_t now = write_failures();
+                CHECK(now - failures >= 3, "/metrics counted %lld record write failures for the %s, not 3 or more",
+                      (long long)(now - failures), steps[i]);
                 json_t *r = record(id);
                 CHECK(r && strcmp(test_jstr(r, "state"), want[i]) != 0, "the record was written despite the folder");
                 json_decref(r);
@@ -582,6 +598,10 @@ static void test_record_failure(void)
                         json_decref(r);
                 }
                 CHECK(ok, "the record did not catch up with the %s within 3 s of the disk recovering", steps[i]);
+                /* Written: no failure is counted any more (the tick retries once a second). */
+                failures = write_failures();
+                test_sleep_ms(1500);
+                CHECK(write_failures() == failures, "record write failures still counted after the write held");
         }
         json_decref(sb);
 }
@@ -782,6 +802,7 @@ int main(void)
             asprintf(&log_path, "%s/vmm.log", base) < 0)
                 return 1;
         test_cleanup_at_exit(cleanup);
+        snprintf(metrics_port_arg, sizeof(metrics_port_arg), "%d", test_free_port());
         db_url = test_db_create("vmmd");
         char *migrate[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, NULL };
         char *merr = NULL;

@@ -22,43 +22,6 @@
 #error FIXTURES must name the fixtures folder
 #endif
 
-static void parse_u64(void **state)
-{
-        uint64_t v = 1;
-        assert_int_equal(cgroup_parse_u64("218103808\n", 10, &v), 0);
-        assert_int_equal(v, 218103808);
-        assert_int_equal(cgroup_parse_u64("0\n", 2, &v), 0);
-        assert_int_equal(v, 0);
-        assert_int_equal(cgroup_parse_u64("18446744073709551615\n", 21, &v), 0);
-        assert_true(v == UINT64_MAX);
-        v = 7;
-        assert_int_equal(cgroup_parse_u64("18446744073709551616\n", 21, &v), -EINVAL);
-        assert_int_equal(cgroup_parse_u64("max\n", 4, &v), -EINVAL);
-        assert_int_equal(cgroup_parse_u64("-1\n", 3, &v), -EINVAL);
-        assert_int_equal(cgroup_parse_u64("12 34\n", 6, &v), -EINVAL);
-        assert_int_equal(cgroup_parse_u64("", 0, &v), -EINVAL);
-        assert_int_equal(v, 7); /* untouched on failure */
-}
-
-static void parse_cpu_stat(void **state)
-{
-        const char *text = "usage_usec 1196389000\nuser_usec 700563000\nsystem_usec 495826000\n";
-        uint64_t ns = 0;
-        assert_int_equal(cgroup_parse_cpu_stat(text, strlen(text), &ns), 0);
-        assert_true(ns == UINT64_C(1196389000000));
-        /* usage_usec is found anywhere, and a similar name is not mistaken for it. */
-        const char *later = "nr_periods 3\nxusage_usec 9\nusage_usec 42\n";
-        assert_int_equal(cgroup_parse_cpu_stat(later, strlen(later), &ns), 0);
-        assert_int_equal(ns, 42000);
-        const char *missing = "user_usec 1\nsystem_usec 2\n";
-        assert_int_equal(cgroup_parse_cpu_stat(missing, strlen(missing), &ns), -EINVAL);
-        const char *bad = "usage_usec twelve\n";
-        assert_int_equal(cgroup_parse_cpu_stat(bad, strlen(bad), &ns), -EINVAL);
-        const char *huge = "usage_usec 18446744073709552\n"; /* × 1000 overflows */
-        assert_int_equal(cgroup_parse_cpu_stat(huge, strlen(huge), &ns), -EINVAL);
-        assert_int_equal(ns, 42000);
-}
-
 static void read_v2_fixtures(void **state)
 {
         struct cgroup_files f;
@@ -172,8 +135,6 @@ static void out_of_descriptors(void **state)
 int main(void)
 {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(parse_u64),
-                cmocka_unit_test(parse_cpu_stat),
                 cmocka_unit_test(read_v2_fixtures),
                 cmocka_unit_test(read_v2_without_memory),
                 cmocka_unit_test(missing_and_changed),
