@@ -325,7 +325,7 @@ def main():
     b = Biller()
     for n, line in enumerate(f, 1):
         line = line.rstrip("\n")
-        if not line:
+        if not line or line.startswith("#"):
             continue
         _, raw = line.split("\t", 1)
         b.message(n, raw)
