@@ -35,6 +35,7 @@ CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS`, `deadclass TAG CLASS N`.
 Standard library only; it never imports tally's code.
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -72,15 +73,61 @@ def retag(msgs, old, new):
     return out
 
 
+def month_start(ns):
+    d = datetime.datetime.fromtimestamp(ns // NS, datetime.timezone.utc)
+    return int(datetime.datetime(d.year, d.month, 1, tzinfo=datetime.timezone.utc).timestamp()) * NS
+
+
 def small_stream(seed, now_ns, tag):
-    """The stream of one fuzzing seed: 1 to 5 sandboxes (a second draw from
-    the seed, so the stream itself is streamgen's for that seed)."""
-    n = random.Random(seed * 7919 + 1).choice([1, 1, 1, 2, 2, 3, 5])
+    """The stream of one fuzzing seed: 1 to 5 sandboxes, and one in ten
+    ending a few hours after the start of the month (it crosses the month's
+    end: a second draw from the seed, so the stream itself is streamgen's for
+    that seed and clock)."""
+    rng = random.Random(seed * 7919 + 1)
+    n = rng.choice([1, 1, 1, 2, 2, 3, 5])
+    if rng.random() < 0.1:
+        now_ns = month_start(now_ns - 13 * HOUR) + rng.randint(1, 12) * HOUR + rng.randint(0, HOUR - 1)
     return streamgen.generate(seed, now_ns, n, tag + "-", True)
 
 
 def full_stream(seed, now_ns, tag):
     return streamgen.generate(seed, now_ns, None, tag + "-", True)
+
+
+def big_stream(seed, now_ns, tag):
+    """1 to 1,000 sandboxes."""
+    n = random.Random(seed * 7919 + 2).randint(1, 1000)
+    return streamgen.generate(seed, now_ns, n, tag + "-", True)
+
+
+def draw_plans(rnd, now_ns, tags):
+    """The round's price plans: the default plan, and `rROUND.plan` for about
+    a third of the streams' accounts, whose rates change at moments inside
+    the streams' hours (often inside an hour: the new rate holds from the
+    next hour's start). Returns (plans for refbill, the SQL that makes them)."""
+    rng = random.Random(rnd * 7877 + now_ns % 1_000_003)
+    plan = f"r{rnd}.plan"
+    rates = {}
+    for meter in ("cpu", "memory", "storage"):
+        rows = [[refbill.WALL_MIN, rng.randint(0, 10**9)]]
+        for _ in range(rng.randint(0, 3)):
+            at = now_ns - rng.randint(0, 30 * HOUR)
+            rows.append([at - at % (rng.choice([1, 60, 3600]) * NS), rng.randint(0, 10**9)])
+        rates[meter] = sorted({r[0]: r for r in rows}.values())
+    accounts = {}
+    for tag, accts in tags:
+        if rng.random() < 0.3:
+            for acct in accts:
+                accounts[acct] = plan
+    units = {"cpu": "vCPU-hour", "memory": "GiB-hour", "storage": "GB-month"}
+    sql = [f"INSERT INTO price_plans (id, name) VALUES ('{plan}', 'round {rnd}');"]
+    for meter, rows in rates.items():
+        for at, rate in rows:
+            sql.append(f"INSERT INTO plan_rates (plan_id, meter, effective_from, nanodollars_per_unit, unit) VALUES"
+                       f" ('{plan}', '{meter}', to_timestamp({at // NS}), {rate}, '{units[meter]}');")
+    for acct in sorted(accounts):
+        sql.append(f"INSERT INTO accounts (id, name, plan_id) VALUES ('{acct}', '{acct}', '{plan}');")
+    return {"accounts": accounts, "rates": {plan: rates}}, "\n".join(sql) + "\n"
 
 
 def read_file(path):
@@ -120,7 +167,7 @@ def moved(msgs, now_ns):
     return out
 
 
-def model(tag, msgs):
+def model(tag, msgs, plans=None):
     """The model's lines for one stream (refbill.py's rules)."""
     b = refbill.Biller()
     for n, (acct, m) in enumerate(msgs, 1):
@@ -128,7 +175,7 @@ def model(tag, msgs):
             b.message(n, json.dumps(m, separators=(",", ":")))
     b.end()
     out = []
-    for line in refbill.report(b, False):
+    for line in refbill.report(b, False, plans):
         w = line.split(" ")
         if w[0] == "deadclass":
             out.append(f"deadclass {tag} {w[1]} {w[2]}")
@@ -193,29 +240,36 @@ def write_model(path, lines):
 
 
 def cmd_round(a):
-    streams, lines, tags = [], [], []
-    seeds = [int(s) for s in a.seeds.split(",") if s] if a.seeds else []
-    seeds += list(range(a.seed_base, a.seed_base + a.count)) if a.count else []
-    for s in seeds:
-        tag = f"r{a.round}.{s}"
-        msgs = small_stream(s, a.now_ns, tag) if a.small else full_stream(s, a.now_ns, tag)
-        streams.append(msgs)
+    streams, tags = [], []
+    seeds = [int(x) for x in a.seeds.split(",") if x] if a.seeds else []
+    drawn = [(x, full_stream) for x in seeds]
+    drawn += [(x, small_stream if a.small else full_stream) for x in range(a.seed_base, a.seed_base + a.count)]
+    drawn += [(a.seed_base + a.count + i, big_stream) for i in range(a.big)]
+    for x, draw in drawn:
+        tag = f"r{a.round}.{x}"
+        streams.append(draw(x, a.now_ns, tag))
         tags.append(tag)
-        lines += model(tag, msgs)
     if a.corpus and os.path.isdir(a.corpus):
         for i, name in enumerate(sorted(n for n in os.listdir(a.corpus) if n.endswith(".txt"))):
             tag = f"r{a.round}.c{i}"
             msgs = retag(moved(read_file(os.path.join(a.corpus, name)), a.now_ns), "", tag)
             streams.append(msgs)
             tags.append(tag)
-            lines += model(tag, msgs)
             print(f"corpus {name}: tag {tag}, {len(msgs)} messages", file=sys.stderr)
-    out = interleave(random.Random(a.round * 1_000_003 + (seeds[0] if seeds else 0)), streams)
+    plans, sql = draw_plans(a.round, a.now_ns,
+                            [(t, sorted({acct for acct, _ in m if acct is not None})) for t, m in zip(tags, streams)])
+    lines = []
+    for tag, msgs in zip(tags, streams):
+        lines += model(tag, msgs, plans)
+    out = interleave(random.Random(a.round * 1_000_003 + (seeds[0] if seeds else a.seed_base)), streams)
     write_stream(a.stream, out)
     write_model(a.model, lines)
     with open(a.model + ".tags", "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in tags))
-    print(f"{len(streams)} streams, {len(out)} messages", file=sys.stderr)
+    with open(a.model + ".sql", "w", encoding="utf-8") as f:
+        f.write(sql)
+    print(f"{len(streams)} streams, {len(out)} messages, {len(plans['accounts'])} accounts on plan r{a.round}.plan",
+          file=sys.stderr)
 
 
 def cmd_file(a):
@@ -269,7 +323,7 @@ def cmd_shrink(a):
     if name.startswith("c"):
         sys.exit("pack.py: a corpus case is already kept")
     seed = int(name)
-    draw = small_stream if a.small else full_stream
+    draw = {"small": small_stream, "full": full_stream, "big": big_stream}[a.kind]
     msgs = retag(draw(seed, a.now_ns, a.tag), a.tag, "")
     deadline = time.monotonic() + a.seconds
     tries = [0]
@@ -302,8 +356,7 @@ def cmd_shrink(a):
                     i += k
             k //= 2
     os.unlink(a.out + ".try") if os.path.exists(a.out + ".try") else None
-    write_stream(a.out, msgs, [f"found by the differential test: seed {seed} ({'small' if a.small else 'full'}"
-                               f" stream), clock {a.now_ns}", f"shrunk to {len(msgs)} messages in {tries[0]} runs"])
+    write_stream(a.out, msgs, [f"found by the differential test: seed {seed} ({a.kind} stream), clock {a.now_ns}", f"shrunk to {len(msgs)} messages in {tries[0]} runs"])
     print(f"{a.out}: {len(msgs)} messages after {tries[0]} runs", file=sys.stderr)
 
 
@@ -319,6 +372,7 @@ def main():
     r.add_argument("--seed-base", type=int, default=0)
     r.add_argument("--count", type=int, default=0)
     r.add_argument("--small", action="store_true")
+    r.add_argument("--big", type=int, default=0, help="streams of 1 to 1,000 sandboxes, seeds after --count's")
     r.add_argument("--corpus", default="")
     f = sub.add_parser("file")
     f.add_argument("input")
@@ -334,7 +388,7 @@ def main():
     s = sub.add_parser("shrink")
     s.add_argument("--tag", required=True)
     s.add_argument("--now-ns", type=int, required=True)
-    s.add_argument("--small", action="store_true")
+    s.add_argument("--kind", choices=("small", "full", "big"), default="full")
     s.add_argument("--out", required=True)
     s.add_argument("--seconds", type=int, default=900)
     s.add_argument("check", nargs="+", help="the command that runs one stream file (exit 1: it differs)")
