@@ -51,6 +51,7 @@ NS = 1_000_000_000
 HOUR = 3600 * NS
 DAY = 24 * HOUR
 ID_FIELDS = ("sandbox", "account", "key", "host", "parent")
+WINDOW = 32
 
 
 def retag(msgs, old, new):
@@ -205,9 +206,18 @@ def interleave(rng, streams):
     out = []
     for i, (queues, marks) in enumerate(phases):
         out += [(None, m) for m in marks]  # checked right after the commit before
-        names = sorted(queues)
-        pos = {a: 0 for a in names}
-        while names:
+        # a window of WINDOW accounts at a time: a stream's messages stay
+        # within a few hundred offsets of each other, as a real topic's are
+        # (a reading and the `created` event proving it come seconds apart,
+        # well inside the provenance grace, however long the round takes)
+        todo = sorted(queues)
+        rng.shuffle(todo)
+        todo.reverse()
+        names = []
+        pos = {a: 0 for a in todo}
+        while names or todo:
+            while todo and len(names) < WINDOW:
+                names.append(todo.pop())
             k = rng.randrange(len(names))
             a = names[k]
             q = queues[a]

@@ -44,6 +44,11 @@ static const unsigned long fixed_seeds[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 
 static const char *refdir;
 
+/* provenance_grace_ms of the fuzzing rounds: an honest held reading's proof
+ * comes a few hundred offsets later, but a loaded machine and a kill can
+ * stretch that to seconds */
+#define GRACE_FUZZ "30000"
+
 /* Runs a shell command; returns its exit status (-1 if it did not exit). */
 static int sh(const char *cmd)
 {
@@ -191,6 +196,13 @@ struct round_result {
 static int run_round(struct aggtest *t, int round, const char *stream, const char *model, pid_t *agg,
                      bool kill_mid, const char *grace_ms, struct round_result *res)
 {
+        /* the round's price plans and the accounts on them (pack.py) */
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s.sql", model);
+        char *plans = test_read_file(path);
+        if (plans && *plans)
+                aggtest_exec(t, plans);
+        free(plans);
         int64_t start = aggtest_committed(t);
         bool missed = false;
         res->messages = produce_stream(t, stream, round, start, &missed);
@@ -268,8 +280,9 @@ static int one_file(const char *input)
         return rc;
 }
 
-/* Shrinks each failing stream of a round (at most 3) into the corpus. */
-static void shrink_fails(struct aggtest *t, int round, int64_t now, bool small)
+/* Shrinks each failing stream of a round (at most 3) into the corpus; the
+ * round's small streams have seeds first..first + per - 1, its big ones after. */
+static void shrink_fails(struct aggtest *t, int round, int64_t now, unsigned long first, long per)
 {
         char fails[PATH_MAX], exe[PATH_MAX], cmd[6 * PATH_MAX];
         snprintf(fails, sizeof(fails), "%s/fails-%d", t->dir, round);
@@ -291,10 +304,12 @@ static void shrink_fails(struct aggtest *t, int round, int64_t now, bool small)
                 if (!seed || seed[1] == 'c')
                         continue; /* a corpus case: already kept */
                 fprintf(stderr, "shrinking stream %s (seed %s) to a minimal case...\n", tag, seed + 1);
+                unsigned long s = strtoul(seed + 1, NULL, 10);
                 snprintf(cmd, sizeof(cmd),
                          "mkdir -p '%s' && python3 '%s/pack.py' shrink --tag %s --now-ns %" PRId64
-                         " %s --out '%s/seed-%s.txt' '%s'",
-                         corpus, refdir, tag, now, small ? "--small" : "", corpus, seed + 1, exe);
+                         " --kind %s --out '%s/seed-%s.txt' '%s'",
+                         corpus, refdir, tag, now, s >= first && s < first + (unsigned long)per ? "small" : "big",
+                         corpus, seed + 1, exe);
                 if (sh(cmd) != 0)
                         fprintf(stderr, "FAIL: could not shrink %s\n", tag);
         }
@@ -352,6 +367,44 @@ static int fixed(void)
         return test_result();
 }
 
+/* A round drawn in the background (pack.py), while the one before is folded. */
+struct drawn {
+        int round;
+        int64_t now;
+        unsigned long first;
+        char stream[PATH_MAX], model[PATH_MAX];
+        pid_t pid;
+};
+
+static void draw_round(struct drawn *d, const char *dir, int round, unsigned long base, long per)
+{
+        d->round = round;
+        d->now = time_wall_ns();
+        d->first = base + (unsigned long)(round - 1) * (unsigned long)(per + 1);
+        snprintf(d->stream, sizeof(d->stream), "%s/stream-%d.txt", dir, round);
+        snprintf(d->model, sizeof(d->model), "%s/model-%d.txt", dir, round);
+        char cmd[4 * PATH_MAX];
+        snprintf(cmd, sizeof(cmd),
+                 "python3 '%s/pack.py' round --round %d --now-ns %" PRId64 " --seed-base %lu --count %ld"
+                 " --small --big 1 --stream '%s' --model '%s'",
+                 refdir, round, d->now, d->first, per, d->stream, d->model);
+        d->pid = fork();
+        if (d->pid == 0) {
+                execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+                _exit(127);
+        }
+}
+
+static int drawn_wait(struct drawn *d)
+{
+        int st;
+        if (d->pid < 0 || waitpid(d->pid, &st, 0) != d->pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                fprintf(stderr, "FAIL: round %d: the generator or the model failed\n", d->round);
+                return -1;
+        }
+        return 0;
+}
+
 /* scripts/fuzz billing: rounds of small streams until the time is up. */
 static int fuzz(long seconds)
 {
@@ -359,49 +412,51 @@ static int fuzz(long seconds)
         const char *s0 = getenv("TALLY_REFERENCE_SEED");
         unsigned long base = s0 && *s0 ? strtoul(s0, NULL, 10)
                                        : (unsigned long)(time_wall_ns() / 1000) % 1000000000UL * 1000UL;
+        fprintf(stderr, "billing: rounds of %ld small streams and one of 1 to 1,000 sandboxes; seeds from %lu"
+                        " (TALLY_REFERENCE_SEED=%lu repeats them within the hour)\n", per, base, base);
         struct aggtest t;
         aggtest_start(&t, "agg_fuzz", 4);
-        pid_t agg = spawn(&t, "20000");
+        pid_t agg = spawn(&t, GRACE_FUZZ);
         int64_t t0 = time_wall_ns(), passed = 0, failed = 0, messages = 0;
         int rc = 0;
-        for (int round = 1; (time_wall_ns() - t0) / NS_PER_SEC < seconds; round++) {
-                int64_t now = time_wall_ns(), r0 = now;
-                unsigned long first = base + (unsigned long)(round - 1) * (unsigned long)per;
-                char stream[PATH_MAX], model[PATH_MAX], cmd[4 * PATH_MAX];
-                snprintf(stream, sizeof(stream), "%s/stream-%d.txt", t.dir, round);
-                snprintf(model, sizeof(model), "%s/model-%d.txt", t.dir, round);
-                snprintf(cmd, sizeof(cmd),
-                         "python3 '%s/pack.py' round --round %d --now-ns %" PRId64 " --seed-base %lu --count %ld"
-                         " --small --stream '%s' --model '%s'",
-                         refdir, round, now, first, per, stream, model);
-                if (sh(cmd) != 0) {
-                        fprintf(stderr, "FAIL: round %d: the generator or the model failed: %s\n", round, cmd);
+        struct drawn cur, next;
+        draw_round(&cur, t.dir, 1, base, per);
+        for (int round = 1;; round++) {
+                if (drawn_wait(&cur) != 0) {
                         rc = 1;
                         break;
                 }
+                bool last = (time_wall_ns() - t0) / NS_PER_SEC >= seconds;
+                if (!last)
+                        draw_round(&next, t.dir, round + 1, base, per);
+                int64_t r0 = time_wall_ns();
                 struct round_result res;
-                int r = run_round(&t, round, stream, model, &agg, round % 2 == 0, "20000", &res);
+                int r = run_round(&t, round, cur.stream, cur.model, &agg, round % 2 == 0, GRACE_FUZZ, &res);
                 messages += res.messages;
                 passed += res.streams - res.failed;
                 failed += res.failed;
                 int64_t el = time_wall_ns() - t0;
                 fprintf(stderr,
                         "round %d: seeds %lu..%lu, %" PRId64 " messages, %" PRId64 " streams passed, %" PRId64
-                        " failed (%" PRId64 " s%s); total %" PRId64 " passed, %" PRId64 " streams/s\n",
-                        round, first, first + (unsigned long)per - 1, res.messages, res.streams - res.failed,
+                        " failed (%" PRId64 " s%s); total %" PRId64 " passed in %" PRId64 " s, %" PRId64
+                        " streams/s\n",
+                        round, cur.first, cur.first + (unsigned long)per, res.messages, res.streams - res.failed,
                         res.failed, (time_wall_ns() - r0) / NS_PER_SEC,
-                        res.killed_mid ? ", aggregator killed mid-round" : "", passed,
+                        res.killed_mid ? ", aggregator killed mid-round" : "", passed, el / NS_PER_SEC,
                         passed * NS_PER_SEC / (el > 0 ? el : 1));
-                if (r == 2) {
+                if (r != 0)
                         rc = 1;
+                if (r == 1)
+                        shrink_fails(&t, round, cur.now, cur.first, per);
+                if (r != 0 || last) {
+                        if (!last) {
+                                kill(next.pid, SIGKILL);
+                                waitpid(next.pid, NULL, 0);
+                        }
                         break;
                 }
-                if (r == 1) {
-                        rc = 1;
-                        shrink_fails(&t, round, now, true);
-                        break;
-                }
-                remove(stream);
+                remove(cur.stream);
+                cur = next;
         }
         int64_t el = time_wall_ns() - t0;
         fprintf(stderr, "billing: %" PRId64 " streams (%" PRId64 " messages) in %" PRId64 " s, %" PRId64
