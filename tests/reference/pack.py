@@ -192,8 +192,13 @@ def interleave(rng, streams):
     round waits there until everything before is committed, then checks its
     `#held` marks."""
     phases = []
+    most = 1 + max((sum(1 for a, m in msgs if a is None and "commit" in m) for msgs in streams), default=0)
     for msgs in streams:
-        p = 0
+        # a stream's last phase is the round's last: the phases before it
+        # hold only the few messages of the cases that need them, so their
+        # commits come at once (a held reading's grace counts from its
+        # first hold)
+        p = most - 1 - sum(1 for a, m in msgs if a is None and "commit" in m)
         for acct, m in msgs:
             while len(phases) <= p:
                 phases.append(({}, []))

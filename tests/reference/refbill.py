@@ -232,9 +232,12 @@ class Biller:
             st.cpu = max(st.cpu, cpu)
         else:
             st.cpu = cpu
-            if epoch > st.epoch or seq is not None:
-                st.seq = seq if seq is not None else st.seq
-            st.epoch = max(st.epoch, epoch)
+        # the last reading billed is its seq, stopped or not: a late resend
+        # of an earlier seq after the stop is a duplicate (it once stayed at
+        # the seq before the stop, and a resent forged sample was judged)
+        if seq is not None:
+            st.seq = seq
+        st.epoch = max(st.epoch, epoch)
         st.run = max(st.run, run)
         st.paused = max(st.paused, paused)
         st.wall = max(st.wall, wall)
