@@ -44,10 +44,12 @@ static const unsigned long fixed_seeds[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 
 static const char *refdir;
 
-/* provenance_grace_ms of the fuzzing rounds: an honest held reading's proof
- * comes a few hundred offsets later, but a loaded machine and a kill can
- * stretch that to seconds */
-#define GRACE_FUZZ "30000"
+/* provenance_grace_ms of the rounds: an honest held reading's proof comes a
+ * few hundred offsets later, but after a SIGKILL the second aggregator gets
+ * the partitions only once the first one's session ran out (10 s) and it
+ * started, tens of seconds on a loaded machine; a forged reading under an
+ * epoch nobody announced is dead-lettered that long after it was held */
+#define GRACE "60000"
 
 /* Runs a shell command; returns its exit status (-1 if it did not exit). */
 static int sh(const char *cmd)
@@ -345,9 +347,9 @@ static int fixed(void)
                  model);
         CHECK(sh(cmd) == 0, "the generator or the model failed: %s", cmd);
         int64_t t0 = time_wall_ns();
-        pid_t agg = spawn(&t, "20000");
+        pid_t agg = spawn(&t, GRACE);
         struct round_result res;
-        int rc = run_round(&t, 0, stream, model, &agg, true, "20000", &res);
+        int rc = run_round(&t, 0, stream, model, &agg, true, GRACE, &res);
         fprintf(stderr, "%" PRId64 " messages of %" PRId64 " streams folded and compared in %" PRId64
                         " ms (aggregator killed %s)\n",
                 res.messages, res.streams, (time_wall_ns() - t0) / NS_PER_MS,
@@ -416,7 +418,20 @@ static int fuzz(long seconds)
                         " (TALLY_REFERENCE_SEED=%lu repeats them within the hour)\n", per, base, base);
         struct aggtest t;
         aggtest_start(&t, "agg_fuzz", 4);
-        pid_t agg = spawn(&t, GRACE_FUZZ);
+        /* the model and generator as they were at the start: editing the
+         * source tree during a long run changes no round */
+        static char copy[PATH_MAX], corpus[PATH_MAX + 16], cmd[3 * PATH_MAX];
+        snprintf(corpus, sizeof(corpus), "%s/corpus", refdir);
+        if (!getenv("TALLY_REFERENCE_CORPUS"))
+                setenv("TALLY_REFERENCE_CORPUS", corpus, 1);
+        snprintf(copy, sizeof(copy), "%s/reference", t.dir);
+        snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s'", refdir, copy);
+        if (sh(cmd) != 0) {
+                fprintf(stderr, "FAIL: %s\n", cmd);
+                return 1;
+        }
+        refdir = copy;
+        pid_t agg = spawn(&t, GRACE);
         int64_t t0 = time_wall_ns(), passed = 0, failed = 0, messages = 0;
         int rc = 0;
         struct drawn cur, next;
@@ -431,7 +446,7 @@ static int fuzz(long seconds)
                         draw_round(&next, t.dir, round + 1, base, per);
                 int64_t r0 = time_wall_ns();
                 struct round_result res;
-                int r = run_round(&t, round, cur.stream, cur.model, &agg, round % 2 == 0, GRACE_FUZZ, &res);
+                int r = run_round(&t, round, cur.stream, cur.model, &agg, round % 2 == 0, GRACE, &res);
                 messages += res.messages;
                 passed += res.streams - res.failed;
                 failed += res.failed;
