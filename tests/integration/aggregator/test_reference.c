@@ -64,7 +64,20 @@ static int sh(const char *cmd)
  * batch boundary: the aggregator is idle after it), `#held TEXT` then checks
  * that a reading of round `round` is held with TEXT in its reason (else
  * *missed is set: the case no longer takes the path it was written for). */
-static int64_t produce_stream(struct aggtest *t, const char *path, int round, int64_t start, bool *missed)
+/* A SIGKILL inside a round: once `at` messages are produced and half of them
+ * committed, the aggregator *agg is killed and a second one started; the
+ * rest of the round goes to the second. */
+struct killer {
+        pid_t *agg;
+        const char *grace;
+        int64_t at;               /* -1: no kill */
+        int64_t committed, total; /* at the kill: committed of the round, and produced */
+};
+
+static pid_t spawn(struct aggtest *t, const char *grace_ms);
+
+static int64_t produce_stream(struct aggtest *t, const char *path, int round, int64_t start, bool *missed,
+                              struct killer *k)
 {
         FILE *f = fopen(path, "r");
         CHECK(f != NULL, "open %s", path);
@@ -107,6 +120,15 @@ static int64_t produce_stream(struct aggtest *t, const char *path, int round, in
                 char *tab = strchr(line, '\t');
                 if (!tab || line[0] == '#')
                         continue;
+                if (k && n == k->at) {
+                        aggtest_flush(t);
+                        aggtest_wait_committed(t, start + n / 2, 120000);
+                        k->committed = aggtest_committed(t) - start;
+                        k->total = n;
+                        kill(*k->agg, SIGKILL);
+                        waitpid(*k->agg, NULL, 0);
+                        *k->agg = spawn(t, k->grace);
+                }
                 *tab = '\0';
                 aggtest_produce_raw(t, line, tab + 1, (size_t)(line + len - tab - 1));
                 n++;
@@ -188,6 +210,7 @@ static pid_t spawn(struct aggtest *t, const char *grace_ms)
 struct round_result {
         int64_t messages, streams, failed;
         bool killed_mid;
+        int64_t kill_committed, kill_produced; /* of the round, when the first aggregator was killed */
 };
 
 /* One round: its stream file produced while *agg runs (SIGKILLed and
@@ -207,21 +230,24 @@ static int run_round(struct aggtest *t, int round, const char *stream, const cha
         free(plans);
         int64_t start = aggtest_committed(t);
         bool missed = false;
-        res->messages = produce_stream(t, stream, round, start, &missed);
-        res->killed_mid = false;
+        struct killer k = { .agg = agg, .grace = grace_ms, .at = -1, .committed = -1 };
+        if (kill_mid) {
+                /* a moment inside the round, 20 to 80 % of its messages in */
+                int64_t lines = 0;
+                FILE *f = fopen(stream, "r");
+                for (int c; f && (c = fgetc(f)) != EOF;)
+                        lines += c == '\t';
+                if (f)
+                        fclose(f);
+                k.at = lines * (20 + (int64_t)(time_wall_ns() / 1000 % 60)) / 100;
+        }
+        res->messages = produce_stream(t, stream, round, start, &missed, &k);
+        res->killed_mid = k.committed >= 0;
+        res->kill_committed = k.committed;
+        res->kill_produced = k.total;
         res->streams = res->failed = 0;
         if (res->messages < 0)
                 return 2;
-        if (kill_mid) {
-                /* a moment inside the round: once part of it is committed */
-                int64_t at = start + 1 + res->messages * (20 + (int64_t)(time_wall_ns() / 1000 % 60)) / 100;
-                aggtest_flush(t);
-                aggtest_wait_committed(t, at, 120000);
-                res->killed_mid = aggtest_committed(t) < start + res->messages;
-                kill(*agg, SIGKILL);
-                waitpid(*agg, NULL, 0);
-                *agg = spawn(t, grace_ms);
-        }
         aggtest_flush(t);
         if (aggtest_wait_caught_up(t, 600) != 0) {
                 fprintf(stderr, "FAIL: round %d: the aggregator did not catch up in 600 s\n", round);
@@ -351,9 +377,11 @@ static int fixed(void)
         struct round_result res;
         int rc = run_round(&t, 0, stream, model, &agg, true, GRACE, &res);
         fprintf(stderr, "%" PRId64 " messages of %" PRId64 " streams folded and compared in %" PRId64
-                        " ms (aggregator killed %s)\n",
-                res.messages, res.streams, (time_wall_ns() - t0) / NS_PER_MS,
-                res.killed_mid ? "mid-round, a second one took over" : "after the round, a second one started");
+                        " ms; the first aggregator SIGKILLed with %" PRId64 " of the round's messages produced and %"
+                        PRId64 " committed, a second one took over\n",
+                res.messages, res.streams, (time_wall_ns() - t0) / NS_PER_MS, res.kill_produced,
+                res.kill_committed);
+        CHECK(res.killed_mid && res.kill_produced < res.messages, "no aggregator was killed mid-round");
         CHECK(rc == 0, "the ledger differs from the model (seeds %s; a stream's tag r0.SEED names its seed;"
                        " scripts/fuzz billing shrinks what it finds)", seeds);
         char *v = aggtest_query(&t, "SELECT coalesce(string_agg(n || ' x ' || r, E'\\n' ORDER BY r), '') FROM"
