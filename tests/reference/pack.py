@@ -352,7 +352,10 @@ def cmd_shrink(a):
         return r.returncode == 1
 
     if not differs(msgs):
-        print(f"pack.py: stream {a.tag} alone does not differ: kept whole", file=sys.stderr)
+        # a difference of the round, not of the stream (what it shared: the
+        # broker, the aggregator's batches, a kill): nothing to keep
+        print(f"pack.py: stream {a.tag} alone does not differ: nothing written", file=sys.stderr)
+        sys.exit(3)
     else:
         # whole sandboxes
         for sid in sorted({m["sandbox"] for a, m in msgs if a is not None and isinstance(m.get("sandbox"), str)}):
