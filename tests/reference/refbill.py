@@ -14,8 +14,10 @@ Output, sorted, one line each:
   deadclass CLASS COUNT                                             (per reason class)
   deadletter LINE CLASS                                             (with --why)
 
-The rates are the default plan's (sql/001_core.sql, docs/billing.md "Rating
-and rounding"); an account not in `accounts` is rated with it. Integers only:
+Spend is rated with the rate of the account's plan in force at each hour's
+start (docs/billing.md "Rating and rounding"): --plans gives the plans and
+the accounts on them; an account on none, and every account without
+--plans, is rated with the default plan (sql/001_core.sql). Integers only:
 Python ints, no floats anywhere.
 """
 import argparse
@@ -109,6 +111,7 @@ class Biller:
         self.sandboxes = {}
         self.usage = {}         # (sandbox, hour start ns) -> [cpu, mem, storage]
         self.keys = {}          # (sandbox, hour) -> key
+        self.accts = {}         # (sandbox, hour) -> account
         self.dead = []          # (line, class)
 
     def sb(self, sid):
@@ -223,15 +226,18 @@ class Biller:
                     d_paused = interval
         # bill it: over the span of its held time ending at its wall time
         span = d_run + d_paused
-        self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk)
+        self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk, m["account"])
         # move the state
         if st.stopped:
             st.cpu = max(st.cpu, cpu)
         else:
             st.cpu = cpu
-            if epoch > st.epoch or seq is not None:
-                st.seq = seq if seq is not None else st.seq
-            st.epoch = max(st.epoch, epoch)
+        # the last reading billed is its seq, stopped or not: a late resend
+        # of an earlier seq after the stop is a duplicate (it once stayed at
+        # the seq before the stop, and a resent forged sample was judged)
+        if seq is not None:
+            st.seq = seq
+        st.epoch = max(st.epoch, epoch)
         st.run = max(st.run, run)
         st.paused = max(st.paused, paused)
         st.wall = max(st.wall, wall)
@@ -241,7 +247,7 @@ class Biller:
         st.state = "stopped" if st.stopped else m.get("state", "running")
         s.st = st
 
-    def place(self, sid, key, wall, span, cpu, run, paused, mem, disk):
+    def place(self, sid, key, wall, span, cpu, run, paused, mem, disk, account):
         """Each quantity by each UTC hour's share of [wall - span, wall]:
         the usage up to the end of each hour's piece is floor(quantity x
         time so far / span), and an hour gets the difference, so the pieces
@@ -269,6 +275,7 @@ class Biller:
             row[1] += mem * q[1]
             row[2] += (mem + disk) * q[2]
             self.keys[(sid, h)] = key
+            self.accts[(sid, h)] = account
 
     def end(self):
         for s in self.sandboxes.values():
@@ -286,7 +293,28 @@ def round_div(a, b):
     return q if a >= 0 else -q
 
 
-def report(b, why):
+def rate_at(plans, account, meter, hour_ns):
+    """The rate of the account's plan in force at the hour's start (a rate
+    taking effect inside an hour holds from the next one); None: no rate."""
+    plan = plans["accounts"].get(account, "default")
+    best = None
+    for at, rate in plans["rates"].get(plan, {}).get(meter, []):
+        if at <= hour_ns and (best is None or at >= best[0]):
+            best = (at, rate)
+    return best[1] if best else None
+
+
+DEFAULT_PLANS = {"accounts": {}, "rates": {"default": {m: [[WALL_MIN, r]] for m, r in RATES.items()}}}
+
+
+def report(b, why, plans=None):
+    """The model's lines. plans: {"accounts": {account: plan}, "rates": {plan:
+    {meter: [[effective_from_ns, nanodollars_per_unit], ...]}}}; the default
+    plan's rates when the plan table gives none for "default"."""
+    plans = dict(plans or {"accounts": {}, "rates": {}})
+    plans["rates"] = dict(plans.get("rates", {}))
+    plans["rates"].setdefault("default", DEFAULT_PLANS["rates"]["default"])
+    plans.setdefault("accounts", {})
     out = []
     for (sid, h), (cpu, mem, sto) in sorted(b.usage.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
         if cpu or mem or sto:
@@ -295,9 +323,12 @@ def report(b, why):
     for (sid, h), (cpu, mem, sto) in b.usage.items():
         day = datetime.datetime.fromtimestamp(h // NS, datetime.timezone.utc).strftime("%Y-%m-%d")
         r = spend.setdefault((b.keys[(sid, h)], day), [0, 0, 0])
-        r[0] += cpu * RATES["cpu"]
-        r[1] += mem * RATES["memory"]
-        r[2] += sto * RATES["storage"]
+        acct = b.accts[(sid, h)]
+        for i, (meter, q) in enumerate((("cpu", cpu), ("memory", mem), ("storage", sto))):
+            rate = rate_at(plans, acct, meter, h)
+            if rate is None:
+                sys.exit("refbill: a meter with no rate (a rating gap) is not modelled")
+            r[i] += q * rate
     for (key, day), (c, m, s) in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
         if not (c or m or s):
             continue
@@ -320,17 +351,19 @@ def main():
     ap = argparse.ArgumentParser(description="Bills a stream of usage messages as docs/billing.md says.")
     ap.add_argument("stream", nargs="?", default="-", help="ACCOUNT<TAB>JSON lines (default: stdin)")
     ap.add_argument("--why", action="store_true", help="list the dead letters with their reason class")
+    ap.add_argument("--plans", default="", help="a JSON file of plans and their rates (default: the default plan)")
     a = ap.parse_args()
     f = sys.stdin if a.stream == "-" else open(a.stream, encoding="utf-8")
     b = Biller()
     for n, line in enumerate(f, 1):
         line = line.rstrip("\n")
-        if not line:
+        if not line or line.startswith("#"):
             continue
         _, raw = line.split("\t", 1)
         b.message(n, raw)
     b.end()
-    sys.stdout.write("\n".join(report(b, a.why)) + "\n")
+    plans = json.load(open(a.plans, encoding="utf-8")) if a.plans else None
+    sys.stdout.write("\n".join(report(b, a.why, plans)) + "\n")
 
 
 if __name__ == "__main__":

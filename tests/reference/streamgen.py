@@ -60,6 +60,9 @@ class Life:
         self.events = []        # (wall_ns, order, message dict)
         self.samples = []       # the samples sent, for duplicates
         self.hostile = False
+        self.parent = None      # the sandbox this one is a fork's copy of
+        self.can_fork = True
+        self.forks = []         # (moment, copies) of its `forked` events
 
     def advance(self, dt):
         if self.state == "running":
@@ -152,6 +155,8 @@ class Life:
             c["disk_size_bytes"] = self.disk + rng.randint(0, GIB)
         if rng.random() < 0.3:
             c["labels"] = {"team": "t" + str(rng.randint(0, 9))}
+        if self.parent:
+            c["parent"] = self.parent
         self.emit(c)
         restarted = False
         self.late_created = rng.random() < 0.1
@@ -189,11 +194,23 @@ class Life:
             self.sample()
             if self.hostile and rng.random() < 0.1:
                 self.forge()
+            if self.can_fork and self.state == "running" and rng.random() < 0.04:
+                # a fork: the vmm's `forked` event; each copy is a sandbox of
+                # its own with its own `created` event (parent = this one)
+                n = rng.randint(1, 3)
+                self.emit({"v": 1, "type": "forked", "host": self.host, "sandbox": self.sid,
+                           "account": self.account, "wall_ns": self.t, "fork_count": n})
+                self.forks.append((self.t, n))
         if rng.random() < 0.75:
             dt = gaps[-1]
             if self.t + dt < self.end_ns:
                 self.advance(dt)
             self.state = "stopped"
+            # a lease's end: the sandbox's own init ended it at its deadline,
+            # and the stop reaches the topic dated then, after a final sample
+            # dated up to 50 minutes later that carries the running time only
+            # up to the deadline (docs/registry.md)
+            lease = rng.random() < 0.1
             st = {"v": 1, "type": "stopped", "sandbox": self.sid, "account": self.account, "wall_ns": self.t,
                   "cpu_ns": self.cpu_epoch, "running_ns": self.running, "paused_ns": self.paused}
             if self.old:
@@ -210,13 +227,35 @@ class Life:
             if rng.random() < 0.5:
                 st["disk_bytes"] = self.disk
             final = rng.random() < 0.6
-            if final and rng.random() < 0.5:
+            if lease:
+                end_t = self.t
+                self.t = min(self.end_ns - 1, self.t + rng.randint(1, 50 * 60 * NS))
+                self.sample(state="stopped", final=True)
+                self.t = end_t
+                self.emit(st)  # last, though dated before the sample
+            elif final and rng.random() < 0.5:
                 self.sample(state="stopped", final=True)
                 self.emit(st)
             else:
                 self.emit(st)
                 if final:
                     self.sample(state="stopped", final=True)
+
+
+def finish(rng, life):
+    """A life's messages in the order they reach the topic."""
+    ev = life.events
+    if life.late_created:
+        # the collector's producer was first: the `created` event reaches
+        # the topic after the sandbox's first readings (held, then billed)
+        k = 1
+        while k < len(ev) and k < 3 and ev[k][2]["type"] in ("sample", "stopped"):
+            k += 1
+        ev.insert(k - 1, ev.pop(0))
+    for k in range(len(ev) - 1):
+        # a `restarted` announcement after the sample it announces (held)
+        if ev[k][2]["type"] == "restarted" and ev[k + 1][2]["type"] == "sample" and rng.random() < 0.3:
+            ev[k], ev[k + 1] = ev[k + 1], ev[k]
 
 
 def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
@@ -239,19 +278,16 @@ def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
                     rng.randint(start, end - 10 * NS), end)
         life.hostile = hostile
         life.draw()
-        ev = life.events
-        if life.late_created:
-            # the collector's producer was first: the `created` event reaches
-            # the topic after the sandbox's first readings (held, then billed)
-            k = 1
-            while k < len(ev) and k < 3 and ev[k][2]["type"] in ("sample", "stopped"):
-                k += 1
-            ev.insert(k - 1, ev.pop(0))
-        for k in range(len(ev) - 1):
-            # a `restarted` announcement after the sample it announces (held)
-            if ev[k][2]["type"] == "restarted" and ev[k + 1][2]["type"] == "sample" and rng.random() < 0.3:
-                ev[k], ev[k + 1] = ev[k + 1], ev[k]
-        lives.append(life)
+        todo = [life]
+        for t, n in life.forks:
+            for _ in range(min(n, 9 - len(todo))):
+                child = Life(rng, f"{life.sid}.f{len(todo) - 1}", a, life.key, life.host, t, end)
+                child.hostile, child.can_fork, child.parent = hostile, False, life.sid
+                child.draw()
+                todo.append(child)
+        for life in todo:
+            finish(rng, life)
+            lives.append(life)
     # Per account, the sandboxes' messages interleaved by time (each
     # sandbox's own order kept), then duplicates and late samples.
     out = []
