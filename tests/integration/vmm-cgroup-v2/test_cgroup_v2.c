@@ -18,7 +18,10 @@
  *     released the sandbox's last task, and the collector's final sample of
  *     every sandbox equals its stopped event;
  *   - the guest's own checks (v2 detected, limits written, pause freezes,
- *     pids.max holds a fork bomb, the jail holds, cgroups removed) passed. */
+ *     pids.max holds a fork bomb, the jail holds, cgroups removed) passed;
+ *   - a real tally-aggregator on the host folds the events into a PostgreSQL
+ *     ledger: each sandbox's billed CPU is its stopped event's counter
+ *     exactly (A's: usage_usec read in the guest after release, × 1000). */
 #include "support.h"
 
 #include "event.h"
@@ -26,6 +29,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <libpq-fe.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -200,6 +204,41 @@ static void check_sandbox_a(const char *guest, const char *id)
         CHECK(seen, "no stopped event of A reached the host's broker");
 }
 
+static char *db_url;
+
+static char *query1(const char *sql)
+{
+        PGconn *c = PQconnectdb(db_url);
+        PGresult *r = PQexec(c, sql);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+                v = strdup(PQgetvalue(r, 0, 0));
+        PQclear(r);
+        PQfinish(c);
+        return v;
+}
+
+/* The ledger bills the sandbox's stopped counter exactly (polled: the aggregator commits in batches). */
+static void check_billed(const char *name, const char *id)
+{
+        uint64_t want = 0;
+        for (int e = 0; e < nevents; e++)
+                if (events[e].type == EVENT_STOPPED && strcmp(events[e].sandbox, id) == 0)
+                        want = events[e].cpu_ns;
+        char sql[512], *billed = NULL;
+        snprintf(sql, sizeof(sql), "SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'", id);
+        for (int waited = 0; waited < 30000; waited += 200) {
+                free(billed);
+                billed = query1(sql);
+                if (billed && strtoull(billed, NULL, 10) == want)
+                        break;
+                sleep_ms(200);
+        }
+        CHECK(want > 0 && billed && strtoull(billed, NULL, 10) == want, "%s: billed CPU %s ns, stopped counter %" PRIu64,
+              name, str(billed), want);
+        free(billed);
+}
+
 /* Each sandbox's stopped event reached the host, and the collector's final sample equals it. */
 static void check_stopped(const char *name, const char *id)
 {
@@ -221,8 +260,24 @@ static void check_stopped(const char *name, const char *id)
 int main(void)
 {
         char *dir = test_tmpdir("vmm-cgroup-v2");
+        db_url = test_db_create("cgroup_v2");
+        char *migrate[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, NULL };
+        char *merr = NULL;
+        CHECK(test_run(migrate, NULL, &merr) == 0, "tally-migrate: %s", str(merr));
+        free(merr);
+        PGconn *pg = PQconnectdb(db_url);
+        PGresult *pr = PQexec(pg, "INSERT INTO accounts (id, name) VALUES ('acct_v2', 'cgroup v2');"
+                                  "INSERT INTO api_keys (id, account_id, key_hash) VALUES ('key_v2', 'acct_v2', sha256('key_v2'))");
+        CHECK(PQresultStatus(pr) == PGRES_COMMAND_OK, "seed: %s", PQerrorMessage(pg));
+        PQclear(pr);
+        PQfinish(pg);
         struct test_kafka kafka;
         test_kafka_start(&kafka, dir, 2, 1);
+        char alog[600];
+        snprintf(alog, sizeof(alog), "%s/aggregator.log", dir);
+        char *aggregator[] = { (char *)test_env("TALLY_AGGREGATOR_BIN"), "--database-url", db_url, "--kafka-brokers",
+                               kafka.bootstrap, "--batch-ms", "100", NULL };
+        pid_t agg = test_spawn(aggregator, NULL, alog);
         const char *colon = strrchr(kafka.bootstrap, ':');
         int port = colon ? atoi(colon + 1) : 0;
         CHECK(port > 0 && strncmp(kafka.bootstrap, "127.0.0.1:", 10) == 0 && !strchr(kafka.bootstrap, ','),
@@ -305,8 +360,12 @@ int main(void)
         fprintf(stderr, "the host's broker got %d events\n", nevents);
         if (guest && *ids[0])
                 check_sandbox_a(guest, ids[0]);
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
                 check_stopped(names[i], ids[i]);
+                check_billed(names[i], ids[i]);
+        }
+        kill(agg, SIGTERM);
+        waitpid(agg, NULL, 0);
 
         if (test_failures) {
                 char *c = test_read_file(console);
@@ -319,6 +378,7 @@ int main(void)
         free(events);
         free(guest);
         test_kafka_stop(&kafka);
+        test_db_drop(db_url);
         free(dir);
         return test_result();
 }
