@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GUEST_TIMEOUT_S 300
+#define GUEST_TIMEOUT_S 540 /* about 110-200 s here at load 40-70; TCG crawls at load 80 */
 #define NS_PER_CS 10000000ll   /* /proc/uptime's unit: 10 ms */
 #define CHARGE_SLACK (2 * 64 * 4096ull) /* MEMCG_CHARGE_BATCH pages on each of the guest's 2 CPUs */
 #define MAX_EVENTS 4096
@@ -185,7 +185,7 @@ static void check_sandbox_a(const char *guest, const char *id)
               bracketed);
         CHECK(frozen >= 4, "only %d samples of A fell within its 2 s pause (tick 250 ms)", frozen);
         CHECK(f1 == f2 && f1 > 0, "the guest's frozen readings %llu, %llu", f1, f2);
-        CHECK(fm >= 48ull << 20, "A held %llu bytes (memory.current), wrote 48 MiB to its /dev/shm", fm);
+        CHECK(fm >= 24ull << 20, "A held %llu bytes (memory.current), wrote 24 MiB to its /dev/shm", fm);
         fprintf(stderr, "A: %d samples, %d ordered against %d readings, %d within the pause (%llu us)\n", samples,
                 bracketed, nr, frozen, f1);
 
