@@ -107,7 +107,7 @@ static int cmd_create(const char *sock, int argc, char **argv)
                 { "disk-mib", required_argument, 0, 'd' }, { "label", required_argument, 0, 'l' },
                 { "timeout", required_argument, 0, 't' }, { "network", no_argument, 0, 'n' },
                 { "backend", required_argument, 0, 'b' }, { "image", required_argument, 0, 'i' },
-                { "allow", required_argument, 0, 'A' },
+                { "allow", required_argument, 0, 'A' }, { "pids-max", required_argument, 0, 'p' },
                 { 0, 0, 0, 0 },
         };
         json_t *body = json_object(), *labels = json_object(), *allow = json_array();
@@ -128,6 +128,7 @@ static int cmd_create(const char *sock, int argc, char **argv)
                 case 'm': name = "memory_mib"; break;
                 case 'd': name = "disk_mib"; break;
                 case 't': name = "timeout_s"; break;
+                case 'p': name = "pids_max"; break;
                 case 'l': {
                         char *eq = strchr(optarg, '=');
                         if (!eq) {
@@ -143,7 +144,7 @@ static int cmd_create(const char *sock, int argc, char **argv)
                 if (name) {
                         if (parse_num(optarg, &n) < 0) {
                                 fprintf(stderr, "tally-vmm: --%s wants an integer, not \"%s\"\n", opts[o == 'c' ? 2 :
-                                        o == 'm' ? 3 : o == 'd' ? 4 : 6].name, optarg);
+                                        o == 'm' ? 3 : o == 'd' ? 4 : o == 'p' ? 11 : 6].name, optarg);
                                 goto out;
                         }
                         json_object_set_new(body, name, json_integer(n));

@@ -134,7 +134,8 @@ static const struct program_info program = {
         .details =
                 "Without a command it runs the daemon. A command talks to a running daemon over --socket:\n"
                 "  create --account ID --key ID [--vcpus N] [--memory-mib N] [--disk-mib N] [--label K=V]...\n"
-                "         [--timeout S] [--network] [--allow NAME]... [--backend B] [--image NAME] [-- COMMAND...]\n"
+                "         [--timeout S] [--network] [--allow NAME]... [--backend B] [--image NAME] [--pids-max N]\n"
+                "         [-- COMMAND...]\n"
                 "  ls [--account ID]          show ID          status\n"
                 "  exec ID [--timeout-ms N] [--output-cap N] [--stdin TEXT] -- COMMAND...\n"
                 "                             (prints the command's output, exits with its status; 124 on timeout)\n"

@@ -93,6 +93,20 @@ bool test_http_answer_due(const char *req, size_t len);
  * bytes read. */
 size_t test_http_exchange(int fd, const void *req, size_t len, char *out, size_t cap, int timeout_s, bool keep_open);
 
+/* The host's cgroups as mounted (/proc/self/mounts), so that a test runs on
+ * what the host has rather than on paths of one layout: a hybrid host (v1
+ * controllers, a v2 tree without them at /sys/fs/cgroup/unified), a pure v2
+ * host (cgroup2 at /sys/fs/cgroup with cpu and memory), or v1 only. */
+struct test_cgroup_layout {
+        bool v1;                  /* cpuacct and memory are mounted as v1 hierarchies */
+        char v1_cpuacct[256];     /* their mount points ("" when not mounted) */
+        char v1_memory[256];
+        char v2[256];             /* the cgroup2 mount ("" when none) */
+        bool v2_cpu, v2_memory;   /* the v2 root offers these controllers (a pure v2 host) */
+};
+/* Fills *ret; -ENOENT when the host has neither v1 cpuacct+memory nor cgroup2. */
+int test_cgroup_layout(struct test_cgroup_layout *ret);
+
 /* A fresh folder under the test run's work folder (malloc'd). */
 char *test_tmpdir(const char *prefix);
 

@@ -20,9 +20,23 @@
 #include <time.h>
 #include <unistd.h>
 
-#define V1_CPU "/sys/fs/cgroup/cpuacct"
-#define V1_MEM "/sys/fs/cgroup/memory"
-#define V2     "/sys/fs/cgroup/unified"
+/* The host's cgroup mounts, read once (test_cgroup_layout): v1's cpuacct and
+ * memory hierarchies where they are mounted, and the cgroup2 tree
+ * (/sys/fs/cgroup/unified on a hybrid host, /sys/fs/cgroup on a pure v2 one). */
+static struct test_cgroup_layout layout;
+static bool layout_read;
+
+static const struct test_cgroup_layout *host_layout(void)
+{
+        if (!layout_read) {
+                if (test_cgroup_layout(&layout) < 0) {
+                        fprintf(stderr, "FAIL: this host mounts no cgroups the collector reads\n");
+                        exit(1);
+                }
+                layout_read = true;
+        }
+        return &layout;
+}
 
 void msleep(int ms)
 {
@@ -57,11 +71,24 @@ static void write_str(const char *path, const char *text)
         close(fd);
 }
 
+int tsb_version(int want)
+{
+        const struct test_cgroup_layout *l = host_layout();
+        if (want == 1 && !l->v1)
+                return 2;
+        if (want == 2 && !l->v2[0])
+                return 1;
+        return want;
+}
+
 void tsb_cgroup_parent_remove(void)
 {
-        const char *roots[] = { V1_CPU, V1_MEM, V2 };
+        const struct test_cgroup_layout *l = host_layout();
+        const char *roots[] = { l->v1_cpuacct, l->v1_memory, l->v2 };
         for (size_t i = 0; i < 3; i++) {
                 char p[512];
+                if (!roots[i][0])
+                        continue;
                 parent_path(p, sizeof(p), roots[i]);
                 rmdir(p);
         }
@@ -69,9 +96,21 @@ void tsb_cgroup_parent_remove(void)
 
 static void cgroup_dir(char *buf, size_t size, const char *root, const char *id)
 {
-        char parent[256];
+        char parent[400], ctl[450];
         parent_path(parent, sizeof(parent), root);
         ensure_dir(parent);
+        if (root == host_layout()->v2 && (layout.v2_cpu || layout.v2_memory)) {
+                /* A v2 tree with controllers (a pure v2 host): the sandboxes get
+                 * memory (memory.current, memory.peak) as the vmm's do. */
+                const char *dirs[] = { root, parent };
+                for (size_t i = 0; i < 2; i++) {
+                        snprintf(ctl, sizeof(ctl), "%s/cgroup.subtree_control", dirs[i]);
+                        if (layout.v2_cpu)
+                                write_file(ctl, "+cpu");
+                        if (layout.v2_memory)
+                                write_file(ctl, "+memory");
+                }
+        }
         snprintf(buf, size, "%.256s/%.64s", parent, id);
 }
 
@@ -95,14 +134,16 @@ void tsb_create(struct test_sandbox *sb, const char *state_dir, const char *id, 
                 int burn_ms)
 {
         memset(sb, 0, sizeof(*sb));
+        const struct test_cgroup_layout *l = host_layout();
+        version = tsb_version(version);
         sb->version = version;
         if (version == 1) {
-                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), V1_CPU, id);
-                cgroup_dir(sb->mem_dir, sizeof(sb->mem_dir), V1_MEM, id);
+                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), l->v1_cpuacct, id);
+                cgroup_dir(sb->mem_dir, sizeof(sb->mem_dir), l->v1_memory, id);
                 ensure_dir(sb->cpu_dir);
                 ensure_dir(sb->mem_dir);
         } else {
-                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), V2, id);
+                cgroup_dir(sb->cpu_dir, sizeof(sb->cpu_dir), l->v2, id);
                 ensure_dir(sb->cpu_dir);
                 snprintf(sb->mem_dir, sizeof(sb->mem_dir), "%s", sb->cpu_dir);
         }

@@ -1,6 +1,6 @@
 /* sandboxes.h — the collector's integration tests play the vmm's part with real
  * cgroups and real processes: a sandbox is a cgroup (v1 cpuacct + memory, or a
- * child of the unified v2 tree) holding a child that burns a known amount of
+ * child of the cgroup2 tree, wherever the host mounts them) holding a child that burns a known amount of
  * CPU, plus a registry record written with common/registry.c, with held time
  * kept as the vmm keeps it (state_since_boot_ns on the boot clock). Stopping
  * one is what tally-vmm does: kill the processes, rewrite the record as
@@ -28,6 +28,11 @@ struct test_sandbox {
         int64_t stopped_boot, stopped_wall;                /* read together at the stop */
         bool stopped, removed;
 };
+
+/* The layout a sandbox asked for as version (1: v1 cpuacct + memory, 2: the
+ * cgroup2 tree) gets on this host: the other one when the host has not got it
+ * (a pure v2 host has no v1; tsb_create uses this, and sets sb->version). */
+int tsb_version(int want);
 
 /* The per-test parent cgroups (unique per process); created on first use. */
 void tsb_cgroup_parent_remove(void);

@@ -183,6 +183,17 @@ int main(void)
                 if (strcmp(p[i].sandbox, v1.rec.id) == 0 && p[i].mem_bytes > 0 && p[i].mem_peak_bytes >= p[i].mem_bytes)
                         mem_seen = true;
         CHECK(mem_seen, "no v1 sample with memory.usage_in_bytes and a peak at least as large");
+        /* v2 reports memory.current and memory.peak where its tree has the memory
+         * controller: a pure v2 host (not the hybrid unified tree of a v1 host). */
+        struct test_cgroup_layout layout;
+        if (test_cgroup_layout(&layout) == 0 && layout.v2_memory && v2.version == 2) {
+                mem_seen = false;
+                for (size_t i = 0; i < n; i++)
+                        if (strcmp(p[i].sandbox, v2.rec.id) == 0 && p[i].mem_bytes > 0 &&
+                            p[i].mem_peak_bytes >= p[i].mem_bytes)
+                                mem_seen = true;
+                CHECK(mem_seen, "no v2 sample with memory.current and a peak at least as large");
+        }
 
         /* Removed between discovery and read: the record still says running. */
         uint64_t gone_first = tsb_read_cpu(&gone);
