@@ -78,7 +78,7 @@ static void record_latency(struct agg *a)
                 if (lag < 0)
                         lag = 0;
                 a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1]++;
-                agg_histogram_add(&a->metrics->lag_ms, lag);
+                metrics_histogram_add_us(&a->metrics->lag, lag * 1000);
         }
 }
 
@@ -121,7 +121,7 @@ static int commit_batch(struct agg *a)
                 int64_t now_mono = rep.at[sizeof(rep.at) / sizeof(rep.at[0]) - 1];
                 batch_committed(b, &a->cache, now_mono);
                 record_latency(a);
-                agg_histogram_add(&a->metrics->commit_ms, (now_mono - rep.t0) / NS_PER_MS);
+                metrics_histogram_add_us(&a->metrics->commit, (now_mono - rep.t0) / NS_PER_US);
                 enforce_publish(&a->enforce, rep.cmds, rep.ncmds, rep.blocked != 0);
                 a->committed_messages += b->messages;
                 a->committed_batches++;

@@ -1,81 +1,27 @@
 /* metrics.c — see metrics.h. Reads the counters, never writes them. */
 #include "metrics.h"
 
-#include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <string.h>
-
-const uint32_t agg_latency_bounds_ms[AGG_LATENCY_BUCKETS] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
-                                                              10000, 30000 };
-
-void agg_histogram_add(struct agg_histogram *h, int64_t ms)
-{
-        if (ms < 0)
-                ms = 0;
-        int i = 0;
-        while (i < AGG_LATENCY_BUCKETS && (uint64_t)ms > agg_latency_bounds_ms[i])
-                i++;
-        atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->sum_ms, (uint64_t)ms, memory_order_relaxed);
-}
-
-struct page {
-        char *buf;
-        size_t size, len;
-        bool full;
-};
-
-static void put(struct page *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(struct page *p, const char *fmt, ...)
-{
-        if (p->full)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(p->buf + p->len, p->size - p->len, fmt, ap);
-        va_end(ap);
-        if (n < 0 || (size_t)n >= p->size - p->len)
-                p->full = true;
-        else
-                p->len += (size_t)n;
-}
+#include <stddef.h>
 
 static uint64_t get(const _Atomic uint64_t *v) { return atomic_load_explicit(v, memory_order_relaxed); }
 
-static void scalar(struct page *p, const char *name, const char *type, const char *help, const _Atomic uint64_t *v)
+static void scalar(struct metrics_text *p, const char *name, const char *type, const char *help,
+                   const _Atomic uint64_t *v)
 {
-        put(p, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, get(v));
+        metrics_text_put(p, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, get(v));
 }
 
-/* Milliseconds as seconds, exactly, without floating point. */
-static void put_seconds(struct page *p, uint64_t ms)
+static void histogram(struct metrics_text *p, const char *name, const char *help, const struct metrics_histogram *h)
 {
-        put(p, "%" PRIu64 ".%03" PRIu64, ms / 1000, ms % 1000);
-}
-
-static void histogram(struct page *p, const char *name, const char *help, const struct agg_histogram *h)
-{
-        put(p, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-        uint64_t cum = 0;
-        for (int i = 0; i < AGG_LATENCY_BUCKETS; i++) {
-                cum += get(&h->bucket[i]);
-                put(p, "%s_bucket{le=\"", name);
-                put_seconds(p, agg_latency_bounds_ms[i]);
-                put(p, "\"} %" PRIu64 "\n", cum);
-        }
-        cum += get(&h->bucket[AGG_LATENCY_BUCKETS]);
-        put(p, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n%s_sum ", name, cum, name);
-        put_seconds(p, get(&h->sum_ms));
-        put(p, "\n%s_count %" PRIu64 "\n", name, get(&h->count));
+        metrics_text_put(p, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+        metrics_text_histogram(p, name, h);
 }
 
 int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
 {
-        struct page p = { buf, size, 0, false };
+        struct metrics_text p;
+        metrics_text_init(&p, buf, size);
         static const struct {
                 const char *name, *type, *help;
                 size_t offset;
@@ -111,15 +57,15 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
                 scalar(&p, table[i].name, table[i].type, table[i].help,
                        (const _Atomic uint64_t *)((const char *)m + table[i].offset));
         static const char *const causes[AGG_DEAD_CAUSES] = { "decode", "database" };
-        put(&p, "# HELP tally_aggregator_dead_letters_total Messages set aside in dead_letters, by cause\n"
+        metrics_text_put(&p, "# HELP tally_aggregator_dead_letters_total Messages set aside in dead_letters, by cause\n"
                 "# TYPE tally_aggregator_dead_letters_total counter\n");
         for (int c = 0; c < AGG_DEAD_CAUSES; c++)
-                put(&p, "tally_aggregator_dead_letters_total{cause=\"%s\"} %" PRIu64 "\n", causes[c],
+                metrics_text_put(&p, "tally_aggregator_dead_letters_total{cause=\"%s\"} %" PRIu64 "\n", causes[c],
                     get(&m->dead_letters[c]));
-        histogram(&p, "tally_aggregator_commit_seconds", "Time of one batch's transaction", &m->commit_ms);
+        histogram(&p, "tally_aggregator_commit_seconds", "Time of one batch's transaction", &m->commit);
         histogram(&p, "tally_aggregator_commit_lag_seconds", "From a message's Kafka timestamp to its commit",
-                  &m->lag_ms);
-        return p.full ? -ENOBUFS : (int)p.len;
+                  &m->lag);
+        return metrics_text_end(&p);
 }
 
 int agg_metrics_page(const void *m, char *buf, size_t size)

@@ -4,21 +4,14 @@
  * The aggregator's loop is the only writer; the HTTP thread only reads, so
  * every figure is a relaxed atomic. To add a counter (the fold's counter
  * resets and clock refusals, say): a field here and one line in the table of
- * metrics.c. Integers only: durations are counted in milliseconds. */
+ * metrics.c. Integers only: durations are counted in microseconds. */
 #pragma once
 
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Upper bounds (ms) of the latency histograms' buckets; +Inf follows. */
-#define AGG_LATENCY_BUCKETS 12
-extern const uint32_t agg_latency_bounds_ms[AGG_LATENCY_BUCKETS];
-
-struct agg_histogram {
-        _Atomic uint64_t bucket[AGG_LATENCY_BUCKETS + 1]; /* not cumulative; the last is +Inf */
-        _Atomic uint64_t count, sum_ms;
-};
+#include "metrics_text.h"
 
 /* Causes a message goes to dead_letters for. */
 enum agg_dead_cause {
@@ -47,11 +40,9 @@ struct agg_metrics {
         _Atomic uint64_t readings_held;         /* readings held: no `created` yet, or an epoch not announced */
         _Atomic uint64_t readings_released;     /* held readings taken once their provenance came */
         _Atomic uint64_t readings_expired;      /* held readings dead-lettered after provenance_grace_ms */
-        struct agg_histogram commit_ms;         /* one batch's transaction, BEGIN to COMMIT */
-        struct agg_histogram lag_ms;            /* a message's Kafka timestamp to its commit */
+        struct metrics_histogram commit;        /* one batch's transaction, BEGIN to COMMIT */
+        struct metrics_histogram lag;           /* a message's Kafka timestamp to its commit (ms-granular) */
 };
-
-void agg_histogram_add(struct agg_histogram *h, int64_t ms);
 
 /* Writes the page into buf; returns its length or -ENOBUFS. */
 int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size);

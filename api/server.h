@@ -254,19 +254,7 @@ int h_sandbox_resume(struct api_req *r, struct api_reply *out, struct api_error 
 int h_sandbox_fork(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandbox_timeout(struct api_req *r, struct api_reply *out, struct api_error *err);
 
-/* ---- static.c: the dashboard's files ---- */
-int h_static_index(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_static_file(struct api_req *r, struct api_reply *out, struct api_error *err);
-
-/* ---- destinations.c: alert destinations and their deliveries ---- */
-int h_destinations_list(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
-int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
-/* The alert outbox's gauges for /metrics: refreshed by the janitor, written by the page. */
-int alert_metrics_refresh(PGconn *db);
-void alert_metrics_write(FILE *f);
+/* static.c's and destinations.c's handlers: static.h, destinations.h. */
 
 /* ---- idempotency.c ---- */
 enum idem_result {

@@ -23,7 +23,7 @@ static bool process_alive(pid_t pid)
         snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
         FILE *f = fopen(path, "re");
         if (!f)
-                return false;
+                return errno != ENOENT && errno != ESRCH; /* out of descriptors is not a death */
         size_t n = fread(buf, 1, sizeof(buf) - 1, f);
         fclose(f);
         buf[n] = '\0';

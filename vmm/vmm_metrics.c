@@ -5,22 +5,12 @@
 #include "timeutil.h"
 
 #include <inttypes.h>
-
-const uint32_t vmm_latency_bounds_ms[VMM_LATENCY_BUCKETS] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
-                                                              10000, 30000 };
+#include <stdio.h>
 
 void vmm_op_done(struct vmm_op_metrics *op, int64_t start_mono_ns, int r)
 {
-        int64_t us = (time_mono_ns() - start_mono_ns) / NS_PER_US;
-        if (us < 0)
-                us = 0;
-        int i = 0;
-        while (i < VMM_LATENCY_BUCKETS && (uint64_t)us > (uint64_t)vmm_latency_bounds_ms[i] * 1000)
-                i++;
         atomic_fetch_add_explicit(r < 0 ? &op->failed : &op->ok, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&op->latency.bucket[i], 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&op->latency.count, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&op->latency.sum_us, (uint64_t)us, memory_order_relaxed);
+        metrics_histogram_add_us(&op->latency, (time_mono_ns() - start_mono_ns) / NS_PER_US);
 }
 
 static uint64_t get(const _Atomic uint64_t *v)
@@ -49,18 +39,9 @@ static void operation(struct metrics_text *p, const char *what, const char *help
         metrics_text_put(p, "tally_vmm_%ss_total{result=\"failed\"} %" PRIu64 "\n", what, get(&op->failed));
         metrics_text_put(p, "# HELP tally_vmm_%s_duration_seconds %s: time from request to answer\n"
                             "# TYPE tally_vmm_%s_duration_seconds histogram\n", what, help, what);
-        uint64_t cum = 0;
-        for (int i = 0; i < VMM_LATENCY_BUCKETS; i++) {
-                cum += get(&op->latency.bucket[i]);
-                metrics_text_put(p, "tally_vmm_%s_duration_seconds_bucket{le=\"%" PRIu32 ".%03" PRIu32 "\"} %" PRIu64
-                                 "\n", what, vmm_latency_bounds_ms[i] / 1000, vmm_latency_bounds_ms[i] % 1000, cum);
-        }
-        cum += get(&op->latency.bucket[VMM_LATENCY_BUCKETS]);
-        uint64_t sum = get(&op->latency.sum_us);
-        metrics_text_put(p, "tally_vmm_%s_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", what, cum);
-        metrics_text_put(p, "tally_vmm_%s_duration_seconds_sum %" PRIu64 ".%06" PRIu64 "\n", what, sum / 1000000,
-                         sum % 1000000);
-        metrics_text_put(p, "tally_vmm_%s_duration_seconds_count %" PRIu64 "\n", what, get(&op->latency.count));
+        char name[96];
+        snprintf(name, sizeof(name), "tally_vmm_%s_duration_seconds", what);
+        metrics_text_histogram(p, name, &op->latency);
 }
 
 int vmm_metrics_text(const struct vmm_metrics *m, const struct vmm_state_counts *states, uint64_t write_failures,

@@ -9,19 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Upper bounds (ms) of the latency histograms' buckets; +Inf follows. */
-#define VMM_LATENCY_BUCKETS 12
-extern const uint32_t vmm_latency_bounds_ms[VMM_LATENCY_BUCKETS];
-
-struct vmm_histogram {
-        _Atomic uint64_t bucket[VMM_LATENCY_BUCKETS + 1]; /* not cumulative; the last is +Inf */
-        _Atomic uint64_t count, sum_us;
-};
+#include "metrics_text.h"
 
 /* What one operation did: counted in ok or failed, its time in the histogram. */
 struct vmm_op_metrics {
         _Atomic uint64_t ok, failed;
-        struct vmm_histogram latency;     /* successes and failures alike */
+        struct metrics_histogram latency; /* successes and failures alike */
 };
 
 struct vmm_metrics {

@@ -9,7 +9,7 @@
 
 /* Does aggregator number n's log (aggregator.N.log) contain what? */
 bool store_log_has(struct aggtest *t, int n, const char *what);
-/* GET http://127.0.0.1:port/metrics; returns the body (malloc'd) or NULL. */
+/* GET http://127.0.0.1:port/metrics (test_get_metrics): the answer (malloc'd) or NULL. */
 char *store_metrics(int port);
 /* The value of one sample line ("name" or "name{labels}") on a metrics page, or -1. */
 int64_t store_metric(const char *page, const char *series);
