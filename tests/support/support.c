@@ -518,3 +518,17 @@ int64_t test_metric(const char *page, const char *series, bool seconds)
         }
         return -1;
 }
+
+char *test_db_value(const char *url, const char *sql)
+{
+        PGconn *c = PQconnectdb(url);
+        PGresult *r = PQexec(c, sql);
+        char *v = NULL;
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+                v = strdup(PQgetvalue(r, 0, 0));
+        else if (PQresultStatus(r) != PGRES_TUPLES_OK)
+                fprintf(stderr, "query failed: %s: %s", sql, PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+        return v;
+}

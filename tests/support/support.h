@@ -33,6 +33,9 @@ const char *test_env(const char *name);
 char *test_db_create(const char *prefix);
 /* Drops it (forcing connections off) and frees url. */
 void test_db_drop(char *url);
+/* The one value a query of one row answers (malloc'd), on a connection of its
+ * own to url; NULL for no row or a NULL value, and a failed query said on stderr. */
+char *test_db_value(const char *url, const char *sql);
 
 /* The URL as role (malloc'd): the same database, user role. The databases are
  * the cluster superuser's URLs (the test's own connections look into and seed

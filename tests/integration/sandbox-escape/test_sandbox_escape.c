@@ -2286,20 +2286,6 @@ static void start_victims(void)
         }
 }
 
-static char *query1(const char *sql)
-{
-        PGconn *c = PQconnectdb(db_url);
-        PGresult *r = PQexec(c, sql);
-        char *v = NULL;
-        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-                v = strdup(PQgetvalue(r, 0, 0));
-        else if (PQresultStatus(r) != PGRES_TUPLES_OK)
-                fprintf(stderr, "query failed: %s: %s", sql, PQerrorMessage(c));
-        PQclear(r);
-        PQfinish(c);
-        return v;
-}
-
 /* The ledger, the broker and the daemons that fill it, all real processes. */
 static void start_pipeline(void)
 {
@@ -2356,7 +2342,7 @@ static void check_ledger(void)
                         char *q = fmt("SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'",
                                       stopped[i].id);
                         free(got[i]);
-                        got[i] = query1(q);
+                        got[i] = test_db_value(db_url, q);
                         free(q);
                         if (got[i] && strtoull(got[i], NULL, 10) == stopped[i].counter) {
                                 done[i] = true;
@@ -2372,7 +2358,7 @@ static void check_ledger(void)
                 char *q = fmt("SELECT string_agg(DISTINCT account_id || '/' || key_id, ',') FROM usage_hourly "
                               "WHERE sandbox_id = '%s'",
                               stopped[i].id);
-                char *who = query1(q);
+                char *who = test_db_value(db_url, q);
                 fprintf(stderr, "ledger: %-14s %s billed %s ns of CPU to %s, its cgroup's final counter %" PRIu64 " ns\n",
                         stopped[i].attack, stopped[i].id, got[i] ? got[i] : "none", who ? who : "nobody",
                         stopped[i].counter);
@@ -2395,7 +2381,7 @@ static void check_ledger(void)
                 char *net = NULL, *expect = fmt("%ld %ld", net_allow_rx, net_allow_tx);
                 for (int64_t end = test_now_ms() + 20000; test_now_ms() < end; test_sleep_ms(250)) {
                         free(net);
-                        net = query1(q);
+                        net = test_db_value(db_url, q);
                         if (net && strcmp(net, expect) == 0)
                                 break;
                 }

@@ -209,18 +209,6 @@ static void check_sandbox_a(const char *guest, const char *id)
 
 static char *db_url;
 
-static char *query1(const char *sql)
-{
-        PGconn *c = PQconnectdb(db_url);
-        PGresult *r = PQexec(c, sql);
-        char *v = NULL;
-        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-                v = strdup(PQgetvalue(r, 0, 0));
-        PQclear(r);
-        PQfinish(c);
-        return v;
-}
-
 /* The ledger bills the sandbox's stopped counter exactly (polled: the aggregator commits in batches). */
 static void check_billed(const char *name, const char *id)
 {
@@ -232,7 +220,7 @@ static void check_billed(const char *name, const char *id)
         snprintf(sql, sizeof(sql), "SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'", id);
         for (int waited = 0; waited < 30000; waited += 200) {
                 free(billed);
-                billed = query1(sql);
+                billed = test_db_value(db_url, sql);
                 if (billed && strtoull(billed, NULL, 10) == want)
                         break;
                 sleep_ms(200);

@@ -66,18 +66,6 @@ static json_t *vmm(int *rc, const char *const *args)
         return j;
 }
 
-static char *query1(const char *sql)
-{
-        PGconn *c = PQconnectdb(db_url);
-        PGresult *r = PQexec(c, sql);
-        char *v = NULL;
-        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
-                v = strdup(PQgetvalue(r, 0, 0));
-        PQclear(r);
-        PQfinish(c);
-        return v;
-}
-
 static void exec_sql(const char *sql)
 {
         PGconn *c = PQconnectdb(db_url);
@@ -169,7 +157,7 @@ static char *billed_cpu(const char *id, uint64_t want, int timeout_ms)
         snprintf(sql, sizeof(sql), "SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'", id);
         for (int waited = 0;; waited += 200) {
                 free(billed);
-                billed = query1(sql);
+                billed = test_db_value(db_url, sql);
                 if ((billed && strtoull(billed, NULL, 10) == want) || waited >= timeout_ms)
                         return billed;
                 sleep_ms(200);
