@@ -34,13 +34,19 @@ int spend_limits_check_key(struct spend_limits *l, const char *account, const ch
         int r = 0;
         pthread_mutex_lock(&l->lock);
         for (int attempt = 0; attempt < 2; attempt++) {
-                if (!l->db || PQstatus(l->db) != CONNECTION_OK) {
-                        char err[512];
-                        PQfinish(l->db);
-                        if (!(l->db = db_connect(l->url, err, sizeof(err)))) {
-                                log_warn("could not connect to the limits database", "error=\"%s\"", err);
-                                continue;
-                        }
+                char err[512];
+                int c = db_ensure_conn(&l->db, l->url, NULL, NULL, err, sizeof(err));
+                if (c == -EPROTO) {
+                        /* A schema this tally was not built for: its key_blocks may not mean what the
+                         * query reads, so no create is let through on it. */
+                        log_error("refusing the limits database", "error=\"%s\"", err);
+                        r = -EAGAIN;
+                        snprintf(why, whylen, "could not check the key's spend limit: %s", err);
+                        goto out;
+                }
+                if (c < 0) {
+                        log_warn("could not connect to the limits database", "error=\"%s\"", err);
+                        continue;
                 }
                 const char *params[2] = { account, key };
                 PGresult *res = PQexecParams(l->db, l->query, 2, NULL, params, NULL, NULL, 0);

@@ -554,6 +554,33 @@ static void test_resume_blocked(void)
         json_decref(sb);
 }
 
+/* The limits database is checked like every other program's: on a schema this
+ * tally was not built for, a create is refused (its key_blocks may not mean what
+ * the check reads), and allowed again once the schema is the right one. */
+static void test_limits_schema(void)
+{
+        char key[64];
+        snprintf(key, sizeof(key), "key-ls-%d", (int)getpid());
+        db_exec("INSERT INTO schema_migrations (version, name) "
+                "SELECT max(version) + 1, 'newer than this build' FROM schema_migrations");
+        /* The vmm's open connection is dropped: the next check connects anew. */
+        db_exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()");
+        int rc;
+        char *err = NULL;
+        json_t *c = cli(&rc, &err, "create", "--account", account, "--key", key, NULL);
+        CHECK(rc == 1 && err && strstr(err, "newer than this tally was built for"),
+              "a create checked against a newer schema: rc=%d %s", rc, err ? err : "");
+        json_decref(c);
+        free(err);
+        db_exec("DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)");
+        json_t *sb = create(key, "64");
+        CHECK(sb && test_jstr(sb, "id"), "a create once the schema is right again failed");
+        if (sb && test_jstr(sb, "id"))
+                json_decref(cli(&rc, NULL, "stop", test_jstr(sb, "id"), NULL));
+        json_decref(sb);
+}
+
 /* A record that cannot be written after a pause or stop fails the request, and
  * is written as soon as it can be: the daemon and the record never disagree silently. */
 /* tally_vmm_registry_write_failures_total on the daemon's /metrics. */
@@ -817,6 +844,7 @@ int main(void)
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
                 { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
+                { "limits_schema", test_limits_schema },
         };
         TEST_RUN_CASES(cases);
         if (daemon_pid > 0)
