@@ -39,7 +39,7 @@ int admin_account_timezone(PGconn *db, int argc, char **argv)
         char old[64] = "";
         if (zone && account_time_zone_set(db, account, zone, "admin", old, &err) < 0) {
                 fprintf(stderr, "tally-admin: could not set the time zone: %s\n", err.message);
-                return err.status == 404 ? -ENOENT : -EINVAL;
+                return err.status == 404 ? -ENOENT : -EDOM; /* said above: not "unknown command" */
         }
         json_t *s = NULL;
         if (account_settings_read(db, account, &s, &err) < 0) {

@@ -11,28 +11,32 @@
  * (747,500,000, 97.9 %: alerts at 50 and 80 %), a 24- or 25-hour day reaches it
  * (780,000,000; 812,500,000: alerts at 50, 80 and 100 % and a block).
  *
- * The days, from the zones' rules (tzdata), worked by hand:
- *   America/New_York, spring forward 2026-03-08 (02:00 EST -> 03:00 EDT):
- *     2026-03-08 runs 05:00Z Mar 8 -> 04:00Z Mar 9: 23 hours.
- *     Sandbox 03:00Z Mar 8 -> 06:00Z Mar 9 (27 h): 03-07 2 h, 03-08 23 h, 03-09 2 h.
- *   America/New_York, fall back 2026-11-01 (02:00 EDT -> 01:00 EST):
- *     2026-11-01 runs 04:00Z Nov 1 -> 05:00Z Nov 2: 25 hours.
- *     Sandbox 02:00Z Nov 1 -> 07:00Z Nov 2 (29 h): 10-31 2 h, 11-01 25 h, 11-02 2 h.
- *   Europe/Berlin, spring forward 2026-03-29 (02:00 CET -> 03:00 CEST):
- *     2026-03-29 runs 23:00Z Mar 28 -> 22:00Z Mar 29: 23 hours.
- *     Sandbox 21:00Z Mar 28 -> 00:00Z Mar 30 (27 h): 03-28 2 h, 03-29 23 h, 03-30 2 h.
- *   Europe/Berlin, fall back 2026-10-25 (03:00 CEST -> 02:00 CET):
- *     2026-10-25 runs 22:00Z Oct 24 -> 23:00Z Oct 25: 25 hours.
- *     Sandbox 20:00Z Oct 24 -> 01:00Z Oct 26 (29 h): 10-24 2 h, 10-25 25 h, 10-26 2 h.
+ * The days, from the zones' rules (the US: second Sunday of March, first of
+ * November; the EU: last Sunday of March and of October, at 01:00Z), worked by
+ * hand. Each is the latest such day at least two days past (sample times are
+ * checked against the aggregator's clock: at most 400 days back), D below:
+ *   America/New_York, spring forward (02:00 EST -> 03:00 EDT):
+ *     D runs 05:00Z D -> 04:00Z D+1: 23 hours.
+ *     Sandbox 03:00Z D -> 06:00Z D+1 (27 h): D-1 2 h, D 23 h, D+1 2 h.
+ *   America/New_York, fall back (02:00 EDT -> 01:00 EST):
+ *     D runs 04:00Z D -> 05:00Z D+1: 25 hours.
+ *     Sandbox 02:00Z D -> 07:00Z D+1 (29 h): D-1 2 h, D 25 h, D+1 2 h.
+ *   Europe/Berlin, spring forward (02:00 CET -> 03:00 CEST):
+ *     D runs 23:00Z D-1 -> 22:00Z D: 23 hours.
+ *     Sandbox 21:00Z D-1 -> 00:00Z D+1 (27 h): D-1 2 h, D 23 h, D+1 2 h.
+ *   Europe/Berlin, fall back (03:00 CEST -> 02:00 CET):
+ *     D runs 22:00Z D-1 -> 23:00Z D: 25 hours.
+ *     Sandbox 20:00Z D-1 -> 01:00Z D+1 (29 h): D-1 2 h, D 25 h, D+1 2 h.
  *   Asia/Kolkata (+05:30, no daylight saving): local midnight is 18:30Z, inside
  *     the UTC hour 18:00Z, which starts at 23:30 local and so belongs to the day
  *     before (docs/billing.md: an hour belongs to the day of its start). A day
- *     D runs 19:00Z D-1 -> 19:00Z D (00:30 -> 00:30 local), 24 hours.
- *     Sandbox 17:00Z Jun 10 -> 21:00Z Jun 11 (28 h): 06-10 2 h, 06-11 24 h, 06-12 2 h.
- *     Sandbox 17:00Z Jun 30 -> 21:00Z Jun 30 (4 h): June 2 h, July 2 h (its month's end).
- * In UTC days the same sandboxes give other days: New York's 2026-11-01 would
- * be 22 hours (715,000,000: no block), Kolkata's 2026-06-11 21 hours (no
- * block), Berlin's 2026-03-29 24 hours (a block). */
+ *     K runs 19:00Z K-1 -> 19:00Z K (00:30 -> 00:30 local), 24 hours.
+ *     M is the month before last, K its 15th, L its last day:
+ *     Sandbox 17:00Z K-1 -> 21:00Z K (28 h): K-1 2 h, K 24 h, K+1 2 h.
+ *     Sandbox 17:00Z L -> 21:00Z L (4 h): M 2 h, the next month 2 h (its month's end).
+ * In UTC days the same sandboxes give other days: New York's fall-back day
+ * would be 22 hours (715,000,000: no block), Kolkata's K 21 hours (no block),
+ * Berlin's spring-forward day 24 hours (a block). */
 #include "aggtest.h"
 #include "support.h"
 #include "timeutil.h"
@@ -46,10 +50,13 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #define GiB   (UINT64_C(1) << 30)
 #define HOUR  INT64_C(32500000)
 #define LIMIT "763750000"
+#define DAY_NS (INT64_C(86400) * NS_PER_SEC)
+#define H_NS   (INT64_C(3600) * NS_PER_SEC)
 
 static struct aggtest t;
 
@@ -116,6 +123,59 @@ static int admin(char **out, ...)
         free(e);
         *out = o ? o : strdup("");
         return st;
+}
+
+
+/* ---- dates, in UTC: a day is its midnight's Unix ns ---- */
+
+static int64_t date_ns(int y, int m, int d)
+{
+        return aggtest_utc(y, m, d, 0, 0, 0);
+}
+
+static const char *ymd(int64_t ns, char *buf)
+{
+        time_t s = (time_t)(ns / NS_PER_SEC);
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        strftime(buf, 11, "%Y-%m-%d", &tm);
+        return buf;
+}
+
+static int wday(int64_t ns)
+{
+        time_t s = (time_t)(ns / NS_PER_SEC);
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        return tm.tm_wday;
+}
+
+static int64_t nth_sunday(int y, int m, int n)
+{
+        int64_t first = date_ns(y, m, 1);
+        return first + ((7 - wday(first)) % 7 + 7 * (n - 1)) * DAY_NS;
+}
+
+static int64_t last_sunday(int y, int m)
+{
+        int64_t last = date_ns(m == 12 ? y + 1 : y, m == 12 ? 1 : m + 1, 1) - DAY_NS;
+        return last - wday(last) * DAY_NS;
+}
+
+/* The latest day rule(year) at least two days before now. */
+static int64_t latest(int64_t (*rule)(int y, int m, int n), int m, int n, int64_t now)
+{
+        time_t s = (time_t)(now / NS_PER_SEC);
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        int64_t d = rule(tm.tm_year + 1900, m, n);
+        return d + 2 * DAY_NS <= now ? d : rule(tm.tm_year + 1899, m, n);
+}
+
+static int64_t last_sunday_rule(int y, int m, int n)
+{
+        (void)n;
+        return last_sunday(y, m);
 }
 
 /* ---- a real tally-api, a person of the account signed in ---- */
@@ -301,56 +361,96 @@ int main(void)
                "SELECT count(*) FROM audit_log WHERE account_id = 'be' AND action = 'account.time_zone'"
                " AND actor LIKE 'person:%' AND new_value ->> 'time_zone' = 'Europe/Berlin'");
 
-        /* The stream. mv (UTC for now) gets New York's fall-back sandbox. */
-        run_hours("ny", "kny", "ny-spring", aggtest_utc(2026, 3, 8, 3, 0, 0), 27);
-        run_hours("ny", "kny", "ny-fall", aggtest_utc(2026, 11, 1, 2, 0, 0), 29);
-        run_hours("be", "kbe", "be-spring", aggtest_utc(2026, 3, 28, 21, 0, 0), 27);
-        run_hours("be", "kbe", "be-fall", aggtest_utc(2026, 10, 24, 20, 0, 0), 29);
-        run_hours("in", "kin", "in-day", aggtest_utc(2026, 6, 10, 17, 0, 0), 28);
-        run_hours("in", "kin", "in-month", aggtest_utc(2026, 6, 30, 17, 0, 0), 4);
-        run_hours("mv", "kmv", "mv-fall", aggtest_utc(2026, 11, 1, 2, 0, 0), 29);
+        /* The days (see the top) and the stream. mv (UTC for now) gets New York's fall-back sandbox. */
+        int64_t now = time_wall_ns();
+        int64_t nys = latest(nth_sunday, 3, 2, now), nyf = latest(nth_sunday, 11, 1, now);
+        int64_t bes = latest(last_sunday_rule, 3, 0, now), bef = latest(last_sunday_rule, 10, 0, now);
+        time_t nows = (time_t)(now / NS_PER_SEC);
+        struct tm tm;
+        gmtime_r(&nows, &tm);
+        int my = tm.tm_mon >= 2 ? tm.tm_year + 1900 : tm.tm_year + 1899, mm = (tm.tm_mon + 10) % 12 + 1; /* M */
+        int64_t kd = date_ns(my, mm, 15), ld = date_ns(mm == 12 ? my + 1 : my, mm % 12 + 1, 1) - DAY_NS;
+        char NYS[3][11], NYF[3][11], BES[3][11], BEF[3][11], K[3][11], M[24], M1[11], NYFM[2][11], NYSM[11];
+        for (int i = 0; i < 3; i++) {
+                ymd(nys + (i - 1) * DAY_NS, NYS[i]);
+                ymd(nyf + (i - 1) * DAY_NS, NYF[i]);
+                ymd(bes + (i - 1) * DAY_NS, BES[i]);
+                ymd(bef + (i - 1) * DAY_NS, BEF[i]);
+                ymd(kd + (i - 1) * DAY_NS, K[i]);
+        }
+        snprintf(M, sizeof(M), "%04d-%02d-01", my, mm);
+        ymd(ld + DAY_NS, M1);
+        snprintf(NYSM, sizeof(NYSM), "%.8s01", NYS[1]);
+        snprintf(NYFM[0], sizeof(NYFM[0]), "%.8s01", NYF[0]);
+        snprintf(NYFM[1], sizeof(NYFM[1]), "%.8s01", NYF[1]);
+        run_hours("ny", "kny", "ny-spring", nys + 3 * H_NS, 27);
+        run_hours("ny", "kny", "ny-fall", nyf + 2 * H_NS, 29);
+        run_hours("be", "kbe", "be-spring", bes - 3 * H_NS, 27);
+        run_hours("be", "kbe", "be-fall", bef - 4 * H_NS, 29);
+        run_hours("in", "kin", "in-day", kd - 7 * H_NS, 28);
+        run_hours("in", "kin", "in-month", ld + 17 * H_NS, 4);
+        run_hours("mv", "kmv", "mv-fall", nyf + 2 * H_NS, 29);
         aggtest_flush(&t);
         pid_t agg = aggtest_spawn(&t, NULL);
         CHECK(aggtest_wait_caught_up(&t, 120) == 0, "the aggregator did not consume the stream");
 
-        /* spend_daily: the days the aggregator wrote, hours x 32,500,000 */
-        expect("2026-03-07=65000000 2026-03-08=747500000 2026-03-09=65000000 2026-10-31=65000000 "
-               "2026-11-01=812500000 2026-11-02=65000000",
-               "New York's days (23 and 25 hours)",
-               "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = 'kny'");
-        expect("2026-03-28=65000000 2026-03-29=747500000 2026-03-30=65000000 2026-10-24=65000000 "
-               "2026-10-25=812500000 2026-10-26=65000000",
-               "Berlin's days (23 and 25 hours)",
-               "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = 'kbe'");
-        expect("2026-06-10=65000000 2026-06-11=780000000 2026-06-12=65000000 2026-06-30=65000000 2026-07-01=65000000",
-               "Kolkata's days (from 00:30 local)",
-               "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = 'kin'");
-        expect("2026-11-01=715000000 2026-11-02=227500000", "mv's UTC days",
-               "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = 'kmv'");
+        /* spend_daily: the days the aggregator wrote, hours x 32,500,000 (each key's days in date order) */
+        char want[1024], ld0[11], ld1[11];
+        ymd(ld, ld0);
+        ymd(ld + DAY_NS, ld1);
+        const char *days = "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = ";
+        char sql[512];
+        snprintf(want, sizeof(want), "%s=65000000 %s=747500000 %s=65000000", NYS[0], NYS[1], NYS[2]);
+        snprintf(sql, sizeof(sql), "%s'kny' AND day < '%s'", days, NYF[0]);
+        expect(want, "New York's spring-forward day (23 hours)", sql);
+        snprintf(want, sizeof(want), "%s=65000000 %s=812500000 %s=65000000", NYF[0], NYF[1], NYF[2]);
+        snprintf(sql, sizeof(sql), "%s'kny' AND day >= '%s'", days, NYF[0]);
+        expect(want, "New York's fall-back day (25 hours)", sql);
+        snprintf(want, sizeof(want), "%s=65000000 %s=747500000 %s=65000000", BES[0], BES[1], BES[2]);
+        snprintf(sql, sizeof(sql), "%s'kbe' AND day < '%s'", days, BEF[0]);
+        expect(want, "Berlin's spring-forward day (23 hours)", sql);
+        snprintf(want, sizeof(want), "%s=65000000 %s=812500000 %s=65000000", BEF[0], BEF[1], BEF[2]);
+        snprintf(sql, sizeof(sql), "%s'kbe' AND day >= '%s'", days, BEF[0]);
+        expect(want, "Berlin's fall-back day (25 hours)", sql);
+        snprintf(want, sizeof(want), "%s=65000000 %s=780000000 %s=65000000 %s=65000000 %s=65000000", K[0], K[1], K[2],
+                 ld0, ld1);
+        snprintf(sql, sizeof(sql), "%s'kin'", days);
+        expect(want, "Kolkata's days (from 00:30 local)", sql);
+        snprintf(want, sizeof(want), "%s=715000000 %s=227500000", NYF[1], NYF[2]);
+        snprintf(sql, sizeof(sql), "%s'kmv'", days);
+        expect(want, "mv's UTC days (22 and 7 hours)", sql);
         /* the per-key daily rollup agrees with spend_daily day by day */
         expect("0", "usage_key_daily's days are spend_daily's (an hour: 3,600 CPU-s and 32,500,000 nano-dollars)",
                "SELECT count(*) FROM usage_key_daily u FULL JOIN spend_daily s ON s.key_id = u.key_id AND s.day = u.day"
-               " WHERE u.key_id IS NULL OR s.key_id IS NULL OR u.cpu_ns * 32500000 <> s.nanodollars * 3600000000000");
+               " WHERE u.key_id IS NULL OR s.key_id IS NULL OR u.cpu_ns * 32500000 <> s.nanodollars::numeric * 3600000000000");
 
         /* limits: blocked on the days that reached 763,750,000; alerts per local day */
-        expect("kbe:2026-10-25 kin:2026-06-11 kny:2026-11-01", "the blocks",
-               "SELECT string_agg(key_id || ':' || day, ' ' ORDER BY key_id, day) FROM key_blocks");
-        expect("kbe:2026-03-29:50 kbe:2026-03-29:80 kbe:2026-10-25:50 kbe:2026-10-25:80 kbe:2026-10-25:100 "
-               "kin:2026-06-11:50 kin:2026-06-11:80 kin:2026-06-11:100 "
-               "kmv:2026-11-01:50 kmv:2026-11-01:80 "
-               "kny:2026-03-08:50 kny:2026-03-08:80 kny:2026-11-01:50 kny:2026-11-01:80 kny:2026-11-01:100",
-               "the alerts, once per (key, local day, threshold)",
+        snprintf(want, sizeof(want), "kbe:%s kin:%s kny:%s", BEF[1], K[1], NYF[1]);
+        expect(want, "the blocks", "SELECT string_agg(key_id || ':' || day, ' ' ORDER BY key_id, day) FROM key_blocks");
+        snprintf(want, sizeof(want),
+                 "kbe:%s:50 kbe:%s:80 kbe:%s:50 kbe:%s:80 kbe:%s:100 kin:%s:50 kin:%s:80 kin:%s:100 kmv:%s:50 kmv:%s:80 "
+                 "kny:%s:50 kny:%s:80 kny:%s:50 kny:%s:80 kny:%s:100",
+                 BES[1], BES[1], BEF[1], BEF[1], BEF[1], K[1], K[1], K[1], NYF[1], NYF[1], NYS[1], NYS[1], NYF[1],
+                 NYF[1], NYF[1]);
+        expect(want, "the alerts, once per (key, local day, threshold)",
                "SELECT string_agg(key_id || ':' || day || ':' || threshold_pct, ' '"
                "                  ORDER BY key_id, day, threshold_pct) FROM alerts WHERE threshold_pct > 0");
 
         /* /v1/spend of a day, as Berlin's person, then New York's */
-        check_spend_day("2026-03-29", "Europe/Berlin", "2026-03-28T23:00:00Z", "2026-03-29T22:00:00Z", 23 * HOUR, false);
-        check_spend_day("2026-10-25", "Europe/Berlin", "2026-10-24T22:00:00Z", "2026-10-25T23:00:00Z", 25 * HOUR, true);
+        char s0[32], s1[32];
+        snprintf(s0, sizeof(s0), "%sT23:00:00Z", BES[0]);
+        snprintf(s1, sizeof(s1), "%sT22:00:00Z", BES[1]);
+        check_spend_day(BES[1], "Europe/Berlin", s0, s1, 23 * HOUR, false);
+        snprintf(s0, sizeof(s0), "%sT22:00:00Z", BEF[0]);
+        snprintf(s1, sizeof(s1), "%sT23:00:00Z", BEF[1]);
+        check_spend_day(BEF[1], "Europe/Berlin", s0, s1, 25 * HOUR, true);
         sign_in("ny", pw);
-        check_spend_day("2026-03-08", "America/New_York", "2026-03-08T05:00:00Z", "2026-03-09T04:00:00Z", 23 * HOUR,
-                        false);
-        check_spend_day("2026-11-01", "America/New_York", "2026-11-01T04:00:00Z", "2026-11-02T05:00:00Z", 25 * HOUR,
-                        true);
+        snprintf(s0, sizeof(s0), "%sT05:00:00Z", NYS[1]);
+        snprintf(s1, sizeof(s1), "%sT04:00:00Z", NYS[2]);
+        check_spend_day(NYS[1], "America/New_York", s0, s1, 23 * HOUR, false);
+        snprintf(s0, sizeof(s0), "%sT04:00:00Z", NYF[1]);
+        snprintf(s1, sizeof(s1), "%sT05:00:00Z", NYF[2]);
+        check_spend_day(NYF[1], "America/New_York", s0, s1, 25 * HOUR, true);
         /* today: New York's date now (PostgreSQL's own conversion) */
         CHECK(http("GET", "/v1/spend", NULL, NULL, &j) == 200 && !strcmp(jstr(j, "time_zone"), "America/New_York") &&
                       json_is_true(json_object_get(j, "today")),
@@ -367,39 +467,61 @@ int main(void)
               "GET /v1/account/settings: New York");
         json_decref(j);
         sign_in("in", pw);
-        check_spend_day("2026-06-11", "Asia/Kolkata", "2026-06-10T19:00:00Z", "2026-06-11T19:00:00Z", 24 * HOUR, true);
+        snprintf(s0, sizeof(s0), "%sT19:00:00Z", K[0]);
+        snprintf(s1, sizeof(s1), "%sT19:00:00Z", K[1]);
+        check_spend_day(K[1], "Asia/Kolkata", s0, s1, 24 * HOUR, true);
 
-        /* invoices: calendar months of the zone. New York's October holds Nov 1's 02:00Z
-         * and 03:00Z (Oct 31, 22:00 and 23:00 local): 2 vCPU-hours (50,000,000) and 2 GiB-hours
-         * (15,000,000); its November the other 27 hours. Kolkata's July holds 19:00Z and 20:00Z
-         * of June 30 (00:30 and 01:30 on July 1 local); its June the other 30 hours. */
-        expect("2026-03-01=877500000 2026-10-01=65000000 2026-11-01=877500000", "New York's invoice months",
+        /* invoices: calendar months of the zone. New York's fall-back sandbox starts at
+         * 02:00Z on D, 22:00 local on D-1: when D is November 1st, its first 2 hours are
+         * October's (2 vCPU-hours: 50,000,000; 2 GiB-hours: 15,000,000), its other 27
+         * November's. Kolkata's month M holds K's sandbox (28 h) and 2 hours of L's (17:00Z
+         * and 18:00Z, 22:30 and 23:30 local); the next month L's 19:00Z and 20:00Z (00:30 and
+         * 01:30 local on its 1st). */
+        bool oct = strcmp(NYFM[0], NYFM[1]) != 0;
+        if (oct)
+                snprintf(want, sizeof(want), "%s=877500000 %s=65000000 %s=877500000", NYSM, NYFM[0], NYFM[1]);
+        else
+                snprintf(want, sizeof(want), "%s=877500000 %s=942500000", NYSM, NYFM[1]);
+        expect(want, "New York's invoice months",
                "SELECT string_agg(month || '=' || total_nanodollars, ' ' ORDER BY month) FROM finance.invoices"
                " WHERE account_id = 'ny'");
-        expect("50000000", "New York's October CPU line",
-               "SELECT amount_nanodollars FROM finance.invoice_lines WHERE account_id = 'ny' AND month = '2026-10-01'"
-               " AND kind = 'usage' AND meter = 'cpu'");
-        expect("2026-06-01=975000000 2026-07-01=65000000", "Kolkata's invoice months",
+        snprintf(sql, sizeof(sql),
+                 "SELECT amount_nanodollars FROM finance.invoice_lines WHERE account_id = 'ny' AND month = '%s'"
+                 " AND kind = 'usage' AND meter = 'cpu'", NYFM[1]);
+        expect(oct ? "675000000" : "725000000", "New York's fall-back month's CPU line", sql);
+        snprintf(want, sizeof(want), "%s=975000000 %s=65000000", M, M1);
+        expect(want, "Kolkata's invoice months",
                "SELECT string_agg(month || '=' || total_nanodollars, ' ' ORDER BY month) FROM finance.invoices"
                " WHERE account_id = 'in'");
-        expect("2026-11-01 04:00:00 2026-12-01 05:00:00", "New York's November: its period (UTC)",
-               "SELECT (period_start AT TIME ZONE 'UTC') || ' ' || (period_end AT TIME ZONE 'UTC')"
-               " FROM finance.invoices WHERE account_id = 'ny' AND month = '2026-11-01'");
-        CHECK(admin(&out, "close-month", "2026-06", NULL) == 0, "close-month 2026-06: %s", out);
+        /* New York's fall-back month starts at 04:00Z on its 1st (EDT) and ends at 05:00Z on the next month's 1st (EST) */
+        {
+                int fy = atoi(NYF[1]), fm = atoi(NYF[1] + 5);
+                snprintf(want, sizeof(want), "%.8s01 04:00:00 %04d-%02d-01 05:00:00", NYF[1], fm == 12 ? fy + 1 : fy,
+                         fm % 12 + 1);
+        }
+        snprintf(sql, sizeof(sql),
+                 "SELECT (period_start AT TIME ZONE 'UTC') || ' ' || (period_end AT TIME ZONE 'UTC')"
+                 " FROM finance.invoices WHERE account_id = 'ny' AND month = '%s'", NYFM[1]);
+        expect(want, "New York's November: its period (UTC)", sql);
+        char Mm[24];
+        snprintf(Mm, sizeof(Mm), "%.7s", M);
+        CHECK(admin(&out, "close-month", Mm, NULL) == 0, "close-month %s: %s", Mm, out);
         free(out);
-        /* June 2026: CPU 30 x 25,000,000 = 750,000,000 (75 cents), memory 30 x 7,500,000 =
+        /* M: CPU 30 x 25,000,000 = 750,000,000 (75 cents), memory 30 x 7,500,000 =
          * 225,000,000 (22.5 -> 23 cents, half away from zero): 975,000,000, 98 cents. */
-        expect("975000000 98", "Kolkata's closed June",
-               "SELECT total_nanodollars || ' ' || total_cents FROM closed_invoices WHERE account_id = 'in'"
-               " AND month = '2026-06-01'");
+        snprintf(sql, sizeof(sql),
+                 "SELECT total_nanodollars || ' ' || total_cents FROM closed_invoices WHERE account_id = 'in'"
+                 " AND month = '%s'", M);
+        expect("975000000 98", "Kolkata's closed month", sql);
 
         /* A zone set after the usage: mv's days are rebuilt from its hours, as New York's. */
         CHECK(admin(&out, "account", "timezone", "mv", "America/New_York", NULL) == 0, "account timezone mv: %s", out);
         free(out);
-        expect("2026-10-31=65000000 2026-11-01=812500000 2026-11-02=65000000", "mv's days after the change",
-               "SELECT string_agg(day || '=' || nanodollars, ' ' ORDER BY day) FROM spend_daily WHERE key_id = 'kmv'");
-        expect("2026-10-31=7200000000000 2026-11-01=90000000000000 2026-11-02=7200000000000",
-               "mv's usage days after the change",
+        snprintf(want, sizeof(want), "%s=65000000 %s=812500000 %s=65000000", NYF[0], NYF[1], NYF[2]);
+        snprintf(sql, sizeof(sql), "%s'kmv'", days);
+        expect(want, "mv's days after the change", sql);
+        snprintf(want, sizeof(want), "%s=7200000000000 %s=90000000000000 %s=7200000000000", NYF[0], NYF[1], NYF[2]);
+        expect(want, "mv's usage days after the change",
                "SELECT string_agg(day || '=' || cpu_ns, ' ' ORDER BY day) FROM usage_key_daily WHERE key_id = 'kmv'");
         expect("admin UTC America/New_York", "the operator's change is audited",
                "SELECT actor || ' ' || (old_value ->> 'time_zone') || ' ' || (new_value ->> 'time_zone') FROM audit_log"
