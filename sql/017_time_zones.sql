@@ -18,9 +18,8 @@ ALTER TABLE accounts ADD COLUMN time_zone text NOT NULL DEFAULT 'UTC';
 
 -- Only the names PostgreSQL knows (pg_timezone_names): an abbreviation or an
 -- offset string ('+05:30', 'EST5EDT' posix rules) that the view does not list is refused.
-CREATE FUNCTION time_zone_known(p_zone text) RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT p_zone = 'UTC' OR EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = p_zone)
-$$;
+CREATE FUNCTION time_zone_known(p_zone text) RETURNS boolean LANGUAGE sql STABLE
+    RETURN p_zone = 'UTC' OR EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = p_zone);
 
 CREATE FUNCTION accounts_time_zone_check() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -37,7 +36,9 @@ CREATE TRIGGER accounts_time_zone_update BEFORE UPDATE OF time_zone ON accounts
 
 -- ---------------------------------------------------------------------------
 -- The day rule, once. Immutable given the zone (no session setting enters:
--- the hour is truncated in UTC, never in the session's TimeZone).
+-- the hour is truncated in UTC, never in the session's TimeZone). The
+-- functions here have SQL-standard bodies: their names are bound when they
+-- are made, whatever the caller's search_path (the finance role's has no public).
 CREATE FUNCTION zone_day(p_zone text, p_at timestamptz) RETURNS date
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN ((date_trunc('hour', p_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AT TIME ZONE p_zone)::date;
@@ -46,53 +47,49 @@ CREATE FUNCTION zone_day(p_zone text, p_at timestamptz) RETURNS date
 -- or later. Searched around local midnight, so that a zone whose midnight is
 -- skipped or repeated by a change of offset still gets its first hour.
 CREATE FUNCTION zone_day_start(p_zone text, p_day date) RETURNS timestamptz
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+BEGIN ATOMIC
     SELECT min(h)
       FROM generate_series(date_trunc('hour', (p_day::timestamp AT TIME ZONE p_zone) AT TIME ZONE 'UTC')
                                AT TIME ZONE 'UTC' - interval '3 hours',
                            date_trunc('hour', (p_day::timestamp AT TIME ZONE p_zone) AT TIME ZONE 'UTC')
                                AT TIME ZONE 'UTC' + interval '3 hours',
                            interval '1 hour') AS h
-     WHERE zone_day(p_zone, h) >= p_day
-$$;
+     WHERE zone_day(p_zone, h) >= p_day;
+END;
 
 -- An account's zone; an account not (yet) in accounts is UTC (as its plan is the default).
-CREATE FUNCTION account_zone(p_account text) RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce((SELECT time_zone FROM accounts WHERE id = p_account), 'UTC')
-$$;
+CREATE FUNCTION account_zone(p_account text) RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN coalesce((SELECT a.time_zone FROM accounts a WHERE a.id = p_account), 'UTC');
 
-CREATE FUNCTION account_day(p_account text, p_at timestamptz) RETURNS date LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT zone_day(account_zone(p_account), p_at)
-$$;
+CREATE FUNCTION account_day(p_account text, p_at timestamptz) RETURNS date LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN zone_day(account_zone(p_account), p_at);
 
 CREATE FUNCTION account_day_start(p_account text, p_day date) RETURNS timestamptz
-    LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT zone_day_start(account_zone(p_account), p_day)
-$$;
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN zone_day_start(account_zone(p_account), p_day);
 
 -- The zones in use (UTC always among them): a month has ended for every
 -- account once it has ended in each of them.
-CREATE FUNCTION zones_in_use() RETURNS SETOF text LANGUAGE sql STABLE AS $$
-    SELECT 'UTC' UNION SELECT DISTINCT time_zone FROM accounts
-$$;
+CREATE VIEW zones_in_use AS SELECT 'UTC'::text AS zone UNION SELECT DISTINCT time_zone FROM accounts;
 
-CREATE FUNCTION month_end_everywhere(p_month date) RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT max(zone_day_start(z, (date_trunc('month', p_month) + interval '1 month')::date)) FROM zones_in_use() z
-$$;
+CREATE FUNCTION month_end_everywhere(p_month date) RETURNS timestamptz LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT max(zone_day_start(z.zone, (date_trunc('month', p_month) + interval '1 month')::date)) FROM zones_in_use z;
+END;
 
 -- The local days of a zone a rate starts inside of (not at the day's first
 -- hour): their usage is rated hour by hour (as sql/008's rate_split_days, per zone).
 CREATE VIEW zone_rate_split_days AS
 SELECT DISTINCT z.zone, zone_day(z.zone, pr.effective_from) AS day
-  FROM plan_rates pr CROSS JOIN zones_in_use() AS z(zone)
+  FROM plan_rates pr CROSS JOIN zones_in_use z
  WHERE pr.effective_from <> zone_day_start(z.zone, zone_day(z.zone, pr.effective_from));
 
 -- ---------------------------------------------------------------------------
 -- Limits: a key's block is for its account's day.
 CREATE OR REPLACE FUNCTION key_blocked(p_key text, p_at timestamptz DEFAULT now()) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM key_blocks b WHERE b.key_id = p_key AND b.day = account_day(b.account_id, p_at))
-$$;
+LANGUAGE sql STABLE
+    RETURN EXISTS (SELECT 1 FROM key_blocks b WHERE b.key_id = p_key AND b.day = account_day(b.account_id, p_at));
 
 -- A person lifts today's block of the account's day (sql/013's policy, by the account's zone).
 ALTER POLICY key_blocks_lift ON key_blocks USING (
@@ -701,13 +698,13 @@ SELECT d.account_id, d.month, l.key AS label_key, l.value AS label_value, d.mete
  GROUP BY d.account_id, d.month, l.key, l.value, d.meter;
 
 CREATE OR REPLACE VIEW finance.invoices AS
-SELECT ci.account_id, ci.month, 'closed' AS status, account_day_start(ci.account_id, ci.month) AS period_start,
-       account_day_start(ci.account_id, (ci.month + interval '1 month')::date) AS period_end, ci.plan_id,
+SELECT ci.account_id, ci.month, 'closed' AS status, zone_day_start(coalesce(za.time_zone, 'UTC'), ci.month) AS period_start,
+       zone_day_start(coalesce(za.time_zone, 'UTC'), (ci.month + interval '1 month')::date) AS period_end, ci.plan_id,
        ci.line_count, ci.credit_running_ns, ci.total_nanodollars, ci.total_cents, ci.closed_at
-  FROM closed_invoices ci
+  FROM closed_invoices ci LEFT JOIN accounts za ON za.id = ci.account_id
 UNION ALL
-SELECT p.account_id, p.month, 'preview', account_day_start(p.account_id, p.month),
-       account_day_start(p.account_id, (p.month + interval '1 month')::date),
+SELECT p.account_id, p.month, 'preview', zone_day_start(coalesce(a.time_zone, 'UTC'), p.month),
+       zone_day_start(coalesce(a.time_zone, 'UTC'), (p.month + interval '1 month')::date),
        coalesce(a.plan_id, 'default'), p.line_count, p.credit_running_ns, p.total_nanodollars, p.total_cents,
        NULL::timestamptz
   FROM (SELECT l.account_id, l.month, count(*)::integer AS line_count, sum(l.credit_running_ns)::bigint AS credit_running_ns,
