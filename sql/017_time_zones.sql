@@ -159,15 +159,32 @@ BEGIN
 END $fn$;
 
 -- ---------------------------------------------------------------------------
+-- spend_day: the day an instant belongs to for an account, with the instants
+-- it starts and ends — what the limits' code asks (sql/016 made it, UTC days,
+-- to be replaced here; made here when it is not there). By the rule above.
+CREATE OR REPLACE FUNCTION spend_day(p_account text, p_at timestamptz, OUT day date, OUT day_start timestamptz,
+                                     OUT day_end timestamptz)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT x.d, zone_day_start(x.z, x.d), zone_day_start(x.z, x.d + 1)
+      FROM (SELECT a.z, zone_day(a.z, p_at) AS d FROM (SELECT account_zone(p_account) AS z) a) x;
+END;
+
 -- The projected-limit warning (sql/009's trigger): today, and the end of
--- today, are the account's.
+-- today, are the account's. sql/016 (the limits' one projection) replaces the
+-- trigger with one that asks spend_day already; sql/009's, which computes UTC
+-- days itself, is replaced here with the same text asking spend_day.
+DO $do$
+BEGIN
+    IF position('spend_day' IN pg_get_functiondef('spend_projection()'::regprocedure)) = 0 THEN
+        EXECUTE $def$
 CREATE OR REPLACE FUNCTION spend_projection() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     WITH cand AS (
         SELECT n.key_id, n.day, n.account_id, n.nanodollars, k.daily_limit_nanodollars AS lim
           FROM new_spend n JOIN api_keys k ON k.id = n.key_id
-         WHERE n.day = account_day(n.account_id, now()) AND n.nanodollars > 0
+         WHERE n.day = (spend_day(n.account_id, now())).day AND n.nanodollars > 0
            AND k.revoked_at IS NULL AND n.nanodollars < k.daily_limit_nanodollars
            AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key_id = n.key_id AND a.day = n.day AND a.threshold_pct = 0)),
     moved AS (
@@ -196,13 +213,16 @@ BEGIN
      CROSS JOIN LATERAL (SELECT extract(epoch FROM now() - coalesce(p.a_at, p.b_at)) AS elapsed,
                                 coalesce(p.a_nanodollars, p.b_nanodollars) AS base_nd,
                                 extract(epoch FROM least(now() + st.projection_horizon,
-                                                         account_day_start(c.account_id, c.day + 1)) - now()) AS left_s) r
+                                                         (spend_day(c.account_id, now())).day_end) - now()) AS left_s) r
      WHERE now() - coalesce(p.a_at, p.b_at) >= st.rate_min_window AND c.nanodollars > r.base_nd
        AND (c.lim - c.nanodollars)::numeric * r.elapsed <= (c.nanodollars - r.base_nd)::numeric * r.left_s
      ORDER BY c.key_id
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;
+$def$;
+    END IF;
+END $do$;
 
 -- ---------------------------------------------------------------------------
 -- A person (or an operator) changes an account's zone. Its days are rebuilt
