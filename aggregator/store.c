@@ -54,22 +54,24 @@ static const char *const apply_sql =
         "   OR s.net_rx_bytes < EXCLUDED.net_rx_bytes OR s.net_tx_bytes < EXCLUDED.net_tx_bytes;";
 
 /* Rating, in one statement that looks each rate up once: spend per key and
- * UTC day (the exact sums of quantity x rate), and the usage its plan has no
+ * day of the key's account (account_day, sql/017: its zone's day of the
+ * hour's start; the exact sums of quantity x rate), and the usage its plan has no
  * rate for, recorded once per (account, meter, hour) in rating_gaps and
  * returned so the aggregator can say so loudly. Such usage adds nothing to
  * spend (docs/billing.md, "Dead letters"); invoices price it when read. */
 static const char *const rate_sql =
         "WITH g AS ("
         "  SELECT key_id, account_id, hour, plan, cpu, mem, sto, rate_at(plan, 'cpu', hour) AS rc,"
-        "         rate_at(plan, 'memory', hour) AS rm, rate_at(plan, 'storage', hour) AS rs"
+        "         rate_at(plan, 'memory', hour) AS rm, rate_at(plan, 'storage', hour) AS rs,"
+        "         account_day(account_id, hour) AS day"
         "    FROM (SELECT key_id, account_id, hour, account_plan(account_id) AS plan, sum(cpu_ns)::numeric AS cpu,"
         "                 sum(mem_byte_ns) AS mem, sum(storage_byte_ns) AS sto"
         "            FROM stage_usage GROUP BY key_id, account_id, hour) x),"
         " spend AS ("
         "  INSERT INTO spend_daily AS s (key_id, day, account_id, cpu_rated, memory_rated, storage_rated)"
-        "  SELECT key_id, (hour AT TIME ZONE 'UTC')::date, min(account_id), sum(cpu * coalesce(rc, 0)),"
+        "  SELECT key_id, day, min(account_id), sum(cpu * coalesce(rc, 0)),"
         "         sum(mem * coalesce(rm, 0)), sum(sto * coalesce(rs, 0))"
-        "    FROM g GROUP BY key_id, (hour AT TIME ZONE 'UTC')::date"
+        "    FROM g GROUP BY key_id, day"
         "  ON CONFLICT (key_id, day) DO UPDATE SET cpu_rated = s.cpu_rated + EXCLUDED.cpu_rated,"
         "   memory_rated = s.memory_rated + EXCLUDED.memory_rated,"
         "   storage_rated = s.storage_rated + EXCLUDED.storage_rated)"
@@ -86,7 +88,8 @@ static const char *const limits_sql =
         "WITH spent AS ("
         "  SELECT d.key_id, d.day, d.account_id, d.nanodollars, k.daily_limit_nanodollars AS lim, k.limit_policy"
         "    FROM spend_daily d JOIN api_keys k ON k.id = d.key_id"
-        "   WHERE (d.key_id, d.day) IN (SELECT DISTINCT key_id, (hour AT TIME ZONE 'UTC')::date FROM stage_usage)"
+        "   WHERE (d.key_id, d.day) IN (SELECT key_id, account_day(account_id, hour)"
+        "                                 FROM (SELECT DISTINCT key_id, account_id, hour FROM stage_usage) s)"
         "     AND k.daily_limit_nanodollars IS NOT NULL AND k.revoked_at IS NULL AND d.nanodollars > 0),"
         " fired AS ("
         "  INSERT INTO alerts (key_id, day, threshold_pct, account_id, spend_nanodollars, limit_nanodollars)"
@@ -104,7 +107,7 @@ static const char *const limits_sql =
  * newly blocked among them): their sandboxes get a command. */
 static const char *const enforce_sql =
         "SELECT b.key_id, b.account_id, b.policy FROM key_blocks b"
-        " WHERE b.day = (now() AT TIME ZONE 'UTC')::date"
+        " WHERE b.day = account_day(b.account_id, now())"
         "   AND b.key_id IN (SELECT key_id FROM stage_fold WHERE state = 'running')";
 
 

@@ -38,6 +38,9 @@ static const struct program_info program = {
         .usage = "[options] COMMAND [ARGS...]",
         .details = "Commands:\n"
                    "  account create ID [--name NAME] [--plan PLAN]\n"
+                   "  account timezone ACCOUNT [ZONE] [--json]\n"
+                   "         (the account's IANA time zone, UTC by default: its daily limits, spend days, alerts and\n"
+                   "          invoice months follow it; with ZONE sets it, audited as admin, and rebuilds its days)\n"
                    "  person create --account ID --email EMAIL [--password-file FILE]\n"
                    "  person password --email EMAIL [--password-file FILE]\n"
                    "         (without --password-file the password is read from the terminal, or one line of stdin)\n"
@@ -50,9 +53,9 @@ static const struct program_info program = {
                    "  plan assign --account ID --plan PLAN\n"
                    "  status [URL...]     the pipeline's health (groups, hosts, dead letters); probes each URL\n"
                    "  spend [--account ID] [--day YYYY-MM-DD] [--json]\n"
-                   "         (spend per key on a UTC day against the limit it had that day)\n"
+                   "         (spend per key on a day of its account (its time zone) against the limit it had that day)\n"
                    "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day] [--json]\n"
-                   "         (usage and cost over whole UTC days)\n"
+                   "         (usage and cost over whole days of each account, in its time zone)\n"
                    "  close-month YYYY-MM\n"
                    "         (freezes that month's invoices, and every earlier month's not closed yet; a month\n"
                    "          that has not ended is refused; closing a closed month does nothing)\n"
@@ -339,6 +342,8 @@ static int command(PGconn *db, const struct admin_config *cfg, int argc, char **
                 return argc == 2 ? close_month(db, argv[1]) : -EINVAL;
         if (argc >= 1 && strcmp(argv[0], "close-due") == 0)
                 return argc == 1 ? close_due(db, cfg->close_grace_hours) : -EINVAL;
+        if (argc >= 2 && strcmp(argv[0], "account") == 0 && strcmp(argv[1], "timezone") == 0)
+                return admin_account_timezone(db, argc - 2, argv + 2);
         if (argc < 2)
                 return -EINVAL;
         const char *what = argv[0], *verb = argv[1];

@@ -403,13 +403,13 @@ static int spend(PGconn *db, const struct view_args *a)
                 "       CASE WHEN b.key_id IS NOT NULL THEN 'BLOCKED' WHEN k.revoked_at IS NOT NULL THEN 'revoked' "
                 "            ELSE 'ok' END "
                 "  FROM api_keys k "
-                "  CROSS JOIN (SELECT coalesce($2::date, (now() AT TIME ZONE 'UTC')::date) AS day) d "
+                "  CROSS JOIN LATERAL (SELECT coalesce($2::date, account_day(k.account_id, now())) AS day) d "
                 "  LEFT JOIN LATERAL (SELECT (a.new_value ->> 'daily_limit_nanodollars')::bigint AS lim, "
                 "                            coalesce(a.new_value ->> 'policy', a.new_value ->> 'limit_policy') AS pol "
                 "                       FROM audit_log a "
                 "                      WHERE a.account_id = k.account_id AND a.object_id = k.id "
                 "                        AND a.action IN ('key.create', 'key.limit') "
-                "                        AND a.at < (d.day + 1)::timestamp AT TIME ZONE 'UTC' "
+                "                        AND a.at < account_day_start(k.account_id, d.day + 1) "
                 "                      ORDER BY a.at DESC, a.id DESC LIMIT 1) h ON true "
                 "  CROSS JOIN LATERAL (SELECT CASE WHEN h.pol IS NULL THEN k.daily_limit_nanodollars ELSE h.lim END AS lim, "
                 "                             coalesce(h.pol, k.limit_policy) AS pol) l "
@@ -423,7 +423,7 @@ static int spend(PGconn *db, const struct view_args *a)
                 return -EIO;
         const char *const heads[] = { "account", "key", "name", ">spend", ">daily limit", ">used", "state" };
         if (!as_json)
-                printf("Spend on UTC day %s against the limit of that day (spend_daily: the figure limits are enforced on)\n",
+                printf("Spend on the day %s (each account's day, in its time zone) against the limit of that day (spend_daily: the figure limits are enforced on)\n",
                        a->day ? a->day : "today");
         print_result(res, heads);
         PQclear(res);
@@ -434,12 +434,12 @@ static int usage(PGconn *db, const struct view_args *a)
 {
         const char *by = a->by ? a->by : "key";
         const char *p[] = { a->account, a->from, a->to };
-        /* Whole UTC days from usage_key_daily (the same figures GET /v1/usage gives by day). */
+        /* Whole days of each account (its zone) from usage_key_daily (the same figures GET /v1/usage gives by day). */
         static const char range[] =
                 "  FROM usage_key_daily u JOIN api_keys k ON k.id = u.key_id "
                 " WHERE ($1::text IS NULL OR u.account_id = $1) "
-                "   AND u.day >= coalesce($2::date, date_trunc('month', now() AT TIME ZONE 'UTC')::date) "
-                "   AND u.day < coalesce($3::date, (now() AT TIME ZONE 'UTC')::date + 1) ";
+                "   AND u.day >= coalesce($2::date, date_trunc('month', account_day(u.account_id, now()))::date) "
+                "   AND u.day < coalesce($3::date, account_day(u.account_id, now()) + 1) ";
         char sql[4096];
         PGresult *res;
         if (strcmp(by, "meter") == 0) {
@@ -495,7 +495,7 @@ static int key_list(PGconn *db, const struct view_args *a)
                 "            ELSE 'ok' END, "
                 "       to_char(k.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') "
                 "  FROM api_keys k "
-                "  LEFT JOIN key_blocks b ON b.key_id = k.id AND b.day = (now() AT TIME ZONE 'UTC')::date "
+                "  LEFT JOIN key_blocks b ON b.key_id = k.id AND b.day = account_day(k.account_id, now()) "
                 " WHERE ($1::text IS NULL OR k.account_id = $1) "
                 " ORDER BY k.account_id, k.id",
                 1, p);

@@ -270,13 +270,13 @@ int key_limit_set(PGconn *db, const char *account, const char *key_id, const cha
         res = db_query(db, "lift a block", PGRES_TUPLES_OK,
                        "WITH k AS (SELECT daily_limit_nanodollars AS l, limit_policy AS p FROM api_keys WHERE id = $1), "
                        "     s AS (SELECT coalesce((SELECT nanodollars FROM spend_daily WHERE key_id = $1 "
-                       "                            AND day = (now() AT TIME ZONE 'UTC')::date), 0) AS spend), "
+                       "                            AND day = account_day($2, now())), 0) AS spend), "
                        "     d AS (DELETE FROM key_blocks b USING k, s WHERE b.key_id = $1 AND b.account_id = $2 "
-                       "            AND b.day = (now() AT TIME ZONE 'UTC')::date "
+                       "            AND b.day = account_day($2, now()) "
                        "            AND (k.l IS NULL OR k.l > s.spend OR k.p = 'alert_only') RETURNING 1) "
                        "SELECT s.spend, (SELECT count(*) FROM d), "
                        "       EXISTS (SELECT 1 FROM key_blocks WHERE key_id = $1 "
-                       "               AND day = (now() AT TIME ZONE 'UTC')::date) FROM s",
+                       "               AND day = account_day($2, now())) FROM s",
                        2, p3);
         if (!res)
                 goto db_fail;

@@ -203,9 +203,14 @@ paths = {
              "(period, group, meter): its exact sum of quantity x rate in force per hour, divided once and rounded "
              "once half away from zero to nano-dollars and to cents.")},
     "/v1/spend": {"get": op(
-        "Today's (UTC) spend per key against its daily limit, the burn rate and when the limit is reached at that rate.",
-        ANY, dict({"200": resp("A page of keys", ref("SpendPage"))}, **errors()), [CURSOR, LIMIT], opid="getSpend",
-        desc="burn_rate_nanodollars_per_hour: the key's usage from burn_window_start to as_of, rated, divided by "
+        "Today's spend per key (the account's day, in its time zone) against its daily limit, the burn rate and when "
+        "the limit is reached at that rate.",
+        ANY, dict({"200": resp("A page of keys", ref("SpendPage"))}, **errors()),
+        [qparam("day", "Another day of the account (its time zone) than today: its spend, limit state and block; "
+                       "burn rate 0 and reaches_limit_at null.", {"type": "string", "format": "date"}),
+         CURSOR, LIMIT], opid="getSpend",
+        desc="day, day_start and day_end: the account's day (time_zone) and the instants it starts and ends, 23 or 25 "
+             "hours apart on a change of daylight saving time. burn_rate_nanodollars_per_hour: the key's usage from burn_window_start to as_of, rated, divided by "
              "the window's length (the current UTC hour, or the previous and current when the current is under 15 "
              "minutes old). reaches_limit_at: as_of + ceil(remaining x 3600 / burn rate) seconds.")},
     "/v1/alerts": {"get": op(
@@ -219,6 +224,16 @@ paths = {
              "once any destination got the event, no_destination when the account had no enabled destination, failed "
              "when every delivery failed, else pending. A person's "
              "session also sees each alert's deliveries (docs/alerts.md).")},
+    "/v1/account/settings": {
+        "get": op("The account's settings: its time zone, today's date in it and the instants today starts and ends.",
+                  ANY, dict({"200": resp("Settings", ref("AccountSettings"))}, **errors("404")),
+                  opid="getAccountSettings"),
+        "put": write("Set the account's time zone (person only; never an API key): its daily limits, spend days, "
+                     "alerts and invoice months follow it.", PERSON, {"200": resp("Settings", ref("AccountSettings"))},
+                     None, ref("AccountSettingsSet"), opid="setAccountSettings", extra=("403",),
+                     desc="An IANA zone name PostgreSQL knows (pg_timezone_names), else 400. The account's days are "
+                          "recomputed from its hours at once; today's blocks follow the new day. Audited."),
+    },
     "/v1/alert-destinations": {
         "get": op("Where the account's alerts go (secrets are never shown again).", PERSON,
                   dict({"200": resp("The destinations", ref("DestinationList"))}, **errors("403")),
@@ -327,8 +342,16 @@ schemas = {
         "remaining_nanodollars": nullable_int, "limit_reached": {"type": "boolean"}, "blocked": {"type": "boolean"},
         "burn_rate_nanodollars_per_hour": {"type": "integer"},
         "reaches_limit_at": {"type": ["string", "null"], "format": "date-time"}}},
+    "AccountSettings": {"type": "object", "properties": {
+        "account": ref("Id"), "time_zone": {"type": "string"}, "day": {"type": "string", "format": "date"},
+        "day_start": {"type": "string", "format": "date-time"}, "day_end": {"type": "string", "format": "date-time"},
+        "day_hours": {"type": "integer"}, "utc_offset": {"type": "string"}}},
+    "AccountSettingsSet": {"type": "object", "additionalProperties": False, "required": ["time_zone"],
+                           "properties": {"time_zone": {"type": "string", "minLength": 1, "maxLength": 63}}},
     "SpendPage": {"type": "object", "properties": {
         "day": nullable_str, "as_of": nullable_str, "burn_window_start": nullable_str,
+        "time_zone": nullable_str, "today": {"type": ["boolean", "null"]}, "day_start": nullable_str,
+        "day_end": nullable_str,
         "data": {"type": "array", "items": ref("SpendKey")}, "next_cursor": nullable_str}},
     "Alert": {"type": "object", "properties": {
         "id": {"type": "integer"}, "event_id": {"type": "string", "format": "uuid"},

@@ -43,6 +43,8 @@ static const struct route routes[] = {
         { "GET", "/v1/invoices", h_invoices_list, NEED_PERSON, false },
         { "GET", "/v1/invoices/current", h_invoice_current, NEED_PERSON, false },
         { "GET", "/v1/invoices/{id}", h_invoice_get, NEED_PERSON, false },
+        { "GET", "/v1/account/settings", h_account_settings_get, NEED_ANY, false },
+        { "PUT", "/v1/account/settings", h_account_settings_put, NEED_PERSON, false },
         { "GET", "/v1/alert-destinations", h_destinations_list, NEED_PERSON, false },
         { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON, false },
         { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON, false },

@@ -59,16 +59,16 @@ static int check_block(struct api_req *r, const char *key, struct api_error *err
         PGresult *res = db_query(req_db(r), "check a block", PGRES_TUPLES_OK,
                                  "SELECT k.daily_limit_nanodollars, k.limit_policy, "
                                  "       coalesce((SELECT nanodollars FROM spend_daily WHERE key_id = $1 "
-                                 "                 AND day = (now() AT TIME ZONE 'UTC')::date), 0) "
+                                 "                 AND day = account_day($2, now())), 0) "
                                  "FROM key_blocks b LEFT JOIN api_keys k ON k.id = b.key_id "
-                                 "WHERE b.key_id = $1 AND b.account_id = $2 AND b.day = (now() AT TIME ZONE 'UTC')::date",
+                                 "WHERE b.key_id = $1 AND b.account_id = $2 AND b.day = account_day($2, now())",
                                  2, p);
         if (!res)
                 return api_fail(err, 503, "database_unavailable", NULL, "could not check the key's daily limit");
         int rc = 0;
         if (PQntuples(res) > 0)
                 rc = api_fail(err, 402, "limit_reached", NULL,
-                              "key %s reached its daily spend limit of %s nano-dollars today (UTC; spent %s): no "
+                              "key %s reached its daily spend limit of %s nano-dollars today (the account's day; spent %s): no "
                               "sandbox may start or resume for it until a person raises the limit or the day ends",
                               key, PQgetisnull(res, 0, 0) ? "(removed)" : PQgetvalue(res, 0, 0),
                               PQgetvalue(res, 0, 2));

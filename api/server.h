@@ -243,6 +243,18 @@ int h_key_caps_put(struct api_req *r, struct api_reply *out, struct api_error *e
 int key_caps_read(PGconn *db, const char *account, const char *key, int64_t *ret_sandboxes, int64_t *ret_memory_mib);
 int h_key_internet_put(struct api_req *r, struct api_reply *out, struct api_error *err);
 
+/* ---- account.c ---- */
+/* *ret (the caller's to json_decref): the account's time zone, today's date in
+ * it, the instants today starts and ends, its hours and the zone's UTC offset now. */
+int account_settings_read(PGconn *db, const char *account, json_t **ret, struct api_error *err);
+/* Sets the account's time zone (account_set_time_zone, sql/017: validated,
+ * the account's days rebuilt, audited as actor) in one transaction; ret_old is
+ * the zone it had. 400 for a zone PostgreSQL does not know, 404 for no account. */
+int account_time_zone_set(PGconn *db, const char *account, const char *zone, const char *actor, char ret_old[64],
+                          struct api_error *err);
+int h_account_settings_get(struct api_req *r, struct api_reply *out, struct api_error *err);
+int h_account_settings_put(struct api_req *r, struct api_reply *out, struct api_error *err);
+
 /* ---- sandboxes.c ---- */
 int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error *err);
 int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err);

@@ -1,6 +1,7 @@
-/* spend.c — GET /v1/spend: per API key, today's (UTC) spend against its daily
- * limit, the burn rate over the last minutes and when the key reaches its
- * limit at that rate (docs/api-usage.md defines each figure).
+/* spend.c — GET /v1/spend: per API key, today's spend against its daily
+ * limit (the account's day, in its time zone: account_day, sql/017; or the
+ * day asked for), the burn rate over the last minutes and when the key
+ * reaches its limit at that rate (docs/api-usage.md defines each figure).
  *
  * Today's spend is spend_daily.nanodollars, the figure enforcement uses. The
  * burn rate is computed exactly in PostgreSQL numeric from usage_key_hourly
@@ -24,19 +25,22 @@
 #define SPEND_SQL(KEY_FILTER, ORDER, OUTER_ORDER)                                                                    \
         "SELECT k.id, k.name, k.revoked, k.spend, div(2 * k.spend + 10000000, 20000000), k.lim, k.policy, k.blocked," \
         "       k.burn, w.day::text, (extract(epoch FROM w.t) * 1000000)::bigint,"                                    \
-        "       (extract(epoch FROM w.ws) * 1000000)::bigint"                                                         \
-        "  FROM (SELECT t, day, ws, (extract(epoch FROM t - ws) * 1000000)::bigint AS window_us"                      \
-        "          FROM (SELECT t, (t AT TIME ZONE 'UTC')::date AS day,"                                               \
+        "       (extract(epoch FROM w.ws) * 1000000)::bigint, w.zone, w.today,"                                       \
+        "       (extract(epoch FROM zone_day_start(w.zone, w.day)) * 1000000)::bigint,"                               \
+        "       (extract(epoch FROM zone_day_start(w.zone, w.day + 1)) * 1000000)::bigint"                            \
+        "  FROM (SELECT t, zone, day, day = zone_day(zone, t) AS today, ws,"                                          \
+        "               (extract(epoch FROM t - ws) * 1000000)::bigint AS window_us"                                  \
+        "          FROM (SELECT t, zone, coalesce($5::date, zone_day(zone, t)) AS day,"                                \
         "                       CASE WHEN t - date_trunc('hour', t, 'UTC') >= interval '15 minutes'"                  \
         "                            THEN date_trunc('hour', t, 'UTC')"                                                \
         "                            ELSE date_trunc('hour', t, 'UTC') - interval '1 hour' END AS ws"                  \
-        "                  FROM (SELECT now() AS t) n) n2) w"                                                         \
+        "                  FROM (SELECT now() AS t, account_zone($1) AS zone) n) n2) w"                               \
         "  LEFT JOIN LATERAL ("                                                                                       \
         "       SELECT a.id, a.name, a.revoked_at IS NOT NULL AS revoked, coalesce(d.nanodollars, 0) AS spend,"        \
         "              a.daily_limit_nanodollars AS lim, a.limit_policy AS policy,"                                     \
         /* key_blocked(a.id, w.t) of sql/002 written out: a SQL function call is parsed on every call */            \
         "              EXISTS (SELECT 1 FROM key_blocks b WHERE b.key_id = a.id AND b.day = w.day) AS blocked,"        \
-        "              (SELECT CASE WHEN w.window_us > 0"                                                               \
+        "              (SELECT CASE WHEN w.today AND w.window_us > 0"                                                   \
         "                           THEN div(2 * coalesce(sum(h.cpu_rated * 94371840000000000"                          \
         "                                                     + h.memory_rated * 87890625"                              \
         "                                                     + h.storage_rated * 131072), 0) * 3600000000"            \
@@ -59,7 +63,7 @@ static const char spend_sql_account[] = SPEND_SQL("$2::text IS NULL", " ORDER BY
 
 enum {
         COL_ID, COL_NAME, COL_REVOKED, COL_SPEND, COL_SPEND_CENTS, COL_LIMIT, COL_POLICY, COL_BLOCKED, COL_BURN,
-        COL_DAY, COL_AS_OF_US, COL_WINDOW_US
+        COL_DAY, COL_AS_OF_US, COL_WINDOW_US, COL_ZONE, COL_TODAY, COL_DAY_START_US, COL_DAY_END_US
 };
 
 /* The last instant RFC 3339's four-digit years can name: 9999-12-31T23:59:59.999999Z. */
@@ -105,6 +109,21 @@ static json_t *int_or_null(const PGresult *res, int row, int col)
         return PQgetisnull(res, row, col) ? json_null() : json_integer((json_int_t)read_int64(res, row, col));
 }
 
+/* YYYY-MM-DD naming a day that exists (years 1 to 9999). */
+static bool date_valid(const char *s)
+{
+        static const int mdays[] = { 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+        if (strlen(s) != 10 || s[4] != '-' || s[7] != '-')
+                return false;
+        for (int i = 0; i < 10; i++)
+                if (i != 4 && i != 7 && (s[i] < '0' || s[i] > '9'))
+                        return false;
+        int y = atoi(s), m = atoi(s + 5), d = atoi(s + 8);
+        if (y < 1 || m < 1 || m > 12 || d < 1 || d > mdays[m - 1])
+                return false;
+        return m != 2 || d < 29 || (y % 4 == 0 && (y % 100 != 0 || y % 400 == 0));
+}
+
 int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ctx, struct api_body *ret,
               struct api_error *err)
 {
@@ -124,10 +143,16 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 }
                 after = json_string_value(json_array_get(cur, 1));
         }
+        const char *day = get(ctx, "day");
+        if (day && !date_valid(day)) {
+                json_decref(cur);
+                return api_fail(err, 400, "invalid_field", "day", "day is a date, YYYY-MM-DD (a day of the account's "
+                                                                  "time zone)");
+        }
         char lim[16];
         snprintf(lim, sizeof(lim), "%d", limit + 1);
-        const char *params[] = { c->account, c->key[0] ? c->key : NULL, after, lim };
-        PGresult *res = read_query(db, "spend", c->key[0] ? spend_sql_key : spend_sql_account, 4, params, err);
+        const char *params[] = { c->account, c->key[0] ? c->key : NULL, after, lim, day };
+        PGresult *res = read_query(db, "spend", c->key[0] ? spend_sql_key : spend_sql_account, 5, params, err);
         if (!res) {
                 json_decref(cur);
                 return -EIO;
@@ -169,18 +194,22 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         }
         /* The day, the instant and the window are the statement's own, the
          * same on every row. */
-        json_t *day = json_null(), *as_of = json_null(), *window = json_null();
+        json_t *body = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "day", json_null(), "as_of",
+                                 json_null(), "burn_window_start", json_null(), "time_zone", json_null(), "today",
+                                 json_null(), "day_start", json_null(), "day_end", json_null(), "data", data,
+                                 "next_cursor", next);
         if (PQntuples(res) > 0) {
-                json_decref(day);
-                json_decref(as_of);
-                json_decref(window);
-                day = json_string(PQgetvalue(res, 0, COL_DAY));
-                as_of = time_json(as_of_us, true);
-                window = time_json(read_int64(res, 0, COL_WINDOW_US), false);
+                /* The day is the account's (its time zone, said in time_zone), with the instants it
+                 * starts and ends: 23 or 25 hours apart on a change of daylight saving time. */
+                json_object_set_new(body, "day", json_string(PQgetvalue(res, 0, COL_DAY)));
+                json_object_set_new(body, "as_of", time_json(as_of_us, true));
+                json_object_set_new(body, "burn_window_start", time_json(read_int64(res, 0, COL_WINDOW_US), false));
+                json_object_set_new(body, "time_zone", json_string(PQgetvalue(res, 0, COL_ZONE)));
+                json_object_set_new(body, "today", json_boolean(PQgetvalue(res, 0, COL_TODAY)[0] == 't'));
+                json_object_set_new(body, "day_start", time_json(read_int64(res, 0, COL_DAY_START_US), false));
+                json_object_set_new(body, "day_end", time_json(read_int64(res, 0, COL_DAY_END_US), false));
         }
         PQclear(res);
         json_decref(cur);
-        return read_json_body(json_pack("{s:o, s:o, s:o, s:o, s:o}", "day", day, "as_of", as_of, "burn_window_start",
-                                       window, "data", data, "next_cursor", next),
-                             ret, err);
+        return read_json_body(body, ret, err);
 }

@@ -37,6 +37,7 @@ struct usage_query {
         char fingerprint[512];                      /* binds a cursor to the query it came from */
         int limit;                                  /* rows wanted (CSV: the cap) */
         json_t *cursor;                             /* decoded: ["u1", fingerprint, period, meter, g1...] */
+        bool utc_days;                              /* the account's days are UTC days (its zone is UTC) */
 };
 
 static int parse_time(api_param_fn get, void *ctx, const char *name, int64_t *us, char *text, size_t size,
@@ -243,12 +244,14 @@ static void add_dims(const struct usage_query *q, struct sqlbuf *b)
 }
 
 /* Whole UTC days by day or month, grouped by nothing finer than the key,
- * read the per-key daily rollup (sql/005, sql/007), whose rated sums are the same exact Σ quantity x rate per hour;
+ * read the per-key daily rollup (sql/005, sql/007), whose rated sums are the same exact Σ quantity x rate per hour,
+ * when the rollup's days are UTC days (the account's time zone is UTC: its rows are the account's days, sql/017);
  * anything else reads usage_hourly and rates each hour here. */
 static bool whole_days(const struct usage_query *q)
 {
         const int64_t day_us = INT64_C(86400) * 1000000;
-        return strcmp(q->granularity, "hour") != 0 && q->from_us % day_us == 0 && q->to_us % day_us == 0;
+        return q->utc_days && strcmp(q->granularity, "hour") != 0 && q->from_us % day_us == 0 &&
+               q->to_us % day_us == 0;
 }
 
 static void build_sql(const struct usage_query *q, struct sqlbuf *b)
@@ -543,6 +546,17 @@ int api_usage(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
         int r = parse_query(&q, get, ctx, csv, err);
         if (r < 0)
                 return r;
+        q.utc_days = true;
+        if (whole_days(&q)) {
+                const char *zp[] = { c->account };
+                PGresult *zr = read_query(db, "usage zone", "SELECT account_zone($1::text) = 'UTC'", 1, zp, err);
+                if (!zr) {
+                        json_decref(q.cursor);
+                        return -EIO;
+                }
+                q.utc_days = PQntuples(zr) == 1 && PQgetvalue(zr, 0, 0)[0] == 't';
+                PQclear(zr);
+        }
         struct sqlbuf b = { .n = 0 };
         build_sql(&q, &b);
 

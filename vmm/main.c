@@ -53,7 +53,7 @@ struct vmm_config {
 #define SHUTDOWN_REQUESTS_MS 3000
 
 #define DEFAULT_BLOCKED_KEY_QUERY                                                                   \
-        "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = (now() AT TIME ZONE 'UTC')::date"
+        "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = account_day($1, now())"
 
 static const struct setting settings[] = {
         { "socket", SETTING_STRING, "", false, offsetof(struct vmm_config, socket), 0, 0,
