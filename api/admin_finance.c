@@ -178,7 +178,7 @@ static void invoice_text(json_t *inv)
                json_is_string(closed_at) ? json_string_value(closed_at) : "");
         json_t *ls = json_object_get(inv, "lines"), *ks = json_object_get(inv, "keys"), *x;
         size_t n = json_array_size(ls), k;
-        const char **cells = calloc(n * 8 + json_array_size(ks) * 7 + 1, sizeof(char *));
+        const char **cells = calloc((n + json_array_size(ks)) * 8 + 1, sizeof(char *));
         char (*txt)[32] = calloc(n * 3 + json_array_size(ks) * 2 + 1, sizeof(*txt));
         if (!cells || !txt)
                 abort();
@@ -204,7 +204,7 @@ static void invoice_text(json_t *inv)
                 printf("Per API key:\n");
                 char (*kt)[32] = txt + n * 3;
                 json_array_foreach(ks, k, x) {
-                        const char **row = cells + k * 7;
+                        const char **row = cells + k * 8;
                         snprintf(kt[k * 2], 32, "%lld",
                                  (long long)json_integer_value(json_object_get(x, "amount_nanodollars")));
                         cents_text(kt[k * 2 + 1], 32, json_integer_value(json_object_get(x, "amount_cents")));
@@ -214,10 +214,12 @@ static void invoice_text(json_t *inv)
                         row[3] = json_string_value(json_object_get(x, "for_month"));
                         row[4] = json_string_value(json_object_get(x, "quantity"));
                         row[5] = json_string_value(json_object_get(x, "unit"));
-                        row[6] = kt[k * 2 + 1];
+                        row[6] = kt[k * 2];
+                        row[7] = kt[k * 2 + 1];
                 }
-                static const char *const key_heads[] = { "key", "kind", "meter", "for", ">quantity", "unit", ">amount" };
-                admin_table(7, key_heads, cells, (int)json_array_size(ks));
+                static const char *const key_heads[] = { "key",  "kind", "meter",         "for",
+                                                         ">quantity", "unit", ">nano-dollars", ">amount" };
+                admin_table(8, key_heads, cells, (int)json_array_size(ks));
         }
         free(cells);
         free(txt);
@@ -244,7 +246,7 @@ static int month_read(PGconn *db, const char *asked, const char *account, struct
         char day[11];
         if (asked && !month_valid(asked, day)) {
                 fprintf(stderr, "tally-admin: --month is YYYY-MM, not %s\n", asked);
-                return -EINVAL;
+                return -EDOM; /* said: not the generic "incomplete command" */
         }
         const char *p[] = { asked ? day : NULL, account };
         PGresult *res = admin_query(db, "read the month", MONTH_SQL, 2, p);
@@ -253,7 +255,7 @@ static int month_read(PGconn *db, const char *asked, const char *account, struct
         int r = 0;
         if (strcmp(PQgetvalue(res, 0, 3), "t") == 0) {
                 fprintf(stderr, "tally-admin: %s has not begun\n", PQgetvalue(res, 0, 0));
-                r = -EINVAL;
+                r = -EDOM;
         } else if (strcmp(PQgetvalue(res, 0, 6), "t") != 0) {
                 fprintf(stderr, "tally-admin: no account %s\n", account);
                 r = -ENOENT;
@@ -393,7 +395,7 @@ int admin_usage_sandboxes(PGconn *db, const char *account, const char *from, con
         const char *name = label ? by + 6 : NULL;
         if (label && (!*name || strlen(name) > 63)) {
                 fprintf(stderr, "tally-admin: --by label:NAME needs a label name of 1 to 63 bytes\n");
-                return -EINVAL;
+                return -EDOM;
         }
         char sql[8192];
         /* g: one row per sandbox with its key and labels ("k=v,..."), or per value
