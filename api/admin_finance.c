@@ -343,7 +343,7 @@ int admin_invoice(PGconn *db, int argc, char **argv)
                 }
                 if (!json_array_size(all))
                         printf("No invoice for %s%s%s (%s).\n", m.month, account ? " of " : "", account ? account : "",
-                               m.closed ? "the month is closed" : "nothing used in it yet");
+                               m.closed ? "the month is closed; nothing was billed in it" : "nothing used in it yet");
         }
         json_decref(all);
         return r;
