@@ -32,9 +32,9 @@ struct partition *part(struct partitions *ps, int32_t p)
  * broker still has [lo, hi): when it is outside, messages were lost never
  * billed (retention, or a broker's memory limit). That is recorded in
  * offset_gaps with the range, in the same transaction that moves the offset
- * to lo, logged at error and counted; never a silent reset. Fills *ret_next
- * with where to consume from. Returns 0, or -errno when nothing moved
- * (fenced, or the ledger refused). */
+ * to lo, logged (at error when messages were skipped) and counted; never a
+ * silent reset. Fills *ret_next with where to consume from. Returns 0, or
+ * -errno when nothing moved (fenced, or the ledger refused). */
 static int record_gap(struct partitions *ps, int32_t pn, int64_t generation, int64_t pos, int64_t lo, int64_t hi,
                       const char *found, int64_t *ret_next)
 {
@@ -69,10 +69,18 @@ static int record_gap(struct partitions *ps, int32_t pn, int64_t generation, int
         uint64_t lost = pos < lo ? (uint64_t)(lo - pos) : 0;
         atomic_fetch_add_explicit(&ps->metrics->offset_gaps, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&ps->metrics->offsets_lost, lost, memory_order_relaxed);
-        log_error("offsets lost: the stored offset is no longer in the broker; messages never billed",
-                  "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRIu64
-                  " next_offset=%" PRId64 " found=%s",
-                  pn, kind, from, to, lost, lo, found);
+        /* Past the partition's end (the topic was made again, as a restarted development
+         * broker's is): no message the broker has was skipped, so nothing is said at error. */
+        if (lost == 0)
+                log_info("offsets moved back: the stored offset is past the partition's end; consuming from its start",
+                         "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=0 next_offset=%" PRId64
+                         " found=%s",
+                         pn, kind, from, to, lo, found);
+        else
+                log_error("offsets lost: the stored offset is no longer in the broker; messages never billed",
+                          "partition=%d kind=%s from_offset=%" PRId64 " to_offset=%" PRId64 " lost=%" PRIu64
+                          " next_offset=%" PRId64 " found=%s",
+                          pn, kind, from, to, lost, lo, found);
         *ret_next = lo;
         return 0;
 }

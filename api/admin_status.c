@@ -7,6 +7,8 @@
  *   tally-admin spend [--account ID] [--day D]  spend per key on a UTC day against its limit
  *   tally-admin usage [--account ID] [--from D] [--to D] [--by key|meter|day]
  *                                               usage and cost over whole UTC days
+ *                                               (--by sandbox and label:NAME, and
+ *                                               `invoice`: admin_finance.c)
  *
  * Tables fit the terminal (the widest text column is cut with "…"); a query
  * that takes more than a second shows what it waits for and for how long.
@@ -239,8 +241,7 @@ static void print_result(PGresult *res, const char *const *heads)
 
 /* ---- SQL pieces: money as dollars text, rounded once by PostgreSQL ---- */
 
-/* nano-dollars (bigint or numeric expression) → "$1.234567" (half away from zero, micro-dollars). */
-#define DOLLARS(x) "'$' || to_char(round((" x ")::numeric / 1000000000, 6), 'FM999999990.000000')"
+/* (DOLLARS: admin.h) */
 /* The exact Σ rated of a row → nano-dollars, rounded once (as spend_daily does). */
 #define RATED_ND(cpu, mem, sto) \
         "round(" cpu " / 3600000000000::numeric + " mem " / (1073741824::numeric * 3600000000000) + " sto \
@@ -471,8 +472,10 @@ static int usage(PGconn *db, const struct view_args *a)
                 if (!(res = query(db, "add up usage", sql, 3, p)))
                         return -EIO;
                 print_result(res, heads);
+        } else if (strcmp(by, "sandbox") == 0 || strncmp(by, "label:", 6) == 0) {
+                return admin_usage_sandboxes(db, a->account, a->from, a->to, by, as_json);
         } else {
-                fprintf(stderr, "tally-admin: --by is key, meter or day\n");
+                fprintf(stderr, "tally-admin: --by is key, meter, day, sandbox or label:NAME\n");
                 return -EINVAL;
         }
         PQclear(res);
@@ -508,11 +511,13 @@ static int key_list(PGconn *db, const struct view_args *a)
         return 0;
 }
 
-/* Runs status, spend, usage or key list; -ENOSYS when argv is none of them. */
+/* Runs status, spend, usage, key list or invoice; -ENOSYS when argv is none of them. */
 int admin_view(PGconn *db, int argc, char **argv)
 {
         if (argc < 1)
                 return -ENOSYS;
+        if (strcmp(argv[0], "invoice") == 0)
+                return admin_invoice(db, argc, argv);
         if (strcmp(argv[0], "status") == 0) {
                 for (int i = 1; i < argc; i++)
                         if (argv[i][0] == '-') {
@@ -531,4 +536,34 @@ int admin_view(PGconn *db, int argc, char **argv)
         if (keys)
                 return key_list(db, &a);
         return argv[0][0] == 's' ? spend(db, &a) : usage(db, &a);
+}
+
+/* ---- for the other views (admin.h) ---- */
+
+PGresult *admin_query(PGconn *db, const char *what, const char *sql, int n, const char *const *params)
+{
+        return query(db, what, sql, n, params);
+}
+
+void admin_print(PGresult *res, const char *const *heads, bool json)
+{
+        as_json = json;
+        print_result(res, heads);
+}
+
+void admin_table(int ncols, const char *const *heads, const char *const *cells, int nrows)
+{
+        struct table t = { .ncols = ncols < MAX_COLS ? ncols : MAX_COLS };
+        for (int c = 0; c < t.ncols; c++) {
+                t.right[c] = heads[c][0] == '>';
+                t.head[c] = heads[c] + t.right[c];
+        }
+        const char *row[MAX_COLS];
+        for (int r = 0; r < nrows; r++) {
+                for (int c = 0; c < t.ncols; c++)
+                        row[c] = cells[r * ncols + c] ? cells[r * ncols + c] : "—";
+                table_add(&t, row);
+        }
+        table_print(&t);
+        table_free(&t);
 }

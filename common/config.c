@@ -313,8 +313,8 @@ int config_load(const struct program_info *prog, const struct setting *table, vo
                 for (char *p = flag; *p; p++)
                         if (*p == '_')
                                 *p = '-';
-                set_error(errbuf, errlen, "missing required setting %s (set %s in the config file, %s, or --%s)",
-                          s->name, s->name, env, flag);
+                set_error(errbuf, errlen, "missing required setting %s: set it in the config file, as %s, or with --%s",
+                          s->name, env, flag);
                 r = -EINVAL;
                 goto fail;
         }

@@ -39,6 +39,25 @@ int main(void)
         unsetenv("TALLY_DATABASE_URL");
         char *missing[] = { (char *)migrate, NULL };
         expect_refusal(missing, "missing required setting database_url");
+        /* tally-admin without a database: the setting named once, as each place spells it */
+        const char *admin_bin = strstr(test_env("TALLY_BINARIES"), "/tally-admin");
+        CHECK(admin_bin != NULL, "tally-admin is not among TALLY_BINARIES");
+        if (admin_bin) {
+                const char *all = test_env("TALLY_BINARIES"), *b = admin_bin;
+                while (b > all && b[-1] != ':')
+                        b--;
+                char *path = strndup(b, (size_t)(admin_bin - b) + strlen("/tally-admin"));
+                char *argv[] = { path, "invoice", NULL }, *err = NULL;
+                int rc = test_run(argv, NULL, &err);
+                int names = 0;
+                for (const char *p = err; p && (p = strstr(p, "database_url")); p++)
+                        names++;
+                CHECK(rc == 2 && names == 1 && strstr(err, "TALLY_DATABASE_URL") && strstr(err, "--database-url"),
+                      "tally-admin without a database: exit %d, \"%s\" (want database_url named once, "
+                      "TALLY_DATABASE_URL and --database-url)", rc, err ? err : "");
+                free(err);
+                free(path);
+        }
         char *bad_number[] = { (char *)broker, "--port=90x", NULL };
         expect_refusal(bad_number, "invalid value for port from --port: \"90x\" is not an integer");
         char *out_of_range[] = { (char *)broker, "--partitions", "0", NULL };

@@ -27,6 +27,20 @@ struct aggtest_id {
         char id[EVENT_ID_MAX + 1];
 };
 
+static void producer_start(struct aggtest *t)
+{
+        char errbuf[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+        /* Producer batches stay well below the aggregator's fetch sizes. */
+        const char *const extra[] = { "message.timeout.ms=120000", "batch.size=262144", NULL };
+        t->producer = kafka_producer_new(t->bootstrap, test_kafka_conf(conf), extra, errbuf, sizeof(errbuf));
+        if (!t->producer) {
+                fprintf(stderr, "FAIL: producer: %s\n", errbuf);
+                exit(1);
+        }
+}
+
 void aggtest_start(struct aggtest *t, const char *name, int partitions)
 {
         memset(t, 0, sizeof(*t));
@@ -49,16 +63,22 @@ void aggtest_start(struct aggtest *t, const char *name, int partitions)
                 fprintf(stderr, "FAIL: connect: %s\n", PQerrorMessage(t->db));
                 exit(1);
         }
-        char errbuf[512];
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
-        /* Producer batches stay well below the aggregator's fetch sizes. */
-        const char *const extra[] = { "message.timeout.ms=120000", "batch.size=262144", NULL };
-        t->producer = kafka_producer_new(t->bootstrap, test_kafka_conf(conf), extra, errbuf, sizeof(errbuf));
-        if (!t->producer) {
-                fprintf(stderr, "FAIL: producer: %s\n", errbuf);
-                exit(1);
-        }
+        producer_start(t);
+}
+
+void aggtest_restart_broker(struct aggtest *t, int partitions)
+{
+        CHECK(!t->kafka.apache, "aggtest_restart_broker: the development broker only");
+        rd_kafka_flush(t->producer, 10000);
+        rd_kafka_destroy(t->producer);
+        test_kafka_stop(&t->kafka);
+        char file[1024];
+        snprintf(file, sizeof(file), "%s/broker.bootstrap", t->dir); /* the new one's address, once it is up */
+        unlink(file);
+        test_kafka_start(&t->kafka, t->dir, partitions, 0);
+        free(t->bootstrap);
+        t->bootstrap = strdup(t->kafka.bootstrap);
+        producer_start(t);
 }
 
 void aggtest_stop(struct aggtest *t)

@@ -30,6 +30,10 @@ struct aggtest {
 void aggtest_start(struct aggtest *t, const char *name, int partitions);
 /* Stops everything it started, drops the database. */
 void aggtest_stop(struct aggtest *t);
+/* Restarts the development broker with `partitions`, as ./scripts/up does: its
+ * messages (kept in memory) are gone, its topics start again at offset 0.
+ * Aggregators spawned afterwards (and the producer) use the new one. */
+void aggtest_restart_broker(struct aggtest *t, int partitions);
 
 /* The `created` event an honest vmm would have sent before a sandbox's first
  * reading ev: same host, account, key, size and epoch, dated early enough for

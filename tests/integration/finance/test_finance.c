@@ -457,6 +457,197 @@ static void check_api(const char *M1, const char *CUR)
         waitpid(api, NULL, 0);
 }
 
+/* ---- the same invoices and usage from a terminal: tally-admin (as tally_admin) ---- */
+
+/* Runs tally-admin with the NULL-terminated args; its stdout parsed as JSON
+ * when it exited 0 and printed JSON, else NULL. *ret_err: its stderr (malloc'd) when asked. */
+static json_t *admin_json(char **ret_err, ...)
+{
+        char *argv[24];
+        int n = 0;
+        argv[n++] = (char *)admin_bin();
+        argv[n++] = "--database-url";
+        argv[n++] = t.db_url;
+        va_list ap;
+        va_start(ap, ret_err);
+        for (const char *a = va_arg(ap, const char *); a && n < 22; a = va_arg(ap, const char *))
+                argv[n++] = (char *)a;
+        va_end(ap);
+        argv[n] = NULL;
+        char *out = NULL, *err = NULL;
+        int rc = test_run(argv, &out, &err);
+        json_t *j = rc == 0 && out ? json_loads(out, 0, NULL) : NULL;
+        if (!j)
+                fprintf(stderr, "tally-admin %s %s: exit %d, out %.300s, err %.300s\n", argv[3], n > 4 ? argv[4] : "",
+                        rc, out ? out : "", err ? err : "");
+        free(out);
+        if (ret_err)
+                *ret_err = err;
+        else
+                free(err);
+        return j;
+}
+
+/* The only invoice of a tally-admin invoice --json answer for one account. */
+static json_t *one_invoice(json_t *all, const char *what)
+{
+        CHECK(json_is_array(all) && json_array_size(all) == 1, "%s: one invoice, not %zu", what,
+              json_is_array(all) ? json_array_size(all) : (size_t)0);
+        return json_array_get(all, 0);
+}
+
+/* Before any close: the previews of m1 and m2, and usage per sandbox and label
+ * (the figures worked by hand in main). */
+static void check_admin_open(const char *M2, const char *M1, const char *M1d, const char *CURd)
+{
+        json_t *all = admin_json(NULL, "invoice", "--month", M1, "--account", "tasks", "--json", NULL);
+        json_t *inv = one_invoice(all, "invoice tasks m1");
+        CHECK(!strcmp(jstr(inv, "status"), "preview") && !strcmp(jstr(inv, "account"), "tasks") &&
+                      !strcmp(jstr(inv, "month"), M1),
+              "tally-admin invoice: tasks' m1 is a preview");
+        CHECK(jint(inv, "total_cents") == 1537 && jint(inv, "total_nanodollars") == 15375000000 &&
+                      jint(inv, "line_count") == 4,
+              "tally-admin invoice: tasks m1 $15.37, 15,375,000,000 nano-dollars, 4 lines");
+        json_t *l = find_line(inv, "usage", "cpu", M1);
+        CHECK(l && jint(l, "amount_cents") == 208 && jint(l, "amount_nanodollars") == 2083333333 &&
+                      !strcmp(jstr(l, "quantity"), "83.333333333333") && !strcmp(jstr(l, "unit"), "vCPU-hour"),
+              "tally-admin invoice: the CPU line, 83.333333333333 vCPU-hours, 2,083,333,333 nano-dollars");
+        l = find_line(inv, "usage", "memory", M1);
+        CHECK(l && jint(l, "amount_cents") == 1500 && jint(l, "amount_nanodollars") == 15000000000,
+              "tally-admin invoice: the memory line $15.00");
+        l = find_line(inv, "credit", "credit", M1);
+        CHECK(l && jint(l, "amount_cents") == -171 && jint(l, "amount_nanodollars") == -1708333333 &&
+                      !strcmp(jstr(l, "quantity"), "50.000000000000"),
+              "tally-admin invoice: the credit line, 50 sandbox-hours, -171 cents");
+        json_t *cr = json_object_get(inv, "credit");
+        CHECK(jint(cr, "amount_cents") == -171 && jint(cr, "amount_nanodollars") == -1708333333 &&
+                      !strcmp(jstr(cr, "sandbox_hours"), "50.000000000000"),
+              "tally-admin invoice: the credit, -$1.71 for 50 sandbox-hours");
+        size_t i;
+        json_t *k;
+        int kt = 0;
+        json_array_foreach(json_object_get(inv, "keys"), i, k)
+                kt += !strcmp(jstr(k, "key"), "kt");
+        CHECK(kt == 3 && json_array_size(json_object_get(inv, "keys")) == 3,
+              "tally-admin invoice: the key kt's three meters");
+        json_decref(all);
+
+        /* the same as text */
+        char *out = NULL, *err = NULL;
+        char *argv[] = { (char *)admin_bin(), "--database-url", t.db_url, "invoice", "--month", (char *)M1,
+                         "--account", "tasks", NULL };
+        CHECK(test_run(argv, &out, &err) == 0 && out &&
+                      strstr(out, "Total: $15.37 USD (1537 cents; 15375000000 nano-dollars; 4 lines") &&
+                      strstr(out, "Free credit: 50.000000000000 sandbox-hours, -$1.71 (-1708333333 nano-dollars)") &&
+                      strstr(out, "2083333333") && strstr(out, "preview"),
+              "tally-admin invoice as text: %s %s", out ? out : "", err ? err : "");
+        free(out);
+        free(err);
+
+        /* every account's m2: carry's covered by its credit (0), late's 8 cents */
+        all = admin_json(NULL, "invoice", "--month", M2, "--json", NULL);
+        CHECK(json_array_size(all) == 2 && !strcmp(jstr(json_array_get(all, 0), "account"), "carry") &&
+                      !strcmp(jstr(json_array_get(all, 1), "account"), "late"),
+              "tally-admin invoice --month m2: carry's and late's");
+        inv = json_array_get(all, 0);
+        CHECK(jint(inv, "total_cents") == 0 && jint(json_object_get(inv, "credit"), "amount_cents") == -120,
+              "tally-admin invoice: carry m2 total 0, credit -$1.20");
+        CHECK(jint(json_array_get(all, 1), "total_cents") == 8, "tally-admin invoice: late m2 8 cents");
+        json_decref(all);
+
+        /* refusals: a month not begun, not a month, no such account */
+        err = NULL;
+        all = admin_json(&err, "invoice", "--month", "2999-01", NULL);
+        CHECK(!all && err && strstr(err, "has not begun"), "a month not begun: %s", err ? err : "");
+        free(err);
+        err = NULL;
+        all = admin_json(&err, "invoice", "--month", "2026-13", NULL);
+        CHECK(!all && err && strstr(err, "YYYY-MM"), "--month 2026-13: %s", err ? err : "");
+        free(err);
+        err = NULL;
+        all = admin_json(&err, "invoice", "--account", "nosuch", NULL);
+        CHECK(!all && err && strstr(err, "no account nosuch"), "no such account: %s", err ? err : "");
+        free(err);
+
+        /* usage per sandbox: rate-a, 10:00-14:00 across its plan's rate change at 12:00:
+         * CPU 2 h x $0.025 + 2 h x $0.05 = $0.15, memory 4 h x 2 GiB x $0.0075 = $0.06: $0.21 */
+        all = admin_json(NULL, "usage", "--by", "sandbox", "--account", "ratechg", "--from", M1d, "--to", CURd, "--json",
+                         NULL);
+        json_t *r = json_array_get(all, 0);
+        CHECK(json_array_size(all) == 1 && !strcmp(jstr(r, "sandbox"), "rate-a") && !strcmp(jstr(r, "key"), "kr") &&
+                      !strcmp(jstr(r, "vCPU-hours"), "4.000") && !strcmp(jstr(r, "GiB-hours"), "8.000") &&
+                      !strcmp(jstr(r, "nano-dollars"), "210000000") && !strcmp(jstr(r, "cost"), "$0.210000"),
+              "tally-admin usage --by sandbox: rate-a 4 vCPU-hours, 8 GiB-hours, $0.21");
+        json_decref(all);
+        /* per label: half-a (team=ml), 1.5 h of 1 busy vCPU and 2 GiB: $0.0375 + $0.0225 = $0.06
+         * (usage before the free credit) */
+        all = admin_json(NULL, "usage", "--by", "label:team", "--account", "half", "--from", M1d, "--to", CURd, "--json",
+                         NULL);
+        r = json_array_get(all, 0);
+        CHECK(json_array_size(all) == 1 && !strcmp(jstr(r, "team"), "ml") && !strcmp(jstr(r, "sandboxes"), "1") &&
+                      !strcmp(jstr(r, "vCPU-hours"), "1.500") && !strcmp(jstr(r, "GiB-hours"), "3.000") &&
+                      !strcmp(jstr(r, "nano-dollars"), "60000000"),
+              "tally-admin usage --by label:team: half's ml, 1.5 vCPU-hours, 3 GiB-hours, $0.06");
+        json_decref(all);
+        /* tasks' 1,000 sandboxes have no team: one row without a value, rounded once:
+         * 2,083,333,333.33... + 15,000,000,000 = 17,083,333,333 nano-dollars */
+        all = admin_json(NULL, "usage", "--by", "label:team", "--account", "tasks", "--from", M1d, "--to", CURd, "--json",
+                         NULL);
+        r = json_array_get(all, 0);
+        CHECK(json_array_size(all) == 1 && json_is_null(json_object_get(r, "team")) &&
+                      !strcmp(jstr(r, "sandboxes"), "1000") && !strcmp(jstr(r, "vCPU-hours"), "83.333") &&
+                      !strcmp(jstr(r, "GiB-hours"), "2000.000") && !strcmp(jstr(r, "nano-dollars"), "17083333333"),
+              "tally-admin usage --by label:team: tasks' unlabelled sandboxes, $17.083333333");
+        json_decref(all);
+}
+
+/* After m2 and m1 closed: the frozen invoices, and this month's previews. */
+static void check_admin_closed(const char *M2, const char *M1, const char *CUR, int cur_min)
+{
+        json_t *all = admin_json(NULL, "invoice", "--month", M1, "--account", "tasks", "--json", NULL);
+        json_t *inv = one_invoice(all, "invoice tasks m1 closed");
+        CHECK(!strcmp(jstr(inv, "status"), "closed") && json_is_string(json_object_get(inv, "closed_at")) &&
+                      jint(inv, "total_cents") == 1537 && jint(inv, "total_nanodollars") == 15375000000,
+              "tally-admin invoice: tasks m1 closed at $15.37");
+        json_t *l = find_line(inv, "credit", "credit", M1);
+        CHECK(l && jint(l, "amount_nanodollars") == -1708333333 && json_array_size(json_object_get(inv, "keys")) == 3,
+              "tally-admin invoice: the closed credit line and the key kt's three meters");
+        json_decref(all);
+        all = admin_json(NULL, "invoice", "--month", M2, "--account", "carry", "--json", NULL);
+        inv = one_invoice(all, "invoice carry m2 closed");
+        CHECK(!strcmp(jstr(inv, "status"), "closed") && jint(inv, "total_cents") == 0 &&
+                      jint(json_object_get(inv, "credit"), "amount_cents") == -120,
+              "tally-admin invoice: carry m2 closed at 0, credit -$1.20");
+        json_decref(all);
+
+        /* this month (no --month): carry's usage billed in full, and its estimate */
+        all = admin_json(NULL, "invoice", "--account", "carry", "--json", NULL);
+        inv = one_invoice(all, "invoice carry this month");
+        l = find_line(inv, "usage", "cpu", CUR);
+        json_t *est = json_object_get(inv, "estimate");
+        CHECK(!strcmp(jstr(inv, "month"), CUR) && !strcmp(jstr(inv, "status"), "preview") && l &&
+                      jint(l, "amount_nanodollars") == ((int64_t)cur_min * 25000000 + 30) / 60 &&
+                      !find_line(inv, "credit", "credit", CUR),
+              "tally-admin invoice: carry this month, CPU %d min x $0.025/h, no credit", cur_min);
+        CHECK(json_is_object(est) && jint(est, "total_nanodollars") >= jint(inv, "total_nanodollars"),
+              "tally-admin invoice: this month's estimate, at least the preview");
+        json_decref(all);
+        /* late: m1's late sandbox as adjustments on this month's preview, 5 + 3 cents */
+        all = admin_json(NULL, "invoice", "--account", "late", "--json", NULL);
+        inv = one_invoice(all, "invoice late this month");
+        l = find_line(inv, "adjustment", "cpu", M1);
+        CHECK(l && jint(l, "amount_cents") == 5 && jint(inv, "total_cents") == 8,
+              "tally-admin invoice: late's adjustments for m1 on this month's preview, 8 cents");
+        json_decref(all);
+        /* tasks used nothing this month: an empty preview */
+        all = admin_json(NULL, "invoice", "--account", "tasks", "--json", NULL);
+        inv = one_invoice(all, "invoice tasks this month");
+        CHECK(!strcmp(jstr(inv, "status"), "preview") && jint(inv, "total_cents") == 0 &&
+                      json_array_size(json_object_get(inv, "lines")) == 0,
+              "tally-admin invoice: tasks this month, an empty preview");
+        json_decref(all);
+}
+
 int main(void)
 {
         aggtest_start(&t, "finance", 3);
@@ -633,6 +824,7 @@ int main(void)
         /* late, m2: 1 h, 2 vCPU busy, 4 GiB: $0.05 + $0.03 = 8 cents, no free hours. */
         CHECK(total("total_cents", "late", M2d, "preview") == 8, "late m2: 8 cents");
         check_totals("before any close");
+        check_admin_open(M2, M1, M1d, CURd);
         /* The usage lines agree with sql/006's live invoice_lines (rated by hour with rate_at), every month. */
         CHECK(q_int("SELECT count(*) FROM invoice_lines o FULL JOIN (SELECT account_id, month_start(month) AS month,"
                     " meter, amount_nanodollars, amount_cents FROM finance.invoice_lines WHERE kind = 'usage') n"
@@ -726,6 +918,7 @@ int main(void)
                       line("amount_cents", "late", CURd, "preview", "adjustment", "memory", M1d) == 3,
               "late: m1's late usage is an adjustment on this month's preview");
         check_totals("after the second close");
+        check_admin_closed(M2, M1, CUR, cur_min);
 
         /* The projection: status estimate, over this month's length (typed in from
          * the calendar: days x 86,400 s), and never below the preview. */
