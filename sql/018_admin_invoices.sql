@@ -1,4 +1,4 @@
--- 016_admin_invoices.sql — an operator reads invoices and per-sandbox usage
+-- 018_admin_invoices.sql — an operator reads invoices and per-sandbox usage
 -- from a terminal (tally-admin invoice, tally-admin usage --by sandbox or
 -- label:NAME) as tally-api reads them for a person: the closed invoices'
 -- lines, the open months' previews and the current month's projection, and
