@@ -81,7 +81,7 @@ enum outcome { TAKEN, REFUSED, HELD };
 /* A usage batch's refused samples (docs/events.md, "Usage batches"):
  * dead_letters is keyed by partition and offset, so the message gets one row
  * whose raw holds each refused sample on a line (its v1 JSON, or a record
- * that did not decode in hex) and whose reason says how many and the first. */
+ * that did not decode in hex) and whose reason is the first's, then how many. */
 struct aside {
         struct text raw;
         char first[200];        /* the first refusal's reason */
@@ -120,7 +120,7 @@ static int refuse_reading(struct intake *it, const struct raw *m, const struct u
                 return add_dead(it->batch, m->partition, m->offset, m->payload, m->len, why);
         char json[2048], reason[512];
         int n = event_encode(ev, json, sizeof(json));
-        snprintf(reason, sizeof(reason), "record %zu (sandbox %s): %s", it->aside->index, ev->sandbox, why);
+        snprintf(reason, sizeof(reason), "%s (record %zu, sandbox %s)", why, it->aside->index, ev->sandbox);
         return aside_add(it->aside, json, n > 0 ? (size_t)n : 0, reason);
 }
 
@@ -449,8 +449,8 @@ static int take_batch(struct intake *it, const struct raw *m)
         it->aside = NULL;
         if (r >= 0 && a.refused) {
                 char reason[512];
-                snprintf(reason, sizeof(reason), "%zu of %zu samples of the batch refused; %s", a.refused, rd.index,
-                         a.first);
+                snprintf(reason, sizeof(reason), "%s; %zu of the usage batch's %zu samples refused", a.first,
+                         a.refused, rd.index);
                 r = add_dead(it->batch, m->partition, m->offset, a.raw.buf, a.raw.len, reason);
         }
         free(a.raw.buf);
