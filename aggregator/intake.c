@@ -3,12 +3,15 @@
 
 #include "held.h"
 #include "log.h"
+#include "sample_batch.h"
 #include "sample_decode.h"
+#include "text.h"
 #include "timeutil.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Clock and counter notes are logged at most once a second each (with how
@@ -75,6 +78,52 @@ static struct sandbox *sandbox_of(struct intake *it, const struct raw *m, const 
 
 enum outcome { TAKEN, REFUSED, HELD };
 
+/* A usage batch's refused samples (docs/events.md, "Usage batches"):
+ * dead_letters is keyed by partition and offset, so the message gets one row
+ * whose raw holds each refused sample on a line (its v1 JSON, or a record
+ * that did not decode in hex) and whose reason is the first's, then how many. */
+struct aside {
+        struct text raw;
+        char first[200];        /* the first refusal's reason */
+        size_t refused;         /* samples refused */
+        size_t index;           /* the record being taken (from 1) */
+        bool held;              /* a sample of this message waits in held_readings */
+};
+
+static int aside_add(struct aside *a, const char *line, size_t len, const char *why)
+{
+        if (text_add(&a->raw, "%.*s\n", (int)len, line) < 0)
+                return -ENOMEM;
+        if (!a->refused++)
+                utf8_copy(a->first, sizeof(a->first), why);
+        return 0;
+}
+
+/* A record that did not decode: its bytes in hex. */
+static int aside_add_record(struct aside *a, const uint8_t *rec, size_t len, const char *why)
+{
+        static const char hex[] = "0123456789abcdef";
+        char line[2 * SAMPLE_BATCH_RECORD_MAX + 1];
+        size_t n = 0;
+        for (size_t i = 0; i < len && n + 2 < sizeof(line); i++) {
+                line[n++] = hex[rec[i] >> 4];
+                line[n++] = hex[rec[i] & 15];
+        }
+        return aside_add(a, line, n, why);
+}
+
+/* Refuses a reading: a dead letter of its message, or, inside a usage
+ * batch, of that sample only. */
+static int refuse_reading(struct intake *it, const struct raw *m, const struct usage_event *ev, const char *why)
+{
+        if (!it->aside)
+                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len, why);
+        char json[2048], reason[512];
+        int n = event_encode(ev, json, sizeof(json));
+        snprintf(reason, sizeof(reason), "%s (record %zu, sandbox %s)", why, it->aside->index, ev->sandbox);
+        return aside_add(it->aside, json, n > 0 ? (size_t)n : 0, reason);
+}
+
 struct emit_ctx {
         struct intake *it;
         struct sandbox *sb;
@@ -106,7 +155,7 @@ static int fold_reading(struct intake *it, const struct raw *m, const struct usa
         if (sb->fold.created && sb->fold.host[0] && in->host[0] && strcmp(in->host, sb->fold.host) != 0) {
                 snprintf(buf, sizeof(buf), "%s from host %s, but the sandbox was created on host %s",
                          event_type_name(in->type), in->host, sb->fold.host);
-                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len, buf);
+                return refuse_reading(it, m, in, buf);
         }
         /* A reading without the key or the size (the vmm's `stopped` event needs
          * none) is billed with the sandbox's: its last reading's, or its created
@@ -121,10 +170,10 @@ static int fold_reading(struct intake *it, const struct raw *m, const struct usa
         if (!ev.mem_size_bytes && !sb->fold.known)
                 ev.mem_size_bytes = sb->mem_size_bytes;
         if (sb->fold.created && sb->key[0] == '\0')
-                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len,
+                return refuse_reading(it, m, in,
                                 "no key, and neither a reading nor the created event of the sandbox gave one");
         if (sb->fold.created && !ev.vcpus)
-                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len,
+                return refuse_reading(it, m, in,
                                 "no vcpus, and neither a reading nor the created event of the sandbox gave them");
         struct fold_clock clock = { .now_ns = time_wall_ns(),
                                     .max_ahead_ns = it->max_ahead_ns,
@@ -189,7 +238,7 @@ static int fold_reading(struct intake *it, const struct raw *m, const struct usa
                 break;
         }
         if (why)
-                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len, why);
+                return refuse_reading(it, m, in, why);
         *ret = TAKEN;
         if (ev.type == EVENT_STOPPED)
                 atomic_fetch_add_explicit(&it->metrics->stops_folded, 1, memory_order_relaxed);
@@ -223,6 +272,29 @@ static int hold(struct intake *it, const struct raw *m, const char *sandbox, con
         return sb && sb->key[0] ? mark_dirty(it->batch, sb) : 0;
 }
 
+/* Holds a sample of a usage batch as its v1 JSON (replayed like any held
+ * reading). held_readings is keyed by partition and offset: one sample of a
+ * message can wait there; another of the same message is refused (its
+ * sandbox's next sample, final sample or stopped event carries the truth). */
+static int hold_batched(struct intake *it, const struct raw *m, const struct usage_event *ev, const char *why,
+                        bool *ret_held)
+{
+        char json[2048], buf[512];
+        if (it->aside->held) {
+                *ret_held = false;
+                snprintf(buf, sizeof(buf), "held, but another sample of this batch waits already: %s", why);
+                return refuse_reading(it, m, ev, buf);
+        }
+        int n = event_encode(ev, json, sizeof(json));
+        if (n < 0) {
+                *ret_held = false;
+                return refuse_reading(it, m, ev, "held, but it does not encode as JSON");
+        }
+        struct raw one = { .partition = m->partition, .offset = m->offset, .payload = json, .len = (size_t)n };
+        it->aside->held = true;
+        return hold(it, &one, ev->sandbox, why);
+}
+
 /* Takes a decoded reading: billed, dead-lettered or held (not again when
  * replaying a held one: *ret_held says it still waits). A billed `stopped`
  * event goes on to the batch's events (which then own it); otherwise ev is
@@ -233,7 +305,9 @@ static int take_reading(struct intake *it, const struct raw *m, struct usage_eve
         char why[200];
         int r = fold_reading(it, m, ev, &o, why, sizeof(why));
         *ret_held = r == 0 && o == HELD;
-        if (r == 0 && o == HELD && !replay)
+        if (r == 0 && o == HELD && !replay && it->aside)
+                r = hold_batched(it, m, ev, why, ret_held);
+        else if (r == 0 && o == HELD && !replay)
                 r = hold(it, m, ev->sandbox, why);
         else if (r == 0 && o == HELD)
                 rehold(it->batch, m, why);
@@ -353,6 +427,36 @@ static int replay_waiting(struct intake *it, const char *sandbox)
         return 0;
 }
 
+/* Takes a usage batch (format v2): each sample as a reading of its own;
+ * those refused make one dead letter of the message. */
+static int take_batch(struct intake *it, const struct raw *m)
+{
+        struct sample_batch_reader rd;
+        char why[256];
+        if (sample_batch_open(&rd, m->payload, m->len, why, sizeof(why)) < 0)
+                return add_dead(it->batch, m->partition, m->offset, m->payload, m->len, why);
+        struct aside a = { 0 };
+        struct usage_event ev;
+        const uint8_t *rec;
+        size_t reclen;
+        int r = 0, k;
+        it->aside = &a;
+        while (r >= 0 && (k = sample_batch_next(&rd, &ev, &rec, &reclen, why, sizeof(why))) != 0) {
+                a.index = rd.index;
+                bool held;
+                r = k > 0 ? take_reading(it, m, &ev, false, &held) : aside_add_record(&a, rec, reclen, why);
+        }
+        it->aside = NULL;
+        if (r >= 0 && a.refused) {
+                char reason[512];
+                snprintf(reason, sizeof(reason), "%s; %zu of the usage batch's %zu samples refused", a.first,
+                         a.refused, rd.index);
+                r = add_dead(it->batch, m->partition, m->offset, a.raw.buf, a.raw.len, reason);
+        }
+        free(a.raw.buf);
+        return r;
+}
+
 /* Takes one message into the batch. Never fails on the message's content. */
 int take_message(struct intake *it, const rd_kafka_message_t *m)
 {
@@ -366,7 +470,10 @@ int take_message(struct intake *it, const rd_kafka_message_t *m)
         bool held;
         /* Samples take the fast path (sample_decode.h); anything it is not
          * sure of, event_decode. */
-        if (!sample_decode_fast(m->payload, m->len, &ev) && event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
+        if (sample_batch_is(m->payload, m->len)) {
+                r = take_batch(it, &raw);
+        } else if (!sample_decode_fast(m->payload, m->len, &ev) &&
+                   event_decode(m->payload, m->len, &ev, why, sizeof(why)) < 0) {
                 r = add_dead(it->batch, m->partition, m->offset, m->payload, m->len, why);
         } else if (ev.type == EVENT_SAMPLE || ev.type == EVENT_STOPPED) {
                 r = take_reading(it, &raw, &ev, false, &held);

@@ -29,6 +29,7 @@ struct intake {
         /* Rate limits of the fold's notes in the log (its counts are in metrics). */
         int64_t note_logged_ns[3];
         uint64_t note_suppressed[3];
+        struct aside *aside; /* while a usage batch's samples are taken (intake.c) */
 };
 
 /* Takes one message of a partition this aggregator owns (others, and those

@@ -99,6 +99,11 @@ static void sample_all(struct collector *c)
                 if (!encoder_observe(&c->enc, s, s->record_epoch, rd.cpu_ns) ||
                     encoder_next_event(&c->enc, s, rd.cpu_ns, &rd) < 0)
                         continue; /* its state is not on disk: held, counted */
+                if (c->pub.v2 && publish_batched(&c->pub, s, &c->enc.ev) == 0) {
+                        encoder_remember(s, &c->enc.ev);
+                        samples++;
+                        continue;
+                }
                 int len = encoder_encode(&c->enc);
                 if (len < 0) {
                         errors++;
@@ -108,6 +113,7 @@ static void sample_all(struct collector *c)
                 publish_sample(&c->pub, s, c->enc.buf, len);
                 samples++;
         }
+        publish_batches(&c->pub);
         /* Final samples that could not be taken when the record said stopped (state not on
          * disk, spool full): again, after this tick's readings, which share its stamp. */
         for (size_t i = 0; i < c->table.n; i++)

@@ -30,6 +30,7 @@ struct collector_options {
         int64_t peak_every;           /* ... every this many ticks (it is a high watermark) */
         const char *cgroup_reader;    /* "auto": the BPF cgroup walk where it loads, else files; "scan"; "files" */
         uint32_t seq_start;           /* tests: the n every sandbox's seq counts from (0 in production) */
+        const char *usage_format;     /* "v1": a message per sample; "v2": batches per partition (docs/events.md) */
 };
 
 /* Counters and gauges for /metrics. Written by the engine, read by the HTTP

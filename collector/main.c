@@ -23,6 +23,7 @@ struct collector_config {
         int64_t peak_every;
         char *cgroup_reader;
         int64_t seq_start;
+        char *usage_format;
         int64_t metrics_port;
         char *metrics_address;
         char *log_level;
@@ -59,6 +60,9 @@ static const struct setting settings[] = {
           "files (two preads a sandbox), or auto (scan where it loads, else files)" },
         { "seq_start", SETTING_INT, "0", false, offsetof(struct collector_config, seq_start), 0, 4294967295,
           "For tests only: the n every sandbox's sequence numbers count from (near 2^32 to try the wrap)" },
+        { "usage_format", SETTING_STRING, "v1", false, offsetof(struct collector_config, usage_format), 0, 0,
+          "How samples go to the usage topic: v1 (a JSON message each) or v2 (a binary batch per partition per "
+          "tick; every aggregator must read v2 first: docs/events.md)" },
         SETTING_METRICS_PORT(struct collector_config, metrics_port),
         SETTING_METRICS_ADDRESS(struct collector_config, metrics_address),
         SETTING_LOG_LEVEL(struct collector_config, log_level),
@@ -87,6 +91,11 @@ int main(int argc, char **argv)
                 config_free(settings, &cfg);
                 return 2;
         }
+        if (strcmp(cfg.usage_format, "v1") != 0 && strcmp(cfg.usage_format, "v2") != 0) {
+                fprintf(stderr, "tally-collector: usage_format must be v1 or v2, not \"%s\"\n", cfg.usage_format);
+                config_free(settings, &cfg);
+                return 2;
+        }
         char kerr[512];
         if (kafka_client_settings_check(&cfg.kafka, kerr, sizeof(kerr)) < 0) {
                 fprintf(stderr, "tally-collector: invalid value for kafka_settings: %s\n", kerr);
@@ -105,6 +114,7 @@ int main(int argc, char **argv)
                 .tick_ms = cfg.tick_ms, .queue_max = cfg.queue_max, .delivery_timeout_ms = cfg.delivery_timeout_ms,
                 .rescan_s = cfg.rescan_s, .read_peak = cfg.read_peak, .peak_every = cfg.peak_every,
                 .cgroup_reader = cfg.cgroup_reader, .seq_start = (uint32_t)cfg.seq_start,
+                .usage_format = cfg.usage_format,
         };
         if (collector_new(&opt, &c, err, sizeof(err)) < 0) {
                 log_error("could not start", "error=\"%s\"", err);

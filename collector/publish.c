@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int produce(struct publisher *p, const char *account, const char *payload, size_t len, void *opaque)
@@ -55,9 +56,102 @@ static int announce_epoch(struct publisher *p, struct sandbox *s)
         return 0;
 }
 
+/* Samples waiting for the broker: v1 messages are one each; a batch counts its samples. */
 static bool queue_has_room(struct publisher *p)
 {
-        return rd_kafka_outq_len(p->rk) < (int)p->queue_max;
+        int64_t waiting = (int64_t)rd_kafka_outq_len(p->rk) - (int64_t)p->batch_messages + (int64_t)p->batch_samples +
+                          (int64_t)p->batched;
+        return waiting < p->queue_max;
+}
+
+/* A batch's delivery-report opaque: its sample count, tagged with the low bit
+ * (a spool entry's pointer, the other opaque, is aligned). */
+#define BATCH_OPAQUE(n) ((void *)(((uintptr_t)(n) << 1) | 1))
+#define IS_BATCH_OPAQUE(o) (((uintptr_t)(o)) & 1)
+#define BATCH_OPAQUE_COUNT(o) ((size_t)((uintptr_t)(o) >> 1))
+
+static void produce_batch(struct publisher *p, struct batch_out *b)
+{
+        if (!b->count)
+                return;
+        int r = produce(p, b->key, (const char *)b->buf, b->len, BATCH_OPAQUE(b->count));
+        if (r == 0) {
+                p->batch_messages++;
+                p->batch_samples += b->count;
+        } else {
+                M_ADD(p->m, publish_errors_total, 1);
+                log_warn("a batch of samples was not queued: the next tick's samples carry the truth",
+                         "samples=%zu error=\"%s\"", b->count, strerror(-r));
+        }
+        p->batched -= b->count;
+        b->len = b->count = 0;
+}
+
+int publish_batched(struct publisher *p, struct sandbox *s, const struct usage_event *ev)
+{
+        int32_t n = atomic_load_explicit(&p->partitions, memory_order_relaxed);
+        if (n <= 0 || !queue_has_room(p))
+                return -EAGAIN;
+        if (n > p->nout) {
+                struct batch_out *out = realloc(p->out, (size_t)n * sizeof(*out));
+                if (!out)
+                        return -EAGAIN;
+                memset(out + p->nout, 0, (size_t)(n - p->nout) * sizeof(*out));
+                p->out = out;
+                p->nout = n;
+        }
+        if (s->partition_of != n) {
+                /* librdkafka's own default partitioner (the v1 messages' key goes through it) */
+                s->partition = rd_kafka_msg_partitioner_consistent_random(NULL, s->account, strlen(s->account), n,
+                                                                           NULL, NULL);
+                s->partition_of = n;
+        }
+        if (announce_epoch(p, s) < 0)
+                return -EAGAIN;
+        struct batch_out *b = &p->out[s->partition];
+        if (!b->buf && !(b->buf = malloc(SAMPLE_BATCH_MAX_BYTES)))
+                return -EAGAIN;
+        if (b->count && (strcmp(b->host, ev->host) != 0 || b->len + SAMPLE_BATCH_RECORD_MAX > SAMPLE_BATCH_MAX_BYTES))
+                produce_batch(p, b);
+        if (!b->count) {
+                int h = sample_batch_begin(b->buf, SAMPLE_BATCH_MAX_BYTES, ev->host, ev->wall_ns, ev->mono_ns);
+                if (h < 0)
+                        return -EAGAIN;
+                b->len = (size_t)h;
+                b->wall_base = ev->wall_ns;
+                b->mono_base = ev->mono_ns;
+                memcpy(b->host, ev->host, sizeof(b->host));
+                memcpy(b->key, s->account, sizeof(b->key));
+        }
+        int r = sample_batch_record(b->buf + b->len, SAMPLE_BATCH_MAX_BYTES - b->len, b->wall_base, b->mono_base, ev);
+        if (r < 0)
+                return -EAGAIN;
+        b->len += (size_t)r;
+        b->count++;
+        p->batched++;
+        if (s->pending) {
+                /* An older sample waited; this newer one carries the truth. */
+                s->pending = false;
+                p->npending--;
+        }
+        return 0;
+}
+
+void publish_batches(struct publisher *p)
+{
+        for (int32_t i = 0; i < p->nout; i++)
+                produce_batch(p, &p->out[i]);
+}
+
+/* librdkafka's default partitioner for keyed messages (consistent_random:
+ * CRC-32 of the key modulo the count), noting the count it is given: v2
+ * batches group samples by it. Runs on librdkafka's threads too. */
+static int32_t partition_by_key(const rd_kafka_topic_t *rkt, const void *key, size_t keylen, int32_t partition_cnt,
+                                void *rkt_opaque, void *msg_opaque)
+{
+        struct publisher *p = rkt_opaque;
+        atomic_store_explicit(&p->partitions, partition_cnt, memory_order_relaxed);
+        return rd_kafka_msg_partitioner_consistent_random(rkt, key, keylen, partition_cnt, rkt_opaque, msg_opaque);
 }
 
 void publish_sample(struct publisher *p, struct sandbox *s, const char *buf, int len)
@@ -118,6 +212,19 @@ void publish_spool(struct publisher *p, const struct sandbox_table *t)
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
         struct publisher *p = opaque;
+        if (IS_BATCH_OPAQUE(msg->_private)) {
+                size_t n = BATCH_OPAQUE_COUNT(msg->_private);
+                p->batch_messages--;
+                p->batch_samples -= n;
+                if (msg->err) {
+                        M_ADD(p->m, publish_errors_total, 1);
+                        log_warn("a batch of samples was not delivered: the next samples carry the truth",
+                                 "samples=%zu error=\"%s\"", n, rd_kafka_err2str(msg->err));
+                } else {
+                        M_ADD(p->m, deliveries_total, 1);
+                }
+                return;
+        }
         struct spool_entry *e = msg->_private;
         if (msg->err) {
                 M_ADD(p->m, publish_errors_total, 1);
@@ -179,7 +286,13 @@ int publisher_connect(struct publisher *p, const struct collector_options *opt, 
         /* The queue holds ordinary samples up to queue_max plus every final in the spool. */
         snprintf(qmax, sizeof(qmax), "queue.buffering.max.messages=%lld", (long long)opt->queue_max + 100000);
         const char *const pairs[] = { timeout, qmax, "client.id=tally-collector", NULL };
+        p->v2 = opt->usage_format && strcmp(opt->usage_format, "v2") == 0;
         rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        /* First, so that topic settings given later land in this topic configuration. */
+        rd_kafka_topic_conf_t *tconf = rd_kafka_topic_conf_new();
+        rd_kafka_topic_conf_set_partitioner_cb(tconf, partition_by_key);
+        rd_kafka_topic_conf_set_opaque(tconf, p);
+        rd_kafka_conf_set_default_topic_conf(conf, tconf);
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         rd_kafka_conf_set_error_cb(conf, on_error);
         rd_kafka_conf_set_opaque(conf, p);
@@ -208,6 +321,11 @@ void publisher_close(struct publisher *p)
         if (p->rk)
                 rd_kafka_destroy(p->rk);
         p->rk = NULL;
+        for (int32_t i = 0; i < p->nout; i++)
+                free(p->out[i].buf);
+        free(p->out);
+        p->out = NULL;
+        p->nout = 0;
         spool_close(&p->spool);
 }
 

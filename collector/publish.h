@@ -12,11 +12,23 @@
 
 #include "collector.h"
 #include "kafka.h"
+#include "sample_batch.h"
 #include "spool.h"
 #include "table.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/* A usage batch being built for one partition this tick (format v2). */
+struct batch_out {
+        uint8_t *buf;                 /* SAMPLE_BATCH_MAX_BYTES, allocated when first used */
+        size_t len, count;            /* bytes, samples */
+        int64_t wall_base, mono_base; /* its header's */
+        char host[EVENT_ID_MAX + 1];  /* its header's */
+        char key[EVENT_ID_MAX + 1];   /* the account of its first sample: the message's key */
+};
 
 struct publisher {
         rd_kafka_t *rk;
@@ -27,6 +39,15 @@ struct publisher {
         size_t npending;              /* sandboxes whose newest sample waits in its pending_buf */
         size_t pending_next;          /* where publish_pending resumes, so no sandbox starves */
         bool fatal;                   /* the producer failed for good */
+        /* Format v2 (docs/events.md, "Usage batches"): samples go out in one
+         * message per partition per tick, each holding the accounts librdkafka's
+         * partitioner sends to that partition. */
+        bool v2;
+        _Atomic int32_t partitions;   /* usage's partition count as the partitioner last saw it; 0: not yet */
+        struct batch_out *out;        /* one per partition, nout of them */
+        int32_t nout;
+        size_t batched;               /* samples in out, not produced yet */
+        size_t batch_messages, batch_samples; /* batches in librdkafka's queue, and their samples */
 };
 
 /* Opens the spool under state_dir (loading what an earlier run left); no
@@ -44,6 +65,18 @@ void publisher_close(struct publisher *p);
 /* Publishes buf (an encoded sample of s, len bytes), or keeps it as s's
  * newest sample when the queue is full. */
 void publish_sample(struct publisher *p, struct sandbox *s, const char *buf, int len);
+
+/* Format v2: adds s's sample ev to the batch of its account's partition
+ * (producing that batch first when it is full). Returns 0, or -EAGAIN when
+ * the sample is to go as a v1 message instead (publish_sample): the
+ * partition count is not known yet, the queue is full, an epoch
+ * announcement could not be queued, or ev does not fit a batch. */
+int publish_batched(struct publisher *p, struct sandbox *s, const struct usage_event *ev);
+
+/* Format v2: produces every batch built this tick. A batch the producer
+ * refuses is dropped, logged and counted: its samples are cumulative, the
+ * next tick's carry the truth. */
+void publish_batches(struct publisher *p);
 
 /* Publishes the newest samples kept aside, round robin over t while the
  * queue has room. */

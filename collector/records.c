@@ -79,6 +79,7 @@ static int load_record(struct collector *c, struct sandbox_record *rec)
                 M_SET(&c->m, sandboxes, c->table.n);
         }
         memcpy(s->account, rec->account, sizeof(s->account));
+        s->partition_of = 0; /* its partition worked out again (publish.h) */
         memcpy(s->key, *rec->key ? rec->key : rec->account, sizeof(s->key));
         memcpy(s->host, rec->host, sizeof(s->host));
         s->state = rec->state;

@@ -65,6 +65,8 @@ struct sandbox {
         bool pending;                 /* pending_buf holds this sandbox's newest unpublished sample */
         int pending_len;
         char *pending_buf;            /* SAMPLE_MAX bytes, allocated with the sandbox */
+        int32_t partition;            /* of its account in usage (publish.h), when it had partition_of partitions */
+        int32_t partition_of;         /* 0: not worked out (a record may change the account) */
 };
 
 struct sandbox_table {

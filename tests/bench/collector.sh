@@ -11,7 +11,9 @@
 # median of 5 interleaved rounds; syscalls are counted by strace between two
 # marker calls. Then the whole tally-collector daemon (every thread: reading,
 # encoding, producing to a development broker) on 10,000 registered sandboxes:
-# its CPU per published sample, with each reader. Needs root and cgroup v1 (cpuacct, memory).
+# its CPU per published sample, with each reader, sending v1 messages (one JSON message per sample)
+# and usage batches (usage_format v2: one message per partition per tick) in the same run.
+# Needs root and cgroup v1 (cpuacct, memory).
 # Ends with one JSON line.
 source "$TALLY_ROOT/scripts/lib.sh" 2>/dev/null || source "$(dirname "$0")/../../scripts/lib.sh"
 ensure_packages strace
@@ -49,14 +51,14 @@ metric() { # PORT NAME
   exec 3>&-
 }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-daemon_cost() { # N SECONDS READER -> ns per sample
-  local n=$1 secs=$2 reader=$3 state=$WORK/state-$1-$3 port s0 s1 c0 c1 ready i
+daemon_cost() { # N SECONDS READER FORMAT -> ns per sample
+  local n=$1 secs=$2 reader=$3 format=$4 state=$WORK/state-$1-$3-$4 port s0 s1 c0 c1 ready i
   mkdir -p "$state"
   coproc HOLD { "$BIN" --registry "$state" "$n"; }
   read -r ready <&"${HOLD[0]}"
   port=$(free_port)
   "$TALLY_BUILD/collector/tally-collector" --kafka-brokers "$(cat "$WORK/run/broker.bootstrap")" \
-    --state-dir "$state" --metrics-port "$port" --cgroup-reader "$reader" --log-level warn 2>>"$WORK/collector.log" &
+    --state-dir "$state" --metrics-port "$port" --cgroup-reader "$reader" --usage-format "$format" --log-level warn 2>>"$WORK/collector.log" &
   local pid=$!
   for i in $(seq 1 120); do
     [ "$(metric "$port" ticks_total 2>/dev/null || echo 0)" -ge 3 ] 2>/dev/null && break
@@ -72,8 +74,10 @@ daemon_cost() { # N SECONDS READER -> ns per sample
 }
 broker_start "$TALLY_BUILD/broker/tally-broker" "$WORK/run" 0
 trap 'stop_pidfile "$WORK/run/broker.pid"; rm -rf "$WORK"' EXIT
-daemon_10000=$(daemon_cost 10000 20 scan)
-daemon_files_10000=$(daemon_cost 10000 20 files)
+daemon_10000=$(daemon_cost 10000 20 scan v1)
+daemon_files_10000=$(daemon_cost 10000 20 files v1)
+daemon_v2_10000=$(daemon_cost 10000 20 scan v2)
+daemon_files_v2_10000=$(daemon_cost 10000 20 files v2)
 
 us() { awk -v ns="$1" 'BEGIN { printf "%.3f", ns / 1000 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b / a }'; }
@@ -83,10 +87,12 @@ for n in 100 1000 10000; do
     "$(us "${openclose[$n]}")" "$(ratio "${scan[$n]}" "${openclose[$n]}")"
 done
 printf '%-10s  %16s  %16s  %20s\n' "syscalls" "$sys_scan" "$sys_pread" "$sys_openclose"
-printf '%-10s  %16s  %16s  %20s\n' "daemon" "$(us "$daemon_10000")" "$(us "$daemon_files_10000")" \
-  "(tally-collector, 10000, all threads)"
+printf '%-10s  %16s  %16s  %20s\n' "daemon v1" "$(us "$daemon_10000")" "$(us "$daemon_files_10000")" \
+  "(tally-collector, 10000, all threads, a message per sample)"
+printf '%-10s  %16s  %16s  %20s\n' "daemon v2" "$(us "$daemon_v2_10000")" "$(us "$daemon_files_v2_10000")" \
+  "(tally-collector, 10000, all threads, usage batches)"
 [ "${transient[10000]}" -gt 0 ] && say "note: at 10000 sandboxes ${transient[10000]} were read by opening their files in the pread column (RLIMIT_NOFILE $(ulimit -Hn))"
-say "goal: at most 2 µs per sandbox-sample at 10,000, and at least 5x cheaper than open/read/close"
+say "goal: at most 2 µs per sandbox-sample at 10,000, and at least 5x cheaper than open/read/close; the whole daemon at most 1 µs per sample with usage batches"
 printf '{"bench":"collector","reader":"scan","us_per_sample_100":%s,"us_per_sample_1000":%s,"us_per_sample_10000":%s,' \
   "$(us "${scan[100]}")" "$(us "${scan[1000]}")" "$(us "${scan[10000]}")"
 printf '"pread_us_per_sample_100":%s,"pread_us_per_sample_1000":%s,"pread_us_per_sample_10000":%s,' \
@@ -97,5 +103,7 @@ printf '"syscalls_per_sample":%s,"pread_syscalls_per_sample":%s,"openclose_sysca
   "$sys_scan" "$sys_pread" "$sys_openclose"
 printf '"ratio_10000":%s,"pread_ratio_10000":%s,"transient_10000":%s,' \
   "$(ratio "${scan[10000]}" "${openclose[10000]}")" "$(ratio "${pread[10000]}" "${openclose[10000]}")" "${transient[10000]}"
-printf '"daemon_us_per_sample_10000":%s,"daemon_files_us_per_sample_10000":%s}\n' \
+printf '"daemon_us_per_sample_10000":%s,"daemon_files_us_per_sample_10000":%s,' \
   "$(us "$daemon_10000")" "$(us "$daemon_files_10000")"
+printf '"daemon_v2_us_per_sample_10000":%s,"daemon_files_v2_us_per_sample_10000":%s}\n' \
+  "$(us "$daemon_v2_10000")" "$(us "$daemon_files_v2_10000")"

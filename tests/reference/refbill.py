@@ -5,7 +5,10 @@ ledger against.
 
 Input (a file or stdin): `ACCOUNT<TAB>JSON` lines, the `usage` messages in the
 order the aggregator reads them (streamgen.py writes them). The messages of
-one account are read in order; accounts are independent.
+one account are read in order; accounts are independent. A usage batch
+(format v2, docs/events.md "Usage batches") is a line `ACCOUNT<TAB>v2:HEX`,
+its bytes in hex; its samples are read in order, and its refused samples make
+one dead letter of the line (the class of the first).
 
 Output, sorted, one line each:
   usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
@@ -94,6 +97,100 @@ def decode(raw):
     return m
 
 
+def varint(b, i):
+    """(value, next index) of a shortest-form LEB128 below 2^63, or raise Dead."""
+    v, shift = 0, 0
+    while True:
+        if i >= len(b) or shift > 56:
+            raise Dead("decode")
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << shift
+        if not x & 0x80:
+            if x == 0 and shift:
+                raise Dead("decode")
+            if v >= 1 << 63:
+                raise Dead("decode")
+            return v, i
+        shift += 7
+
+
+def ident(b, i, empty=False):
+    if i >= len(b):
+        raise Dead("decode")
+    n = b[i]
+    s = b[i + 1:i + 1 + n]
+    if len(s) != n:
+        raise Dead("decode")
+    t = s.decode("latin-1")
+    if not (empty and n == 0) and not ID.match(t):
+        raise Dead("decode")
+    return t, i + 1 + n
+
+
+def decode_batch(b):
+    """docs/events.md "Usage batches": (host, [record]) where each record is a
+    v1-like sample dict or a Dead; raises Dead when the header does not decode."""
+    if not b or b[0] != 2:
+        raise Dead("decode")
+    host, i = ident(b, 1, empty=True)
+    wall0, i = varint(b, i)
+    mono0, i = varint(b, i)
+    if i == len(b):
+        raise Dead("decode")
+    out = []
+    while i < len(b):
+        try:
+            n, j = varint(b, i)
+        except Dead as e:
+            out.append(e)
+            break
+        if n > len(b) - j:
+            out.append(Dead("decode"))
+            break
+        body, i = b[j:j + n], j + n
+        try:
+            out.append(record(body, host, wall0, mono0))
+        except Dead as e:
+            out.append(e)
+    return host, out
+
+
+def unzigzag(z):
+    return (z >> 1) ^ -(z & 1)
+
+
+def record(r, host, wall0, mono0):
+    if not r:
+        raise Dead("decode")
+    flags = r[0]
+    if flags & 0xE0 or flags & 3 == 3:
+        raise Dead("decode")
+    m = {"v": 1, "type": "sample", "state": ("running", "paused", "stopped")[flags & 3], "final": bool(flags & 4)}
+    if host:
+        m["host"] = host
+    i = 1
+    for f in ("sandbox", "account", "key"):
+        m[f], i = ident(r, i)
+    names = ["epoch", "seq", "wall_delta", "mono_delta", "cpu_ns", "mem_bytes", "mem_peak_bytes", "mem_size_bytes",
+             "disk_bytes", "vcpus"]
+    if flags & 8:
+        names += ["running_ns", "paused_ns"]
+    if flags & 16:
+        names += ["net_rx_bytes", "net_tx_bytes"]
+    for f in names:
+        m[f], i = varint(r, i)
+    if i != len(r):
+        raise Dead("decode")
+    m["wall_ns"] = wall0 + unzigzag(m.pop("wall_delta"))
+    m["mono_ns"] = mono0 + unzigzag(m.pop("mono_delta"))
+    if not WALL_MIN <= m["wall_ns"] < WALL_MAX or not 0 <= m["mono_ns"] < 1 << 63:
+        raise Dead("decode")
+    if not 1 <= m["vcpus"] <= 1024 or m["epoch"] < 1:
+        raise Dead("decode")
+    return m
+
+
 class Sandbox:
     def __init__(self):
         self.created = None     # the `created` event
@@ -123,6 +220,34 @@ class Biller:
             self.apply(line, m)
         except Dead as e:
             self.dead.append((line, str(e)))
+
+    def batch(self, line, data):
+        """A usage batch: each sample a reading; one dead letter for those refused.
+        held_readings keeps one sample of a message: another held is refused."""
+        try:
+            _, recs = decode_batch(data)
+        except Dead as e:
+            self.dead.append((line, str(e)))
+            return
+        refused, held = [], False
+        for m in recs:
+            if isinstance(m, Dead):
+                refused.append(str(m))
+                continue
+            s = self.sb(m["sandbox"])
+            before = len(s.held)
+            try:
+                self.apply(line, m)
+            except Dead as e:
+                refused.append(str(e))
+                continue
+            if len(s.held) > before:
+                if held:
+                    s.held.pop()
+                    refused.append("held_twice")
+                held = True
+        if refused:
+            self.dead.append((line, refused[0]))
 
     def apply(self, line, m):
         t = m["type"]
@@ -360,7 +485,10 @@ def main():
         if not line or line.startswith("#"):
             continue
         _, raw = line.split("\t", 1)
-        b.message(n, raw)
+        if raw.startswith("v2:"):
+            b.batch(n, bytes.fromhex(raw[3:]))
+        else:
+            b.message(n, raw)
     b.end()
     plans = json.load(open(a.plans, encoding="utf-8")) if a.plans else None
     sys.stdout.write("\n".join(report(b, a.why, plans)) + "\n")

@@ -1,9 +1,12 @@
 /* bench-aggregator — the programs behind tests/bench/aggregator.sh.
  *
- *   produce BROKERS SANDBOXES SAMPLES RATE [PREFIX]
+ *   produce [--format v1|v2] BROKERS SANDBOXES SAMPLES RATE [PREFIX]
  *                                            produce SANDBOXES x SAMPLES usage samples (RATE per second, 0: flat
  *                                            out) of sandboxes PREFIX-0.. (default bench-sb): a prefix not used
- *                                            before gives sandboxes the aggregator has never billed
+ *                                            before gives sandboxes the aggregator has never billed. v1 (the
+ *                                            default): a JSON message per sample; v2: each round's samples in
+ *                                            usage batches, one per partition (as tally-collector's
+ *                                            usage_format v2 sends them; docs/events.md)
  *   fold SAMPLES                             the fold stage alone, one core: samples folded per second
  *   freeze BROKERS TRIALS VMM STATE PARENT   limit crossed -> pause command -> a tally-vmm sandbox's
  *                                            freezer cgroup FROZEN; prints one latency (ms) per trial
@@ -12,6 +15,7 @@
 #include "event.h"
 #include "fold.h"
 #include "kafka.h"
+#include "sample_batch.h"
 #include "timeutil.h"
 
 #include <errno.h>
@@ -71,9 +75,71 @@ static struct usage_event sample(const char *prefix, int sandbox, int k, int64_t
         return ev;
 }
 
-static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix)
+/* Usage batches for the v2 producer: one being built per partition. */
+struct batches {
+        rd_kafka_t *p;
+        int32_t n;
+        struct { uint8_t *buf; size_t len, count; int64_t wall, mono; char key[EVENT_ID_MAX + 1]; } *b;
+};
+
+static int32_t usage_partitions(rd_kafka_t *p)
+{
+        rd_kafka_topic_t *t = rd_kafka_topic_new(p, TOPIC_USAGE, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        if (!t || rd_kafka_metadata(p, 0, t, &md, 30000) != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt != 1 ||
+            md->topics[0].partition_cnt < 1)
+                die("could not read the usage topic's partition count");
+        int32_t n = md->topics[0].partition_cnt;
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(t);
+        return n;
+}
+
+static void batch_send(struct batches *bs, int32_t i)
+{
+        if (!bs->b[i].count)
+                return;
+        while (rd_kafka_producev(bs->p, RD_KAFKA_V_TOPIC(TOPIC_USAGE), RD_KAFKA_V_KEY(bs->b[i].key, strlen(bs->b[i].key)),
+                                 RD_KAFKA_V_VALUE(bs->b[i].buf, bs->b[i].len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                 RD_KAFKA_V_END) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                rd_kafka_poll(bs->p, 5);
+        bs->b[i].len = bs->b[i].count = 0;
+}
+
+static void batch_add(struct batches *bs, const struct usage_event *ev)
+{
+        int32_t i = rd_kafka_msg_partitioner_consistent_random(NULL, ev->account, strlen(ev->account), bs->n, NULL, NULL);
+        if (bs->b[i].count && bs->b[i].len + SAMPLE_BATCH_RECORD_MAX > SAMPLE_BATCH_MAX_BYTES)
+                batch_send(bs, i);
+        if (!bs->b[i].count) {
+                int h = sample_batch_begin(bs->b[i].buf, SAMPLE_BATCH_MAX_BYTES, ev->host, ev->wall_ns, ev->mono_ns);
+                if (h < 0)
+                        die("batch header");
+                bs->b[i].len = (size_t)h;
+                bs->b[i].wall = ev->wall_ns;
+                bs->b[i].mono = ev->mono_ns;
+                snprintf(bs->b[i].key, sizeof(bs->b[i].key), "%s", ev->account);
+        }
+        int r = sample_batch_record(bs->b[i].buf + bs->b[i].len, SAMPLE_BATCH_MAX_BYTES - bs->b[i].len, bs->b[i].wall,
+                                    bs->b[i].mono, ev);
+        if (r < 0)
+                die("batch record");
+        bs->b[i].len += (size_t)r;
+        bs->b[i].count++;
+}
+
+static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix, bool v2)
 {
         rd_kafka_t *p = producer(brokers);
+        struct batches bs = { .p = p };
+        if (v2) {
+                bs.n = usage_partitions(p);
+                if (!(bs.b = calloc((size_t)bs.n, sizeof(*bs.b))))
+                        die("out of memory");
+                for (int32_t i = 0; i < bs.n; i++)
+                        if (!(bs.b[i].buf = malloc(SAMPLE_BATCH_MAX_BYTES)))
+                                die("out of memory");
+        }
         int64_t t0 = time_hour_start(time_wall_ns()) - NS_PER_HOUR, start = time_mono_ns();
         long n = 0;
         for (int k = 0; k < samples; k++)
@@ -88,14 +154,23 @@ static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate
                                 snprintf(c.backend, sizeof(c.backend), "process");
                                 produce(p, &c);
                         }
-                        produce(p, &ev);
+                        if (v2)
+                                batch_add(&bs, &ev);
+                        else
+                                produce(p, &ev);
                         n++;
                         if (rate > 0 && n % 1000 == 0) {
                                 int64_t due = start + n * NS_PER_SEC / rate;
                                 while (time_mono_ns() < due)
                                         rd_kafka_poll(p, 1);
                         }
+                        if (v2 && s == sandboxes - 1) /* the round's batches, as a collector's tick */
+                                for (int32_t i = 0; i < bs.n; i++)
+                                        batch_send(&bs, i);
                 }
+        for (int32_t i = 0; i < bs.n; i++)
+                free(bs.b[i].buf);
+        free(bs.b);
         if (rd_kafka_flush(p, 120000) != 0)
                 die("flush timed out");
         int64_t ns = time_mono_ns() - start;
@@ -221,13 +296,20 @@ static int cmd_freeze(const char *brokers, int trials, const char *vmm, const ch
 
 int main(int argc, char **argv)
 {
+        if (argc >= 8 && strcmp(argv[1], "produce") == 0 && strcmp(argv[2], "--format") == 0) {
+                if (strcmp(argv[3], "v1") != 0 && strcmp(argv[3], "v2") != 0)
+                        die("--format is v1 or v2");
+                return cmd_produce(argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), argc >= 9 ? argv[8] : "bench-sb",
+                                   strcmp(argv[3], "v2") == 0);
+        }
         if (argc >= 6 && strcmp(argv[1], "produce") == 0)
-                return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc >= 7 ? argv[6] : "bench-sb");
+                return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc >= 7 ? argv[6] : "bench-sb",
+                                   false);
         if (argc >= 3 && strcmp(argv[1], "fold") == 0)
                 return cmd_fold(atol(argv[2]));
         if (argc >= 7 && strcmp(argv[1], "freeze") == 0)
                 return cmd_freeze(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
-        fprintf(stderr, "Usage: bench-aggregator produce BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
+        fprintf(stderr, "Usage: bench-aggregator produce [--format v1|v2] BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
                         "freeze BROKERS TRIALS VMM STATE_DIR CGROUP_PARENT\n");
         return 2;
 }

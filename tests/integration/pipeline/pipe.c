@@ -72,7 +72,8 @@ void pipe_collector_start(struct pipeline *p)
         snprintf(tick, sizeof(tick), "%d", p->tick_ms);
         snprintf(name, sizeof(name), "collector.%d", p->collectors++);
         char *argv[] = { (char *)test_env("TALLY_COLLECTOR_BIN"), "--state-dir", p->state_dir, "--kafka-brokers",
-                         p->brokers, "--tick-ms", tick, "--metrics-port", "0", NULL };
+                         p->brokers, "--tick-ms", tick, "--metrics-port", "0",
+                         p->collector_format ? "--usage-format" : NULL, (char *)p->collector_format, NULL };
         p->collector = spawn_logged(p, name, argv);
 }
 

@@ -25,6 +25,7 @@ struct pipeline {
         int tick_ms;
         pid_t broker, vmm, collector, aggregator;
         int collectors; /* started, for log names */
+        const char *collector_format; /* the collector's usage_format; NULL: its default */
         struct test_kafka kafka; /* the development broker (pid in broker), or Apache Kafka */
 };
 

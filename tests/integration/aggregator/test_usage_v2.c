@@ -1,0 +1,194 @@
+/* Integration: usage batches (format v2, docs/events.md "Usage batches")
+ * beside v1 messages, through the real development broker and a real
+ * tally-aggregator writing to PostgreSQL.
+ *
+ *   1. A rolling upgrade: each sandbox's samples come one as a v1 message,
+ *      the next inside a v2 batch, and so on (a collector upgraded, or two
+ *      hosts' collectors on different formats): billed exactly as if all
+ *      were v1.
+ *   2. A batch of four samples: one refused by the fold (more CPU than its
+ *      vCPUs could run), one record that does not decode. Those two make one
+ *      dead letter of the message holding just them; the other two bill.
+ *   3. A batch whose header does not decode is one dead letter, billing
+ *      nothing; the messages after it bill.
+ *   4. A batch of two samples whose sandboxes' `created` events come after
+ *      it: the first waits in held_readings and is billed when its event
+ *      comes; the second cannot wait there too (one row a message) and is a
+ *      dead letter; its sandbox's next sample bills the truth.
+ *
+ * Expected totals are worked out by hand from the counters the messages
+ * carry (1 GiB = 1073741824 bytes of memory, running all along: memory is
+ * 1073741824 x the last running_ns). */
+#include "aggtest.h"
+#include "sample_batch.h"
+#include "support.h"
+#include "timeutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GiB UINT64_C(1073741824)
+#define SEC NS_PER_SEC
+#define ACCOUNT "acct-v2"
+#define KEY "key-v2"
+
+static struct usage_event tick(const char *sb, uint64_t seq, int64_t wall, uint64_t cpu, uint64_t run)
+{
+        struct usage_event ev = aggtest_sample(ACCOUNT, KEY, sb, 1, seq, wall, STATE_RUNNING, cpu, GiB, 0, 2);
+        strcpy(ev.host, "host-v2");
+        return aggtest_held(ev, run, 0);
+}
+
+/* A v2 batch being put together by the test. */
+struct out {
+        uint8_t buf[65536];
+        size_t len;
+        int64_t wall, mono;
+};
+
+static void begin(struct out *o, int64_t wall)
+{
+        o->wall = wall;
+        o->mono = 1000;
+        int n = sample_batch_begin(o->buf, sizeof(o->buf), "host-v2", wall, o->mono);
+        CHECK(n > 0, "batch header: %d", n);
+        o->len = n > 0 ? (size_t)n : 0;
+}
+
+static void add(struct aggtest *t, struct out *o, struct usage_event ev)
+{
+        struct usage_event created;
+        if (aggtest_needs_created(t, &ev, &created))
+                aggtest_produce(t, &created);
+        ev.mono_ns = o->mono;
+        int n = sample_batch_record(o->buf + o->len, sizeof(o->buf) - o->len, o->wall, o->mono, &ev);
+        CHECK(n > 0, "batch record of %s: %d", ev.sandbox, n);
+        o->len += n > 0 ? (size_t)n : 0;
+}
+
+/* Without the sandbox's created event first. */
+static void add_bare(struct out *o, struct usage_event ev)
+{
+        ev.mono_ns = o->mono;
+        int n = sample_batch_record(o->buf + o->len, sizeof(o->buf) - o->len, o->wall, o->mono, &ev);
+        CHECK(n > 0, "batch record of %s: %d", ev.sandbox, n);
+        o->len += n > 0 ? (size_t)n : 0;
+}
+
+static void send_batch(struct aggtest *t, struct out *o)
+{
+        aggtest_produce_raw(t, ACCOUNT, o->buf, o->len);
+}
+
+int main(void)
+{
+        struct aggtest t;
+        aggtest_start(&t, "agg_usage_v2", 2);
+        int64_t base = time_wall_ns() - 3600 * SEC;
+        struct out o;
+
+        /* 1. Mixed formats, one account, so one partition in order: A and B
+         * alternate v1 and v2; C only v2, D only v1. */
+        struct usage_event a1 = tick("sb-v2-a", 1, base, 1 * SEC, 2 * SEC);
+        aggtest_produce(&t, &a1);
+        begin(&o, base + 10 * SEC);
+        add(&t, &o, tick("sb-v2-a", 2, base + 10 * SEC, 5 * SEC, 12 * SEC));
+        add(&t, &o, tick("sb-v2-b", 1, base + 10 * SEC, 3 * SEC, 10 * SEC));
+        add(&t, &o, tick("sb-v2-c", 1, base + 10 * SEC, 7 * SEC, 10 * SEC));
+        send_batch(&t, &o);
+        struct usage_event d1 = tick("sb-v2-d", 1, base + 10 * SEC, 2 * SEC, 10 * SEC);
+        aggtest_produce(&t, &d1);
+        struct usage_event a3 = tick("sb-v2-a", 3, base + 20 * SEC, 9 * SEC, 22 * SEC);
+        struct usage_event b2 = tick("sb-v2-b", 2, base + 20 * SEC, 4 * SEC, 20 * SEC);
+        aggtest_produce(&t, &a3);
+        aggtest_produce(&t, &b2);
+        begin(&o, base + 30 * SEC);
+        add(&t, &o, tick("sb-v2-b", 3, base + 30 * SEC, 15 * SEC, 30 * SEC));
+        add(&t, &o, tick("sb-v2-c", 2, base + 30 * SEC, 8 * SEC, 30 * SEC));
+        add(&t, &o, tick("sb-v2-a", 2, base + 10 * SEC, 5 * SEC, 12 * SEC)); /* a duplicate: changes nothing */
+        send_batch(&t, &o);
+        struct usage_event d2 = tick("sb-v2-d", 2, base + 30 * SEC, 6 * SEC, 30 * SEC);
+        aggtest_produce(&t, &d2);
+
+        /* 2. One batch, four records: E billed, F impossible (6 h of CPU in
+         * 10 s on 2 vCPUs, beyond the hour of slack: at most 7,220 s), a
+         * record that does not decode, G billed. */
+        begin(&o, base + 10 * SEC);
+        add(&t, &o, tick("sb-v2-e", 1, base + 10 * SEC, 1 * SEC, 10 * SEC));
+        add(&t, &o, tick("sb-v2-f", 1, base + 10 * SEC, 1 * SEC, 10 * SEC));
+        send_batch(&t, &o);
+        begin(&o, base + 20 * SEC);
+        add(&t, &o, tick("sb-v2-e", 2, base + 20 * SEC, 6 * SEC, 20 * SEC));
+        add(&t, &o, tick("sb-v2-f", 2, base + 20 * SEC, 1 * SEC + 3 * 3600 * SEC * 2, 20 * SEC));
+        o.buf[o.len++] = 0x01; /* a record of one byte: flags with unknown bits */
+        o.buf[o.len++] = 0xe0;
+        add(&t, &o, tick("sb-v2-g", 1, base + 20 * SEC, 2 * SEC, 20 * SEC));
+        send_batch(&t, &o);
+
+        /* 3. A batch whose header is cut: one dead letter; then E goes on in v1. */
+        static const uint8_t cut[] = { SAMPLE_BATCH_VERSION, 7, 'h' };
+        aggtest_produce_raw(&t, ACCOUNT, cut, sizeof(cut));
+        struct usage_event e3 = tick("sb-v2-e", 3, base + 30 * SEC, 8 * SEC, 30 * SEC);
+        aggtest_produce(&t, &e3);
+
+        /* 4. Two samples of sandboxes not created yet, in one batch. */
+        struct usage_event h1 = tick("sb-v2-h1", 1, base + 10 * SEC, 1 * SEC, 10 * SEC);
+        struct usage_event h2 = tick("sb-v2-h2", 1, base + 10 * SEC, 1 * SEC, 10 * SEC);
+        struct usage_event h2b = tick("sb-v2-h2", 2, base + 20 * SEC, 2 * SEC, 20 * SEC);
+        begin(&o, base + 10 * SEC);
+        add_bare(&o, h1);
+        add_bare(&o, h2);
+        send_batch(&t, &o);
+        struct usage_event c1 = aggtest_created_for(&h1), c2 = aggtest_created_for(&h2b);
+        aggtest_produce(&t, &c1);
+        aggtest_produce(&t, &c2);
+        aggtest_produce(&t, &h2b);
+        aggtest_flush(&t);
+
+        pid_t agg = aggtest_spawn(&t, NULL);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the aggregator did not catch up");
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not exit cleanly");
+
+        /* 1: the last counters of each, whichever format carried them. */
+        aggtest_expect_billed(&t, "sb-v2-a", "9000000000/23622320128000000000/0", "v1, v2, v1");
+        aggtest_expect_billed(&t, "sb-v2-b", "15000000000/32212254720000000000/0", "v2, v1, v2");
+        aggtest_expect_billed(&t, "sb-v2-c", "8000000000/32212254720000000000/0", "v2 only");
+        aggtest_expect_billed(&t, "sb-v2-d", "6000000000/32212254720000000000/0", "v1 only");
+        /* 2: F's first sample bills; its impossible second does not. */
+        aggtest_expect_billed(&t, "sb-v2-e", "8000000000/32212254720000000000/0", "beside a poison sample");
+        aggtest_expect_billed(&t, "sb-v2-f", "1000000000/10737418240000000000/0", "the poison sample's sandbox");
+        aggtest_expect_billed(&t, "sb-v2-g", "2000000000/21474836480000000000/0", "after a record that does not decode");
+
+        /* 4: h1 from held_readings once created; h2 from its next sample. */
+        aggtest_expect_billed(&t, "sb-v2-h1", "1000000000/10737418240000000000/0", "held from a batch");
+        aggtest_expect_billed(&t, "sb-v2-h2", "2000000000/21474836480000000000/0", "held second in a batch");
+        char *held = aggtest_query(&t, "SELECT count(*) FROM held_readings");
+        CHECK(held && strcmp(held, "0") == 0, "held readings left: %s", held ? held : "?");
+        free(held);
+        char *twice = aggtest_query(&t, "SELECT reason FROM dead_letters WHERE raw::text LIKE '%' || "
+                                        "encode('sb-v2-h2', 'hex') || '%'");
+        CHECK(twice && strncmp(twice, "held, but another sample of this batch waits already: no created event", 70) == 0,
+              "the second held sample's dead letter says %s", twice ? twice : "?");
+        free(twice);
+
+        char *n = aggtest_query(&t, "SELECT count(*) FROM dead_letters");
+        CHECK(n && strcmp(n, "3") == 0,
+              "dead letters: %s, want 3 (the batch's two refused samples, the cut header, the second held)",
+              n ? n : "?");
+        free(n);
+        char *reason = aggtest_query(&t, "SELECT reason FROM dead_letters WHERE reason LIKE '%2 of the usage batch''s 4%'");
+        CHECK(reason && strncmp(reason, "impossible sample", 17) == 0 && strstr(reason, "(record 2, sandbox sb-v2-f)"),
+              "the batch's dead letter says %s", reason ? reason : "(none with '2 of the usage batch's 4')");
+        free(reason);
+        /* Its raw holds the refused sample's v1 JSON and the record's bytes, and nothing of E or G. */
+        char *raw = aggtest_query(&t, "SELECT convert_from(raw, 'UTF8') FROM dead_letters WHERE reason LIKE '%2 of the usage batch''s 4%'");
+        CHECK(raw && strstr(raw, "\"sandbox\":\"sb-v2-f\"") && strstr(raw, "\n01e0\n") && !strstr(raw, "sb-v2-e") &&
+                      !strstr(raw, "sb-v2-g"),
+              "the batch's dead letter holds: %s", raw ? raw : "?");
+        free(raw);
+        char *hdr = aggtest_query(&t, "SELECT reason FROM dead_letters WHERE reason LIKE 'usage batch%'");
+        CHECK(hdr && strstr(hdr, "usage batch: bad host"), "the cut batch's dead letter says %s", hdr ? hdr : "?");
+        free(hdr);
+        aggtest_stop(&t);
+        return test_result();
+}
