@@ -339,11 +339,11 @@ async function setLimit(ev) {
     }
     delete input.dataset.dirty;
     delete form.policy.dataset.dirty;
+    await refresh(); // the page shows the change once the message says it is saved
     say("#limit-message", `${keyNames.get(key) || key}: daily limit ${answer.daily_limit_nanodollars === null ? "removed"
       : "set to " + money(answer.daily_limit_nanodollars) + ", policy " + (answer.limit_policy || policy).replace("_", " ")}` +
       (answer.block_lifted ? " — the block is lifted: new sandboxes may start, and its paused sandboxes can be resumed below." : "."),
     { saved: key });
-    await refresh();
   } catch (e) {
     say("#limit-message", `${key}: ${e.message}`);
   }
@@ -394,12 +394,13 @@ async function resume(id, btn) {
   btn.disabled = true;
   try {
     await api("POST", `/v1/sandboxes/${encodeURIComponent(id)}/resume`);
+    await refresh();
     say("#sandbox-message", `${id} resumed.`, { resumed: id });
   } catch (e) {
-    say("#sandbox-message", `${id}: ${e.message}`);
     btn.disabled = false;
+    say("#sandbox-message", `${id}: ${e.message}`);
+    await refresh();
   }
-  await refresh();
 }
 
 async function alerts() {
@@ -434,19 +435,21 @@ async function destinations() {
 
 async function destAction(d, what, btn) {
   btn.disabled = true;
+  let text, data;
   try {
     if (what === "test") {
       const q = await api("POST", `/v1/alert-destinations/${encodeURIComponent(d.id)}/test`);
-      say("#dest-message", `A test event is queued for ${d.url || d.email} (delivery ${q.delivery_id}).`, { tested: d.id });
+      [text, data] = [`A test event is queued for ${d.url || d.email} (delivery ${q.delivery_id}).`, { tested: d.id }];
     } else {
       await api("DELETE", `/v1/alert-destinations/${encodeURIComponent(d.id)}`);
-      say("#dest-message", `${d.url || d.email} disabled: it gets no more alerts.`);
+      text = `${d.url || d.email} disabled: it gets no more alerts.`;
     }
   } catch (e) {
-    say("#dest-message", `${d.id}: ${e.message}`);
+    text = `${d.id}: ${e.message}`;
   }
   btn.disabled = false;
   await refresh();
+  say("#dest-message", text, data);
 }
 
 function destKindChanged() {
@@ -474,8 +477,8 @@ async function addDestination(ev) {
       box.hidden = false;
       box.focus?.();
     }
-    say("#dest-message", `${kind} ${d.url || d.email} added (${d.id}).`, { added: d.id });
     await refresh();
+    say("#dest-message", `${kind} ${d.url || d.email} added (${d.id}).`, { added: d.id });
   } catch (e) {
     say("#dest-message", e.message);
   }
@@ -496,13 +499,15 @@ async function deliveries() {
       const b = el("button", { type: "button", class: "resend" }, "Resend");
       b.addEventListener("click", async () => {
         b.disabled = true;
+        let text, data;
         try {
           const q = await api("POST", `/v1/alert-deliveries/${d.id}/resend`);
-          say("#dest-message", `Delivery ${d.id} resent as ${q.delivery_id} (the same event id).`, { resent: String(q.delivery_id) });
+          [text, data] = [`Delivery ${d.id} resent as ${q.delivery_id} (the same event id).`, { resent: String(q.delivery_id) }];
         } catch (e) {
-          say("#dest-message", `delivery ${d.id}: ${e.message}`);
+          text = `delivery ${d.id}: ${e.message}`;
         }
         await refresh();
+        say("#dest-message", text, data);
       });
       act.append(b);
     }
