@@ -6,8 +6,12 @@ state folder, then through tally-api's /v1 only:
     cost_nanodollars is above zero and rises;
   - the trial key reaches its daily limit: its sandbox is paused, /v1/spend says
     blocked, and /v1/alerts holds the 50, 80 and 100 % alerts;
-  - the dashboard in chromium (dashboard.cjs) shows a key's spend equal to
-    /v1/spend and sets a limit through its form, read back from PostgreSQL;
+  - the dashboard in chromium (dashboard.cjs, which says all it checks) shows a
+    key's spend equal to /v1/spend, sets a limit and policy through its form
+    (read back from PostgreSQL), resumes the trial key's paused sandbox once
+    the page raised its limit, adds a webhook and sees a delivery, downloads an
+    invoice CSV equal to /v1/invoices/current, and works at 390 and 1280 px
+    (screenshots in build/meson-logs/demo/);
   - `./scripts/up status` names the ports that actually answer;
   - `./scripts/up stop` ends every process and removes the instance's cgroup
     parent; a second `up start` keeps the account, keys and password.
