@@ -475,7 +475,7 @@ async function addDestination(ev) {
         el("p", { class: "muted" }, "Each request carries Tally-Signature: t=…,v1=HMAC-SHA256 of t.body with this secret (docs/alerts.md)."),
         dismiss);
       box.hidden = false;
-      box.focus?.();
+      box.focus();
     }
     await refresh();
     say("#dest-message", `${kind} ${d.url || d.email} added (${d.id}).`, { added: d.id });
