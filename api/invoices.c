@@ -4,8 +4,8 @@
  * closed invoices from the closed_* tables (never recomputed), open months as
  * previews (invoice_preview_lines), and the current month's projection
  * (invoice_projection_lines), each marked by its status. JSON, or CSV of the
- * lines with Accept: text/csv. Every query is scoped to the caller's account
- * in SQL; nothing here writes. */
+ * lines with Accept: text/csv or csv=true. Every query is scoped to the
+ * caller's account in SQL; nothing here writes. */
 #include "invoices.h"
 
 #include "api.h"

@@ -328,6 +328,7 @@ async function layout(page, width) {
       }
     }
     check(matched, "the invoice total held still across one download at least once in 30 tries");
+    fs.rmSync(dl, { recursive: true, force: true });
 
     // Labels, contrast, and the layout at both widths.
     const unlabelled = await page.$$eval("#app input, #app select, #app textarea",
