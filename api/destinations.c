@@ -10,6 +10,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "read.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -271,6 +272,86 @@ int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error
         log_info("alert delivery resent", "delivery=%s account=%s person=%s", r->id, r->caller.account,
                  r->caller.person);
         return reply_json(out, 202, a);
+}
+
+/* The account's deliveries, newest first: every attempt's outcome, the test
+ * events and resends included (GET /v1/alerts lists only the alerts'). */
+#define DELIVERIES_SQL                                                                                     \
+        "SELECT d.id, d.destination_id, d.event_id::text, d.type, d.state, d.attempts, d.last_error,"     \
+        "       to_char(d.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"           \
+        "       to_char(d.delivered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"         \
+        "       to_char(d.next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"      \
+        "       d.resend_of, d.alert_id, t.enabled, d.requested_by"                                         \
+        "  FROM alert_deliveries d JOIN alert_destinations t ON t.id = d.destination_id"                   \
+        " WHERE d.account_id = $1 AND ($2::text IS NULL OR d.destination_id = $2::text)"                   \
+        "   AND ($3::bigint IS NULL OR d.id < $3::bigint)"                                                 \
+        " ORDER BY d.id DESC LIMIT $4::int"
+
+static json_t *opt_int(PGresult *res, int i, int col)
+{
+        return PQgetisnull(res, i, col) ? json_null() : json_integer((json_int_t)read_int64(res, i, col));
+}
+
+int h_deliveries_list(struct api_req *r, struct api_reply *out, struct api_error *err)
+{
+        int limit, rc;
+        if ((rc = read_param_limit(req_param, r, READ_PAGE_DEFAULT, READ_PAGE_MAX, &limit, err)) < 0)
+                return rc;
+        const char *dest = req_param(r, "destination");
+        if (dest && (strlen(dest) < 1 || strlen(dest) > 64 ||
+                     strspn(dest, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-") != strlen(dest)))
+                return api_fail(err, 400, "invalid_field", "destination", "destination is a destination's id");
+        char before[24] = "";
+        const char *cs = req_param(r, "cursor");
+        if (cs) {
+                json_t *a = read_cursor_decode(cs);
+                bool ok = a && json_array_size(a) == 2 && json_is_string(json_array_get(a, 0)) &&
+                          !strcmp(json_string_value(json_array_get(a, 0)), "d1") &&
+                          json_is_integer(json_array_get(a, 1)) && json_integer_value(json_array_get(a, 1)) > 0;
+                if (ok)
+                        snprintf(before, sizeof(before), "%lld", (long long)json_integer_value(json_array_get(a, 1)));
+                json_decref(a);
+                if (!ok)
+                        return api_fail(err, 400, "invalid_field", "cursor", "cursor is not one this API gave");
+        }
+        char lim[16];
+        snprintf(lim, sizeof(lim), "%d", limit + 1);
+        const char *params[] = { r->caller.account, dest, before[0] ? before : NULL, lim };
+        PGresult *res = read_query(req_db(r), "alert deliveries", DELIVERIES_SQL, 4, params, err);
+        if (!res)
+                return -EIO;
+        int rows = PQntuples(res);
+        bool more = rows > limit;
+        if (more)
+                rows = limit;
+        json_t *data = json_array();
+        for (int i = 0; i < rows; i++) {
+                json_t *d = json_pack("{s:I, s:s, s:s, s:s, s:s, s:i, s:s, s:b}", "id",
+                                      (json_int_t)read_int64(res, i, 0), "destination", PQgetvalue(res, i, 1),
+                                      "event_id", PQgetvalue(res, i, 2), "type", PQgetvalue(res, i, 3), "state",
+                                      PQgetvalue(res, i, 4), "attempts", atoi(PQgetvalue(res, i, 5)), "created_at",
+                                      PQgetvalue(res, i, 7), "destination_enabled", PQgetvalue(res, i, 12)[0] == 't');
+                json_object_set_new(d, "last_error", opt_str(res, i, 6));
+                json_object_set_new(d, "delivered_at", opt_str(res, i, 8));
+                json_object_set_new(d, "next_attempt_at",
+                                    strcmp(PQgetvalue(res, i, 4), "pending") ? json_null() : opt_str(res, i, 9));
+                json_object_set_new(d, "resend_of", opt_int(res, i, 10));
+                json_object_set_new(d, "alert_id", opt_int(res, i, 11));
+                json_object_set_new(d, "requested_by", opt_str(res, i, 13));
+                json_array_append_new(data, d);
+        }
+        json_t *next = json_null();
+        if (more && rows > 0) {
+                json_t *a = json_pack("[s, I]", "d1", (json_int_t)read_int64(res, rows - 1, 0));
+                char *c = read_cursor_encode(a);
+                json_decref(a);
+                if (c) {
+                        next = json_string(c);
+                        free(c);
+                }
+        }
+        PQclear(res);
+        return reply_json(out, 200, json_pack("{s:o, s:o}", "data", data, "next_cursor", next));
 }
 
 /* The outbox as Prometheus gauges for tally-api's /metrics, which never

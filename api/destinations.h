@@ -16,6 +16,8 @@ int h_destinations_create(struct api_req *r, struct api_reply *out, struct api_e
 int h_destination_disable(struct api_req *r, struct api_reply *out, struct api_error *err);
 /* POST /v1/alert-destinations/{id}/test */
 int h_destination_test(struct api_req *r, struct api_reply *out, struct api_error *err);
+/* GET /v1/alert-deliveries[?destination=&limit=&cursor=] */
+int h_deliveries_list(struct api_req *r, struct api_reply *out, struct api_error *err);
 /* POST /v1/alert-deliveries/{id}/resend */
 int h_delivery_resend(struct api_req *r, struct api_reply *out, struct api_error *err);
 

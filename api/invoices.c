@@ -4,8 +4,8 @@
  * closed invoices from the closed_* tables (never recomputed), open months as
  * previews (invoice_preview_lines), and the current month's projection
  * (invoice_projection_lines), each marked by its status. JSON, or CSV of the
- * lines with Accept: text/csv. Every query is scoped to the caller's account
- * in SQL; nothing here writes. */
+ * lines with Accept: text/csv or csv=true. Every query is scoped to the
+ * caller's account in SQL; nothing here writes. */
 #include "invoices.h"
 
 #include "api.h"
@@ -167,10 +167,16 @@ static json_t *keys_json(PGresult *res)
         return a;
 }
 
-static bool wants_csv(struct api_req *r)
+/* CSV is asked for by Accept: text/csv or by csv=true (a plain link, as the
+ * dashboard's download, cannot set a header). 0 or 1; a negative errno when
+ * csv is neither true nor false (err says why). */
+static int wants_csv(struct api_req *r, struct api_error *err)
 {
         const char *accept = req_header(r, "Accept");
-        return accept && strstr(accept, "text/csv");
+        const char *cp = req_param(r, "csv");
+        if (cp && strcmp(cp, "true") != 0 && strcmp(cp, "false") != 0)
+                return api_fail(err, 400, "invalid_field", "csv", "csv is true or false");
+        return (accept && strstr(accept, "text/csv")) || (cp && !strcmp(cp, "true"));
 }
 
 /* GET /v1/invoices: every invoice of the account, newest first (no lines);
@@ -180,8 +186,10 @@ int h_invoices_list(struct api_req *r, struct api_reply *out, struct api_error *
         PGconn *db = req_db(r);
         const char *p[] = { r->caller.account, NULL, "false" };
         struct api_body b = { 0 };
-        int rc;
-        if (wants_csv(r)) {
+        int rc, csv = wants_csv(r, err);
+        if (csv < 0)
+                return csv;
+        if (csv) {
                 PGresult *lines = read_query(db, "invoice lines", LINES_SQL, 3, p, err);
                 if (!lines)
                         return -EIO;
@@ -208,6 +216,9 @@ static int invoice_month(struct api_req *r, const char *month, bool current, str
         char day[11];
         if (!month_parse(month, day))
                 return api_fail(err, 400, "invalid_field", "month", "the month is YYYY-MM (or current)");
+        int csv = wants_csv(r, err);
+        if (csv < 0)
+                return csv;
         char name[48];
         snprintf(name, sizeof(name), "tally-invoice-%.7s%s.csv", day, current ? "-preview" : "");
         PGconn *db = req_db(r);
@@ -217,7 +228,7 @@ static int invoice_month(struct api_req *r, const char *month, bool current, str
         PGresult *lines = read_query(db, "invoice lines", LINES_SQL, 3, p, err);
         if (!lines)
                 return -EIO;
-        if (wants_csv(r)) {
+        if (csv) {
                 rc = lines_csv(lines, &b, err);
                 PQclear(lines);
                 return rc < 0 ? rc : reply_body(out, &b, name);

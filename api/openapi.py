@@ -247,6 +247,12 @@ paths = {
     "/v1/alert-destinations/{id}/test": {"post": write(
         "Queues a test event (type \"test\") to an enabled destination.", PERSON,
         {"202": resp("Queued", ref("DeliveryQueued"))}, [ID], opid="testAlertDestination", extra=("403",))},
+    "/v1/alert-deliveries": {"get": op(
+        "The account's alert deliveries, newest first: each one's destination, event, state, attempts and last "
+        "error, test events and resends included.", PERSON,
+        dict({"200": resp("A page of deliveries", ref("DeliveryPage"))}, **errors("403")),
+        [qparam("destination", "Only this destination's deliveries.", ref("Id")), CURSOR, LIMIT],
+        opid="listAlertDeliveries")},
     "/v1/alert-deliveries/{id}/resend": {"post": write(
         "Sends a delivered or failed delivery's event again: a new delivery with the same event id.", PERSON,
         {"202": resp("Queued", ref("DeliveryQueued"))},
@@ -385,6 +391,18 @@ schemas = {
     "DeliveryQueued": {"type": "object", "properties": {
         "delivery_id": {"type": "integer"}, "event_id": {"type": "string"}, "destination": ref("Id"),
         "state": {"type": "string", "enum": ["pending"]}}},
+    "DeliveryRecord": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "destination": ref("Id"), "destination_enabled": {"type": "boolean"},
+        "event_id": {"type": "string", "format": "uuid"},
+        "type": {"type": "string", "enum": ["spend.threshold_reached", "spend.limit_projected", "test"]},
+        "alert_id": nullable_int, "state": {"type": "string", "enum": ["pending", "delivered", "failed"]},
+        "attempts": {"type": "integer"}, "last_error": nullable_str,
+        "created_at": {"type": "string", "format": "date-time"},
+        "next_attempt_at": {"type": ["string", "null"], "format": "date-time", "description": "While pending."},
+        "delivered_at": {"type": ["string", "null"], "format": "date-time"}, "resend_of": nullable_int,
+        "requested_by": {"type": ["string", "null"], "description": "person:<id> for a test event or a resend."}}},
+    "DeliveryPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("DeliveryRecord")},
+                                                      "next_cursor": nullable_str}},
     "AlertPage": {"type": "object", "properties": {"data": {"type": "array", "items": ref("Alert")},
                                                    "next_cursor": nullable_str}},
 }
@@ -397,6 +415,10 @@ INVOICE_CSV = {"type": "string", "description": "RFC 4180, one row per line: mon
                "for_month, quantity, unit, quantity_base, base_unit, amount_nanodollars, amount_cents."}
 
 
+CSV_PARAM = qparam("csv", "true: the lines as CSV, as Accept: text/csv asks (for a plain link).",
+                   {"type": "boolean"})
+
+
 def invoice_resp(desc, schema):
     return {"description": desc, "content": {"application/json": {"schema": schema},
                                              "text/csv": {"schema": INVOICE_CSV}}}
@@ -406,14 +428,16 @@ paths.update({
     "/v1/invoices": {"get": op(
         "The account's invoices, newest first: closed months, and previews of the open ones. "
         "With Accept: text/csv, every line of them.", PERSON,
-        dict({"200": invoice_resp("Invoices", ref("InvoiceList"))}, **errors()), opid="listInvoices")},
+        dict({"200": invoice_resp("Invoices", ref("InvoiceList"))}, **errors()), [CSV_PARAM],
+        opid="listInvoices")},
     "/v1/invoices/current": {"get": op(
         "This UTC month's invoice as it would be if closed now (status preview), with its end-of-month "
         "projection at the month's rate so far (status estimate).", PERSON,
-        dict({"200": invoice_resp("The current month", ref("Invoice"))}, **errors()), opid="getCurrentInvoice")},
+        dict({"200": invoice_resp("The current month", ref("Invoice"))}, **errors()), [CSV_PARAM],
+        opid="getCurrentInvoice")},
     "/v1/invoices/{id}": {"get": op(
         "One month's invoice with its lines and per-key breakdown (closed, or a preview while open).", PERSON,
-        dict({"200": invoice_resp("The invoice", ref("Invoice"))}, **errors("404")), [MONTH],
+        dict({"200": invoice_resp("The invoice", ref("Invoice"))}, **errors("404")), [MONTH, CSV_PARAM],
         opid="getInvoice")},
 })
 schemas.update({

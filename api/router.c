@@ -49,6 +49,7 @@ static const struct route routes[] = {
         { "POST", "/v1/alert-destinations", h_destinations_create, NEED_PERSON, false },
         { "DELETE", "/v1/alert-destinations/{id}", h_destination_disable, NEED_PERSON, false },
         { "POST", "/v1/alert-destinations/{id}/test", h_destination_test, NEED_PERSON, false },
+        { "GET", "/v1/alert-deliveries", h_deliveries_list, NEED_PERSON, false },
         { "POST", "/v1/alert-deliveries/{id}/resend", h_delivery_resend, NEED_PERSON, false },
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))

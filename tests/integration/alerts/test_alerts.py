@@ -19,7 +19,9 @@ Proves:
     to one) and the delivery ends delivered, one row;
   - plain http to a host not in allow_http is never sent; a dead receiver
     ends failed after give_up_after_s, shown in GET /v1/alerts and /metrics;
-  - test event and resend (same event id, new delivery);
+  - test event and resend (same event id, new delivery), both in the delivery
+    history (GET /v1/alert-deliveries: the outbox's rows of the account, newest
+    first, paged; a person only, never another account's);
   - spend.limit_projected fires for a fast-burning key, before its
     threshold alert, and not for a slow one; once per key per day;
   - thresholds of the next day fire again (re-armed)."""
@@ -170,6 +172,28 @@ def main():
         check(st == 202 and j["event_id"] == eid_a and j["delivery_id"] != int(did), f"resend: {st} {j}")
         again = wait_for(lambda: len(rcv.requests("/ok/a", eid_a)) == 2, 10)
         check(again, "the resent event did not arrive with the same event id")
+
+        # ---- the delivery history: every delivery of the account, tests and resends included ----
+        st, j, _ = api.call("GET", "/v1/alert-deliveries", **key_a)
+        check(st == 403, f"an API key listed deliveries: {st}")
+        hist = lambda: api.call("GET", f"/v1/alert-deliveries?destination={wa['id']}", **person_a)[1]["data"]
+        done = wait_for(lambda: all(d["state"] == "delivered" for d in hist()), 10)
+        dl = hist()
+        want = db.q(f"SELECT string_agg(id::text, ',' ORDER BY id DESC) FROM alert_deliveries WHERE destination_id = '{wa['id']}'")
+        check(done and ",".join(str(d["id"]) for d in dl) == want, f"GET /v1/alert-deliveries: {dl}, the outbox: {want}")
+        resent = [d for d in dl if d["resend_of"] == int(did)]
+        test_dl = [d for d in dl if d["type"] == "test"]
+        check(len(resent) == 1 and resent[0]["event_id"] == eid_a and resent[0]["requested_by"].startswith("person:")
+              and len(test_dl) == 1 and test_dl[0]["alert_id"] is None and test_dl[0]["attempts"] == 1
+              and test_dl[0]["delivered_at"] and test_dl[0]["destination_enabled"] is True,
+              f"the history's resend and test rows: {resent} {test_dl}")
+        st, p1, _ = api.call("GET", f"/v1/alert-deliveries?destination={wa['id']}&limit=1", **person_a)
+        st2, p2, _ = api.call("GET", f"/v1/alert-deliveries?destination={wa['id']}&limit=1&cursor={p1['next_cursor']}",
+                              **person_a)
+        check(st == 200 and st2 == 200 and [d["id"] for d in p1["data"] + p2["data"]] == [d["id"] for d in dl[:2]],
+              f"the history pages: {p1} {p2}")
+        st, j, _ = api.call("GET", "/v1/alert-deliveries", session=sb)
+        check(st == 200 and all(d["destination"] != wa["id"] for d in j["data"]), f"B sees A's deliveries: {j}")
 
         # ---- B: 500 three times, then 200 ----
         record_threshold(db, kb, "al_b", 80, 808000, 1010000)

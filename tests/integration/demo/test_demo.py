@@ -6,8 +6,12 @@ state folder, then through tally-api's /v1 only:
     cost_nanodollars is above zero and rises;
   - the trial key reaches its daily limit: its sandbox is paused, /v1/spend says
     blocked, and /v1/alerts holds the 50, 80 and 100 % alerts;
-  - the dashboard in chromium (dashboard.cjs) shows a key's spend equal to
-    /v1/spend and sets a limit through its form, read back from PostgreSQL;
+  - the dashboard in chromium (dashboard.cjs, which says all it checks) shows a
+    key's spend equal to /v1/spend, sets a limit and policy through its form
+    (read back from PostgreSQL), resumes the trial key's paused sandbox once
+    the page raised its limit, adds a webhook and sees a delivery, downloads an
+    invoice CSV equal to /v1/invoices/current, and works at 390 and 1280 px
+    (screenshots in build/meson-logs/demo/);
   - `./scripts/up status` names the ports that actually answer;
   - `./scripts/up stop` ends every process and removes the instance's cgroup
     parent; a second `up start` keeps the account, keys and password.
@@ -255,14 +259,18 @@ def main():
 
         # The browser test, the trial key blocked (spend still rising on the agents key).
         snap = os.environ.get("TALLY_SCREENSHOT") or os.path.join(state, "dashboard.png")
+        # The browser test's screenshots (390 and 1280 px) and the CSV it downloaded stay in the
+        # test's log folder, as artifacts.
+        artifacts = os.path.join(BUILD, "meson-logs", "demo")
+        os.makedirs(artifacts, exist_ok=True)
         node = subprocess.run(["node", os.environ.get("TALLY_DASHBOARD_TEST",
                                                       os.path.join(os.path.dirname(__file__), "dashboard.cjs"))],
                               env=dict(os.environ, TALLY_URL=base, TALLY_EMAIL=email, TALLY_PASSWORD=pw,
                                        TALLY_DATABASE_URL=f"postgresql://tally@127.0.0.1:{env['TALLY_PG_PORT']}/tally",
                                        PGPASSFILE=os.path.join(state, "secrets", "pg-tally.pgpass"),
-                                       TALLY_KEY_ID=keys["agents"]["id"], TALLY_SCREENSHOT=snap,
-                                       TALLY_ROOT=ROOT),
-                              capture_output=True, text=True, timeout=120)
+                                       TALLY_KEY_ID=keys["agents"]["id"], TALLY_TRIAL_KEY_ID=trial,
+                                       TALLY_SCREENSHOT=snap, TALLY_ARTIFACTS=artifacts, TALLY_ROOT=ROOT),
+                              capture_output=True, text=True, timeout=240)
         print(f"--- dashboard.cjs (exit {node.returncode})\n{node.stdout}{node.stderr}", flush=True)
         if node.returncode != 0:
             fail("the dashboard browser test failed")

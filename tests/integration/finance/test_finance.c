@@ -406,6 +406,18 @@ static void check_api(const char *M1, const char *CUR)
         for (char *p = b; (p = strstr(p, "\r\n")); p += 2)
                 rows++;
         CHECK(rows == 5, "GET %s as CSV: a header and 4 lines, not %d records", path, rows);
+        /* the same CSV for a plain link (the dashboard's download): ?csv=true, no Accept */
+        char qpath[160], *qb = NULL;
+        snprintf(qpath, sizeof(qpath), "%s?csv=true", path);
+        st = http("GET", qpath, NULL, NULL, NULL, &qb);
+        CHECK(st == 200 && qb && b && !strcmp(qb, b), "GET %s: the CSV of Accept: text/csv, not %ld %.200s", qpath, st,
+              qb ? qb : "");
+        free(qb);
+        snprintf(qpath, sizeof(qpath), "%s?csv=yes", path);
+        st = http("GET", qpath, NULL, NULL, NULL, &qb);
+        CHECK(st == 400 && qb && strstr(qb, "\"csv\""), "GET %s: 400 naming csv, not %ld %.200s", qpath, st,
+              qb ? qb : "");
+        free(qb);
         free(b);
 
         /* the whole list as CSV: every line of every invoice (m1's four; tasks has nothing else) */
