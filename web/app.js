@@ -22,11 +22,16 @@ const keyState = new Map(); // key id → its /v1/spend row
 
 // ---- time: one zone for everything the page shows ----
 
-// The zone the dashboard shows times and days in. tally's days (spend, limits,
-// alerts, invoices) are UTC days, so the page shows UTC and says so; when the
-// API names an account's zone, this is the one function to change.
+// The zone the dashboard shows times and days in: the account's (its days of
+// spend, limits, alerts and invoices are days there; GET /v1/account/settings
+// names it, UTC by default), and the page says which.
+let accountZone = "UTC";
 function displayZone() {
-  return "UTC";
+  return accountZone;
+}
+async function loadZone() {
+  const s = await api("GET", "/v1/account/settings").catch(() => null);
+  if (s && typeof s.time_zone === "string" && s.time_zone) accountZone = s.time_zone;
 }
 
 const formatters = new Map();
@@ -208,9 +213,10 @@ async function start() {
   $("#app").hidden = false;
   $("#signout").hidden = false;
   $("#refresh").hidden = false;
+  await loadZone();
   const zone = displayZone();
-  $("#zone-note").textContent = `Times and days are shown in ${zone}` +
-    (zone === "UTC" ? " (tally's days are UTC days)." : ".");
+  $("#zone-note").textContent = `Times and days are shown in ${zone}, the account's time zone: ` +
+    "its days are the days of spend, limits and invoices.";
   for (const e of document.querySelectorAll(".zone-label")) e.textContent = `(last 12 hours, ${zone})`;
   await refresh();
   schedule();
