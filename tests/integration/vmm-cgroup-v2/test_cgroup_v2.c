@@ -15,6 +15,9 @@
  *     (the collector reads it every peak_every ticks); their memory
  *     is memory.current, less at most what the kernel's per-CPU charge caches
  *     give back meanwhile (64 pages a CPU);
+ *   - tally-vmm's status of a sandbox shows mem_bytes between memory.current
+ *     read just before and after it, and mem_peak_bytes between memory.peak
+ *     likewise, at least what the sandbox wrote to its /dev/shm;
  *   - the stopped event's counter equals usage_usec read after the kernel
  *     released the sandbox's last task, and the collector's final sample of
  *     every sandbox equals its stopped event;
@@ -191,6 +194,21 @@ static void check_sandbox_a(const char *guest, const char *id)
         CHECK(fm >= 24ull << 20, "A held %llu bytes (memory.current), wrote 24 MiB to its /dev/shm", fm);
         fprintf(stderr, "A: %d samples, %d ordered against %d readings, %d within the pause (%llu us)\n", samples,
                 bracketed, nr, frozen, f1);
+
+        /* tally-vmm's status: memory.current between the guest's readings around
+         * it, memory.peak likewise (it only grows), and at least the 24 MiB A wrote. */
+        unsigned long long m0 = 0, m1 = 0, p0 = 0, p1 = 0, mem = 0, peak = 0;
+        l = line_after(guest, "SHOW A ", 0);
+        int got = l ? sscanf(l, "%llu %llu %llu %llu %llu %llu", &m0, &m1, &p0, &p1, &mem, &peak) : 0;
+        CHECK(got == 6, "the guest printed %s tally-vmm's status of A with mem_bytes and mem_peak_bytes: %.80s",
+              got >= 4 ? "no" : "no reading around", l ? l : "(none)");
+        if (got == 6) {
+                CHECK((m0 <= mem && mem <= m1) || (m1 <= mem && mem <= m0),
+                      "A's status: mem_bytes %llu, memory.current %llu before and %llu after", mem, m0, m1);
+                CHECK(p0 <= peak && peak <= p1 && peak >= 24ull << 20,
+                      "A's status: mem_peak_bytes %llu, memory.peak %llu before and %llu after, 24 MiB written", peak,
+                      p0, p1);
+        }
 
         unsigned long long u1 = 0, u2 = 0, final = 0;
         l = line_after(guest, "FINAL A ", 0);
