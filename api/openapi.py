@@ -313,7 +313,13 @@ schemas = {
         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
         "cost_nanodollars": {"type": "integer"}, "network": ref("Network"),
         "net_rx_bytes": {"type": "integer", "description": "Bytes its egress proxy relayed to it (recorded, not priced)."},
-        "net_tx_bytes": {"type": "integer", "description": "Bytes its egress proxy relayed from it."}}},
+        "net_tx_bytes": {"type": "integer", "description": "Bytes its egress proxy relayed from it."},
+        "mem_bytes": {"type": "integer",
+                      "description": "Memory its cgroup is charged now, measured by its host's kernel (not priced: "
+                                     "memory is billed by its size). Absent once stopped."},
+        "mem_peak_bytes": {"type": "integer",
+                           "description": "The most memory its cgroup was charged since it was made. Absent once "
+                                          "stopped, or where the host's kernel keeps no peak."}}},
     "SandboxCreate": {"type": "object", "additionalProperties": False, "properties": {
         "vcpus": {"type": "integer"}, "mem_size_bytes": {"type": "integer"}, "disk_size_bytes": {"type": "integer"},
         "labels": {"type": "object", "additionalProperties": {"type": "string"}}, "timeout_s": {"type": "integer"},

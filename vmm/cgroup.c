@@ -383,12 +383,21 @@ int cgroup_cpu_ns(const struct sandbox_cgroup *cg, uint64_t *ret)
         return r < 0 ? r : cgroup_counter_parse_cpu(cg->version, buf, strlen(buf), ret);
 }
 
-int cgroup_memory_bytes(const struct sandbox_cgroup *cg, uint64_t *ret)
+static int read_memory(const struct sandbox_cgroup *cg, const char *name, uint64_t *ret)
 {
         char buf[64];
-        int r = read_file(cg->memory, cg->version == 1 ? "memory.usage_in_bytes" : "memory.current", buf,
-                          sizeof(buf));
-        return r < 0 ? r : parse_u64(buf, ret);
+        int r = read_file(cg->memory, name, buf, sizeof(buf));
+        return r < 0 ? r : cgroup_counter_parse_u64(buf, strlen(buf), ret);
+}
+
+int cgroup_memory_bytes(const struct sandbox_cgroup *cg, uint64_t *ret)
+{
+        return read_memory(cg, cg->version == 1 ? "memory.usage_in_bytes" : "memory.current", ret);
+}
+
+int cgroup_memory_peak_bytes(const struct sandbox_cgroup *cg, uint64_t *ret)
+{
+        return read_memory(cg, cg->version == 1 ? "memory.max_usage_in_bytes" : "memory.peak", ret);
 }
 
 int cgroup_pids(const struct sandbox_cgroup *cg, pid_t **ret)

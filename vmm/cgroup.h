@@ -67,8 +67,13 @@ int cgroup_thaw(const struct sandbox_cgroup *cg, int timeout_ms);
 
 /* Cumulative CPU time of the group in ns (v1 cpuacct.usage, v2 cpu.stat usage_usec × 1000). */
 int cgroup_cpu_ns(const struct sandbox_cgroup *cg, uint64_t *ret);
-/* Memory in use now, in bytes. */
+/* Memory charged to the group now, in bytes (v1 memory.usage_in_bytes, v2
+ * memory.current), and its high watermark since the group was made (v1
+ * memory.max_usage_in_bytes, v2 memory.peak: kernel 5.19 and later). Read
+ * with the collector's parser (common/cgroup_counter.h). -ENOENT where the
+ * kernel offers no such file. */
 int cgroup_memory_bytes(const struct sandbox_cgroup *cg, uint64_t *ret);
+int cgroup_memory_peak_bytes(const struct sandbox_cgroup *cg, uint64_t *ret);
 
 /* The pids in the group (malloc'd array in *ret). Returns the count or -errno. */
 int cgroup_pids(const struct sandbox_cgroup *cg, pid_t **ret);

@@ -81,6 +81,14 @@ json_t *vmm_describe(struct vmm *v, struct sandbox *sb)
                 json_object_set_new(j, "cpu_ns", json_integer((json_int_t)cpu));
         if (stopped)
                 json_object_set_new(j, "final_cpu_ns", json_integer((json_int_t)final));
+        /* Measured memory (not billed: held memory is memory_mib), read from the
+         * cgroup now while it runs or is paused; the kernel's names for them
+         * are in cgroup.h. A file the kernel lacks leaves its field out. */
+        uint64_t mem, peak;
+        if (!stopped && cgroup_memory_bytes(&sb->cg, &mem) == 0)
+                json_object_set_new(j, "mem_bytes", json_integer((json_int_t)mem));
+        if (!stopped && cgroup_memory_peak_bytes(&sb->cg, &peak) == 0)
+                json_object_set_new(j, "mem_peak_bytes", json_integer((json_int_t)peak));
         return j;
 }
 

@@ -12,6 +12,7 @@
 #include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <pthread.h>
@@ -820,6 +821,84 @@ static void test_lifecycle(void)
         resp_free(&r);
 }
 
+/* A cgroup memory file of the sandbox id, read by this test from the kernel: the
+ * folder from tally-vmm's own socket (the API hides it), the file by the layout
+ * the folder is on (v1 memory.usage_in_bytes / memory.max_usage_in_bytes, v2
+ * memory.current / memory.peak). */
+static uint64_t kernel_memory(const char *id, bool peak)
+{
+        int rc;
+        char *err = NULL;
+        json_t *sb = test_vmm_cli(sock, &rc, &err, "show", id, NULL);
+        free(err);
+        const char *dir = test_jstr(sb, "cgroup_memory");
+        bool v1 = json_integer_value(json_object_get(sb, "cgroup_version")) == 1;
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/%s", dir,
+                 v1 ? (peak ? "memory.max_usage_in_bytes" : "memory.usage_in_bytes") : (peak ? "memory.peak" : "memory.current"));
+        char *t = test_read_file(path);
+        CHECK(rc == 0 && *dir && t, "could not read %s (tally-vmm's show: rc=%d)", path, rc);
+        uint64_t v = t ? strtoull(t, NULL, 10) : 0;
+        free(t);
+        json_decref(sb);
+        return v;
+}
+
+/* Checks a sandbox object's measured memory against the kernel's files read
+ * just before (m0, p0) and just after (m1, p1) the request that produced it. */
+static void check_measured(const char *what, json_t *sb, uint64_t m0, uint64_t m1, uint64_t p0, uint64_t p1,
+                           uint64_t touched)
+{
+        json_t *mj = json_object_get(sb, "mem_bytes"), *pj = json_object_get(sb, "mem_peak_bytes");
+        uint64_t mem = (uint64_t)json_integer_value(mj), peak = (uint64_t)json_integer_value(pj);
+        uint64_t lo = m0 < m1 ? m0 : m1, hi = m0 < m1 ? m1 : m0;
+        CHECK(json_is_integer(mj) && lo <= mem && mem <= hi,
+              "%s: mem_bytes %s, the cgroup's memory %" PRIu64 " before and %" PRIu64 " after", what,
+              mj ? (json_is_integer(mj) ? "given" : "not an integer") : "missing", m0, m1);
+        CHECK(!json_is_integer(mj) || mem >= touched, "%s: mem_bytes %" PRIu64 ", the sandbox holds %" PRIu64, what,
+              mem, touched);
+        /* the peak only grows: bracketed by the files in order */
+        CHECK(json_is_integer(pj) && p0 <= peak && peak <= p1 && peak >= touched,
+              "%s: mem_peak_bytes %" PRIu64 "%s, the cgroup's peak %" PRIu64 " before and %" PRIu64 " after, "
+              "%" PRIu64 " touched", what, peak, pj ? "" : " (missing)", p0, p1, touched);
+}
+
+/* Measured memory: a sandbox holding 16 MiB (a file in its /dev/shm, charged
+ * to its cgroup) shows mem_bytes and mem_peak_bytes on GET and in the list,
+ * each bracketed by the kernel's files read just before and after. */
+static void test_measured_memory(void)
+{
+        const uint64_t held = 16ull << 20;
+        char id[64], path[256];
+        create_sandbox(&key_a2, id, sizeof(id));
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", id);
+        struct resp r = http("POST", path, key_a2.secret, NULL,
+                             "{\"command\":[\"/bin/sh\",\"-c\",\"head -c 16777216 /dev/zero >/dev/shm/hold\"]}");
+        CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "exit_code")) == 0, "exec: %ld %s",
+              r.status, r.body);
+        resp_free(&r);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+        uint64_t m0 = kernel_memory(id, false), p0 = kernel_memory(id, true);
+        r = http("GET", path, key_a2.secret, NULL, NULL);
+        uint64_t m1 = kernel_memory(id, false), p1 = kernel_memory(id, true);
+        CHECK(r.status == 200, "get: %ld %s", r.status, r.body);
+        check_measured("GET /v1/sandboxes/{id}", r.json, m0, m1, p0, p1, held);
+        resp_free(&r);
+        m0 = kernel_memory(id, false), p0 = kernel_memory(id, true);
+        r = http("GET", "/v1/sandboxes?label=suite=api", key_a2.secret, NULL, NULL);
+        m1 = kernel_memory(id, false), p1 = kernel_memory(id, true);
+        size_t i;
+        json_t *sb, *mine = NULL;
+        json_array_foreach(json_object_get(r.json, "sandboxes"), i, sb) if (strcmp(test_jstr(sb, "id"), id) == 0) mine = sb;
+        CHECK(r.status == 200 && mine, "list: %ld %s", r.status, r.body);
+        if (mine)
+                check_measured("GET /v1/sandboxes", mine, m0, m1, p0, p1, held);
+        resp_free(&r);
+        r = http("DELETE", path, key_a2.secret, NULL, NULL);
+        CHECK(r.status == 200, "delete: %ld %s", r.status, r.body);
+        resp_free(&r);
+}
+
 struct racer {
         pthread_t t;
         const char *body;
@@ -1352,6 +1431,7 @@ int main(int argc, char **argv)
                 { "limit_block", test_limit_block },
                 { "internet_permission", test_internet_permission },
                 { "lifecycle", test_lifecycle },
+                { "measured_memory", test_measured_memory },
                 { "key_caps", test_key_caps },
                 { "idempotency", test_idempotency },
                 { "tenancy", test_tenancy },

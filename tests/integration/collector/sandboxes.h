@@ -31,7 +31,10 @@ struct test_sandbox {
 
 /* The layout a sandbox asked for as version (1: v1 cpuacct + memory, 2: the
  * cgroup2 tree) gets on this host: the other one when the host has not got it
- * (a pure v2 host has no v1; tsb_create uses this, and sets sb->version). */
+ * (a pure v2 host has no v1; tsb_create uses this, and sets sb->version).
+ * TALLY_TEST_CGROUP_LAYOUT=v2 in the environment gives every sandbox the
+ * cgroup2 tree, as a pure v2 host would: how the tests' v2 paths run on a v1
+ * host (docs/testing.md). */
 int tsb_version(int want);
 
 /* The per-test parent cgroups (unique per process); created on first use. */

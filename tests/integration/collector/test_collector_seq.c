@@ -215,32 +215,42 @@ int main(void)
         snprintf(gen_block, sizeof(gen_block), "%s/collector/generation.tmp", state);
         snprintf(epoch_block, sizeof(epoch_block), "%s/collector/epochs/%s.tmp", state, v1.rec.id);
         CHECK(mkdir(gen_block, 0755) == 0 && mkdir(epoch_block, 0755) == 0, "could not block the state files: %m");
-        /* The v1 counter reset in the same cgroup: a new epoch the collector cannot store. */
-        char usage[600];
-        snprintf(usage, sizeof(usage), "%s/cpuacct.usage", v1.cpu_dir);
-        CHECK(write_file(usage, "0"), "could not reset %s: %m", usage);
+        /* The v1 counter reset in the same cgroup: a new epoch the collector cannot store.
+         * v1 only: a cgroup v2 CPU counter (cpu.stat) cannot be written, so on a v2 host
+         * only the generation is refused here. */
+        bool reset = v1.version == 1;
+        if (reset) {
+                char usage[600];
+                snprintf(usage, sizeof(usage), "%s/cpuacct.usage", v1.cpu_dir);
+                CHECK(write_file(usage, "0"), "could not reset %s: %m", usage);
+        } else {
+                printf("the epoch part of step 3: not run, v1 only: this host's sandboxes are cgroup v2, whose "
+                       "cpu.stat cannot be written\n");
+        }
         msleep(4000); /* past the wrap */
         consumer_poll(c, prefix, 1000);
         CHECK(!has_generation(c, &v2, g3 + 1), "a generation that could not be stored was published");
-        CHECK(!has_epoch(c, &v1, 2), "an epoch that could not be stored was published");
+        CHECK(!reset || !has_epoch(c, &v1, 2), "an epoch that could not be stored was published");
         n = samples_of(c, v2.rec.id, p, 4096);
         CHECK(n > 0 && p[n - 1]->seq == ((g3 << 32) | N_MAX), "v2's last seq before the block lifted is %" PRIu64
               ":%" PRIu64 ", not its last n", n ? GEN(p[n - 1]->seq) : 0, n ? NUM(p[n - 1]->seq) : 0);
         char *metrics = http_get_metrics(metrics_port);
-        CHECK(metric_value(metrics, "state_save_errors_total") >= 2 && metric_value(metrics, "samples_held_total") >= 2,
+        CHECK(metric_value(metrics, "state_save_errors_total") >= (reset ? 2 : 1) &&
+                      metric_value(metrics, "samples_held_total") >= (reset ? 2 : 1),
               "state_save_errors_total %" PRIu64 ", samples_held_total %" PRIu64,
               metric_value(metrics, "state_save_errors_total"), metric_value(metrics, "samples_held_total"));
-        CHECK(metric_value(metrics, "counter_backwards_total") == 1, "counter_backwards_total %" PRIu64,
+        CHECK(metric_value(metrics, "counter_backwards_total") == (reset ? 1 : 0), "counter_backwards_total %" PRIu64,
               metric_value(metrics, "counter_backwards_total"));
         free(metrics);
         char *text = test_read_file(log[2]);
         CHECK(text && strstr(text, "could not store a raised generation") &&
-                      strstr(text, "could not persist a sandbox's epoch"),
+                      (!reset || strstr(text, "could not persist a sandbox's epoch")),
               "the failed writes were not logged");
         free(text);
         CHECK(rmdir(gen_block) == 0 && rmdir(epoch_block) == 0, "could not unblock: %m");
         wait_until(c, prefix, both + 1, 1, has_generation, g3 + 1, 5000, "the raised generation once stored");
-        wait_until(c, prefix, both, 1, has_epoch, 2, 5000, "the new epoch once stored");
+        if (reset)
+                wait_until(c, prefix, both, 1, has_epoch, 2, 5000, "the new epoch once stored");
         CHECK(stored_generation() == g3 + 1, "stored generation %" PRIu64 ", wanted %" PRIu64, stored_generation(),
               g3 + 1);
 

@@ -15,6 +15,9 @@
  *     (the collector reads it every peak_every ticks); their memory
  *     is memory.current, less at most what the kernel's per-CPU charge caches
  *     give back meanwhile (64 pages a CPU);
+ *   - tally-vmm's status of a sandbox shows mem_bytes between memory.current
+ *     read just before and after it, and mem_peak_bytes between memory.peak
+ *     likewise, at least what the sandbox wrote to its /dev/shm;
  *   - the stopped event's counter equals usage_usec read after the kernel
  *     released the sandbox's last task, and the collector's final sample of
  *     every sandbox equals its stopped event;
@@ -192,6 +195,21 @@ static void check_sandbox_a(const char *guest, const char *id)
         fprintf(stderr, "A: %d samples, %d ordered against %d readings, %d within the pause (%llu us)\n", samples,
                 bracketed, nr, frozen, f1);
 
+        /* tally-vmm's status: memory.current between the guest's readings around
+         * it, memory.peak likewise (it only grows), and at least the 24 MiB A wrote. */
+        unsigned long long m0 = 0, m1 = 0, p0 = 0, p1 = 0, mem = 0, peak = 0;
+        l = line_after(guest, "SHOW A ", 0);
+        int got = l ? sscanf(l, "%llu %llu %llu %llu %llu %llu", &m0, &m1, &p0, &p1, &mem, &peak) : 0;
+        CHECK(got == 6, "the guest printed %s tally-vmm's status of A with mem_bytes and mem_peak_bytes: %.80s",
+              got >= 4 ? "no" : "no reading around", l ? l : "(none)");
+        if (got == 6) {
+                CHECK((m0 <= mem && mem <= m1) || (m1 <= mem && mem <= m0),
+                      "A's status: mem_bytes %llu, memory.current %llu before and %llu after", mem, m0, m1);
+                CHECK(p0 <= peak && peak <= p1 && peak >= 24ull << 20,
+                      "A's status: mem_peak_bytes %llu, memory.peak %llu before and %llu after, 24 MiB written", peak,
+                      p0, p1);
+        }
+
         unsigned long long u1 = 0, u2 = 0, final = 0;
         l = line_after(guest, "FINAL A ", 0);
         CHECK(l && sscanf(l, "%llu %llu %llu", &u1, &u2, &final) == 3, "the guest printed no final reading of A");
@@ -216,16 +234,20 @@ static void check_billed(const char *name, const char *id)
         for (int e = 0; e < nevents; e++)
                 if (events[e].type == EVENT_STOPPED && strcmp(events[e].sandbox, id) == 0)
                         want = events[e].cpu_ns;
+        CHECK(want > 0, "%s: no stopped event to bill", name);
+        if (want == 0)
+                return; /* nothing to wait for */
         char sql[512], *billed = NULL;
         snprintf(sql, sizeof(sql), "SELECT sum(cpu_ns)::text FROM usage_hourly WHERE sandbox_id = '%s'", id);
-        for (int waited = 0; waited < 30000; waited += 200) {
+        /* 30 s on the clock: each query is a new connection, slow on a loaded machine */
+        for (time_t until = time(NULL) + 30; time(NULL) < until;) {
                 free(billed);
                 billed = test_db_value(db_url, sql);
                 if (billed && strtoull(billed, NULL, 10) == want)
                         break;
                 sleep_ms(200);
         }
-        CHECK(want > 0 && billed && strtoull(billed, NULL, 10) == want, "%s: billed CPU %s ns, stopped counter %" PRIu64,
+        CHECK(billed && strtoull(billed, NULL, 10) == want, "%s: billed CPU %s ns, stopped counter %" PRIu64,
               name, str(billed), want);
         free(billed);
 }
