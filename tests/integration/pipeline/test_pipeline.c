@@ -156,6 +156,7 @@ static void spend_limit(void)
         bool idle_frozen = false;
         for (int i = 0; i < 100 && !(idle_frozen = frozen(idle.cpu_dir, P.cgroup_parent, idle.id)); i++)
                 test_sleep_ms(20);
+        int64_t idle_froze = time_boot_ns();
         CHECK(idle_frozen, "the key's idle sandbox was not paused with the other");
 
         /* The alerts of the sample that crossed are committed with it. */
@@ -189,11 +190,21 @@ static void spend_limit(void)
         int64_t stored = key_value("SELECT sum(storage_byte_ns) FROM usage_hourly WHERE key_id = 'key_lim'");
         int64_t waived_ns = key_value("SELECT div(sum(storage_waived_byte_ns), 134217728) FROM usage_hourly"
                                       " WHERE key_id = 'key_lim'");
-        __int128 x = (__int128)cpu * 25000000 + (__int128)held_ns * 937500, den = 3600000000000;
+        /* The CPU is the kernel's: both cgroups' counters, frozen since the pause, read by the test. The
+         * memory is held from the creates to the pauses: at least from the end of each create call to the
+         * crossing, at most from its start to when the test saw it frozen. */
+        int64_t kernel = pipe_cgroup_cpu_ns(s.cpu_dir) + pipe_cgroup_cpu_ns(idle.cpu_dir);
+        CHECK(cpu == kernel, "the key's billed CPU %" PRId64 " ns, its frozen cgroups' counters %" PRId64 " ns", cpu,
+              kernel);
+        int64_t held_lo = (crossed - s.create.end) + (crossed - idle.create.end);
+        int64_t held_hi = (froze - s.create.start) + (idle_froze - idle.create.start);
+        CHECK(held_ns >= held_lo && held_ns <= held_hi, "memory held %" PRId64 " ns, the test saw %" PRId64 "..%" PRId64,
+              held_ns, held_lo, held_hi);
+        __int128 x = (__int128)kernel * 25000000 + (__int128)held_ns * 937500, den = 3600000000000;
         int64_t want = (int64_t)((2 * x + den) / (2 * den));
         CHECK(held_rem == 0 && later == want,
               "the key's spend is %" PRId64 " nd; its sandboxes' CPU (%" PRId64 " ns) and memory (%" PRId64
-              " ns of 128 MiB) cost %" PRId64 " nd", later, cpu, held_ns, want);
+              " ns of 128 MiB) cost %" PRId64 " nd", later, kernel, held_ns, want);
         CHECK(stored == 0, "%" PRId64 " byte-ns of storage charged to sandboxes paused by the key's limit", stored);
         /* Their storage is kept, waived: two sandboxes, each at least 128 MiB, paused for the 8 s waited. */
         CHECK(waived_ns >= 2 * 7 * NS_PER_SEC, "waived storage: %" PRId64 " ns of 128 MiB (want the pauses': 2 x 7 s"
