@@ -211,6 +211,20 @@ static void spend_limit(void)
               " or more)", waived_ns);
         CHECK(key_value("SELECT count(*) FROM limit_waivers WHERE key_id = 'key_lim'") == 2,
               "limit_waivers does not name the key's two sandboxes");
+        /* Finance sees what was waived: per sandbox, its waived byte-ns at $0.08 per GB-month, by hand:
+         * byte-ns x 80,000,000 / (1e9 x 2,592,000e9), rounded once, half away from zero. */
+        char *rows = pipe_query(&P, "SELECT string_agg(storage_waived_byte_ns || ' ' || waived_nanodollars, ' ')"
+                                    " FROM finance.limit_waivers WHERE key_id = 'key_lim'");
+        long long bns[2] = { -1, -1 }, nd[2] = { -1, -1 };
+        CHECK(rows && sscanf(rows, "%lld %lld %lld %lld", &bns[0], &nd[0], &bns[1], &nd[1]) == 4,
+              "finance.limit_waivers: %s", rows ? rows : "no rows");
+        for (int i = 0; i < 2; i++) {
+                __int128 q = (__int128)bns[i] * 80000000, d = (__int128)1000000000 * 2592000000000000;
+                long long w = (long long)((2 * q + d) / (2 * d));
+                CHECK(bns[i] > 0 && nd[i] == w, "finance.limit_waivers: %lld byte-ns waived as %lld nd, want %lld",
+                      bns[i], nd[i], w);
+        }
+        free(rows);
         fprintf(stderr, "spend limit: spend %" PRId64 " nd against %" PRId64 " (cpu %" PRId64 " ns, memory %" PRId64
                 " ns), %" PRId64 " ns of 128 MiB storage waived\n", later, limit, cpu, held_ns, waived_ns);
 
