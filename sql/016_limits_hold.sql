@@ -51,18 +51,23 @@ GRANT SELECT ON limit_waivers TO tally_api, tally_admin;
 -- Finance's view of them (docs/finance.md): per waiver, the storage it waived
 -- and what that storage would have cost (each hour at the storage rate in
 -- force, rounded once). No invoice holds these amounts.
+-- (Rates through 008's rate_periods, as its views do: functions a view calls
+-- run with the reader's rights, and the finance role reads no table.)
 CREATE VIEW finance.limit_waivers AS
 SELECT w.account_id, w.key_id, w.sandbox_id, w.day, w.blocked_at,
        coalesce(sum(u.storage_waived_byte_ns), 0) AS storage_waived_byte_ns,
        billing_units(coalesce(sum(u.storage_waived_byte_ns), 0), meter_unit_base('storage')) AS storage_gb_months,
-       tally_round_div(coalesce(sum(u.storage_waived_byte_ns
-                                    * coalesce(rate_at(account_plan(w.account_id), 'storage', u.hour), 0)), 0),
+       tally_round_div(coalesce(sum(u.storage_waived_byte_ns * coalesce(r.rate, 0)), 0),
                        meter_unit_base('storage'))::bigint AS waived_nanodollars
   FROM limit_waivers w
+  LEFT JOIN accounts a ON a.id = w.account_id
   LEFT JOIN usage_hourly u ON u.sandbox_id = w.sandbox_id AND u.key_id = w.key_id AND u.storage_waived_byte_ns > 0
                           -- (a coarse range any day of any zone is inside, for the index; then the day itself)
                           AND u.hour >= w.day - 1 AND u.hour < w.day + 2
                           AND (spend_day(u.account_id, u.hour)).day = w.day
+  -- the rate in force at the hour's start (rate_at's rule)
+  LEFT JOIN rate_periods r ON r.plan_id = coalesce(a.plan_id, 'default') AND r.meter = 'storage'
+                          AND u.hour >= r.since AND u.hour < r.until
  GROUP BY w.account_id, w.key_id, w.sandbox_id, w.day, w.blocked_at;
 GRANT SELECT ON finance.limit_waivers TO finance;
 

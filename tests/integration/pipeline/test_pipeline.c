@@ -213,8 +213,8 @@ static void spend_limit(void)
               "limit_waivers does not name the key's two sandboxes");
         /* Finance sees what was waived: per sandbox, its waived byte-ns at $0.08 per GB-month, by hand:
          * byte-ns x 80,000,000 / (1e9 x 2,592,000e9), rounded once, half away from zero. */
-        char *rows = pipe_query(&P, "SELECT string_agg(storage_waived_byte_ns || ' ' || waived_nanodollars, ' ')"
-                                    " FROM finance.limit_waivers WHERE key_id = 'key_lim'");
+        char *rows = pipe_query(&P, "SET ROLE finance; SELECT string_agg(storage_waived_byte_ns || ' ' ||"
+                                    " waived_nanodollars, ' ') FROM finance.limit_waivers WHERE key_id = 'key_lim'");
         long long bns[2] = { -1, -1 }, nd[2] = { -1, -1 };
         CHECK(rows && sscanf(rows, "%lld %lld %lld %lld", &bns[0], &nd[0], &bns[1], &nd[1]) == 4,
               "finance.limit_waivers: %s", rows ? rows : "no rows");
