@@ -12,7 +12,8 @@
 static const char *const session_sql =
         "SET TIME ZONE 'UTC';"
         "CREATE TEMP TABLE IF NOT EXISTS stage_usage (sandbox_id text, hour timestamptz, account_id text,"
-        " key_id text, cpu_ns bigint, mem_byte_ns numeric, storage_byte_ns numeric, mem_peak_bytes bigint)"
+        " key_id text, cpu_ns bigint, mem_byte_ns numeric, storage_byte_ns numeric, mem_peak_bytes bigint,"
+        " storage_waived_byte_ns numeric NOT NULL DEFAULT 0)"
         " ON COMMIT DELETE ROWS;"
         "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
         " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"

@@ -33,15 +33,25 @@ static const char *const hosts_sql =
         " ON CONFLICT (host) DO UPDATE SET last_sample_at = EXCLUDED.last_sample_at,"
         "  last_sample_wall = greatest(h.last_sample_wall, EXCLUDED.last_sample_wall)";
 
-/* Everything a batch writes from its staging tables, in one round trip. */
+/* Everything a batch writes from its staging tables, in one round trip.
+ * First the limit waivers (docs/billing.md, "Daily spend limits"): the paused
+ * storage of a sandbox a standing `pause` block of its key found running
+ * (limit_waivers), in hours of that blocked day, moves to the waived column,
+ * so neither usage_hourly's storage nor the rating below charges it. */
 static const char *const apply_sql =
+        "UPDATE stage_usage u SET storage_waived_byte_ns = u.storage_byte_ns, storage_byte_ns = 0"
+        "  FROM limit_waivers w JOIN key_blocks b ON b.key_id = w.key_id AND b.day = w.day"
+        " WHERE u.storage_byte_ns > 0 AND w.sandbox_id = u.sandbox_id AND w.key_id = u.key_id"
+        "   AND w.day = (spend_day(u.account_id, u.hour)).day;"
         "INSERT INTO usage_hourly AS u (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns,"
-        "  storage_byte_ns, mem_peak_bytes)"
-        " SELECT sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns, mem_peak_bytes"
+        "  storage_byte_ns, mem_peak_bytes, storage_waived_byte_ns)"
+        " SELECT sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns, mem_peak_bytes,"
+        "        storage_waived_byte_ns"
         "   FROM stage_usage"
         " ON CONFLICT (sandbox_id, hour) DO UPDATE SET cpu_ns = u.cpu_ns + EXCLUDED.cpu_ns,"
         "  mem_byte_ns = u.mem_byte_ns + EXCLUDED.mem_byte_ns,"
         "  storage_byte_ns = u.storage_byte_ns + EXCLUDED.storage_byte_ns,"
+        "  storage_waived_byte_ns = u.storage_waived_byte_ns + EXCLUDED.storage_waived_byte_ns,"
         "  mem_peak_bytes = greatest(u.mem_peak_bytes, EXCLUDED.mem_peak_bytes);"
         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, vcpus, mem_size_bytes, state, net_rx_bytes,"
         "  net_tx_bytes)"
@@ -83,7 +93,8 @@ static const char *const rate_sql =
         " RETURNING account_id, plan_id, meter, to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI\"Z\"')";
 
 /* After the usage: alerts once per (key, day, threshold), and the block at
- * 100%. Returns the keys newly blocked. */
+ * 100%; a new `pause` block waives the paused storage of the key's sandboxes
+ * it finds running (limit_waivers; apply_sql). Returns the keys newly blocked. */
 static const char *const limits_sql =
         "WITH spent AS ("
         "  SELECT d.key_id, d.day, d.account_id, d.nanodollars, k.daily_limit_nanodollars AS lim, k.limit_policy"
@@ -100,8 +111,14 @@ static const char *const limits_sql =
         " blocked AS ("
         "  INSERT INTO key_blocks (key_id, day, account_id, policy)"
         "  SELECT key_id, day, account_id, limit_policy FROM spent WHERE nanodollars >= lim"
-        "  ON CONFLICT (key_id, day) DO NOTHING RETURNING key_id, day)"
-        " SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM blocked)";
+        "  ON CONFLICT (key_id, day) DO NOTHING RETURNING key_id, day, account_id, policy),"
+        " waived AS ("
+        "  INSERT INTO limit_waivers (key_id, day, sandbox_id, account_id)"
+        "  SELECT b.key_id, b.day, s.id, b.account_id FROM blocked b"
+        "    JOIN sandboxes s ON s.key_id = b.key_id AND s.account_id = b.account_id AND s.state = 'running'"
+        "   WHERE b.policy = 'pause' ORDER BY s.id"
+        "  ON CONFLICT DO NOTHING RETURNING 1)"
+        " SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM blocked), (SELECT count(*) FROM waived)";
 
 /* Keys blocked today that still had running sandboxes in this batch (the
  * newly blocked among them): their sandboxes get a command. */
@@ -144,7 +161,10 @@ static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t
                 rows++;
         }
         *ret_rows = rows;
-        return copy_rows(l, "COPY stage_usage FROM STDIN", t->buf, t->len);
+        return copy_rows(l,
+                         "COPY stage_usage (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns,"
+                         " mem_peak_bytes) FROM STDIN",
+                         t->buf, t->len);
 }
 
 static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
@@ -299,6 +319,7 @@ static int read_limits(struct commit *c, PGresult *res)
 {
         c->rep->fired = atol(PQgetvalue(res, 0, 0));
         c->rep->blocked = atol(PQgetvalue(res, 0, 1));
+        c->rep->waived = atol(PQgetvalue(res, 0, 2));
         return 0;
 }
 
@@ -399,7 +420,8 @@ void store_log_committed(const struct commit_report *rep, const struct batch *b)
 {
         const int64_t *at = rep->at;
         if (rep->fired)
-                log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld", rep->fired, rep->blocked);
+                log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld waived_sandboxes=%ld", rep->fired,
+                         rep->blocked, rep->waived);
         log_debug("batch committed",
                   "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
                   " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64

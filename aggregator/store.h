@@ -25,6 +25,7 @@
 struct commit_report {
         size_t rows;            /* usage rows (sandbox, hour) written */
         long fired, blocked;    /* alerts recorded; keys newly blocked */
+        long waived;            /* sandboxes whose paused storage a new block waives */
         struct command *cmds;   /* enforcement to publish after COMMIT; the caller frees it */
         int ncmds;
         int64_t t0;             /* monotonic ns: start */

@@ -210,9 +210,12 @@ paths = {
                        "burn rate 0 and reaches_limit_at null.", {"type": "string", "format": "date"}),
          CURSOR, LIMIT], opid="getSpend",
         desc="day, day_start and day_end: the account's day (time_zone) and the instants it starts and ends, 23 or 25 "
-             "hours apart on a change of daylight saving time. burn_rate_nanodollars_per_hour: the key's usage from burn_window_start to as_of, rated, divided by "
-             "the window's length (the current UTC hour, or the previous and current when the current is under 15 "
-             "minutes old). reaches_limit_at: as_of + ceil(remaining x 3600 / burn rate) seconds.")},
+             "hours apart on a change of daylight saving time. "
+             "burn_rate_nanodollars_per_hour: the key's spend from its burn_window_start (a reference point "
+             "between rate_window and twice that old) to its last spend change, per hour; 0 once spend has not "
+             "changed for rate_window. reaches_limit_at: the last spend change + ceil(remaining x window / spend "
+             "in the window) microseconds, the instant the spend.limit_projected alert records (sql/016 "
+             "spend_projection_of). The answer's burn_window_start is always null (each key has its own).")},
     "/v1/alerts": {"get": op(
         "Spend alerts (50, 80, 100 % of a key's daily limit) with their delivery state, newest first.", ANY,
         dict({"200": resp("A page of alerts", ref("AlertPage"))}, **errors()),
@@ -353,6 +356,7 @@ schemas = {
         "limit_nanodollars": nullable_int, "limit_policy": {"type": "string"},
         "remaining_nanodollars": nullable_int, "limit_reached": {"type": "boolean"}, "blocked": {"type": "boolean"},
         "burn_rate_nanodollars_per_hour": {"type": "integer"},
+        "burn_window_start": {"type": ["string", "null"], "format": "date-time"},
         "reaches_limit_at": {"type": ["string", "null"], "format": "date-time"}}},
     "AccountSettings": {"type": "object", "properties": {
         "account": ref("Id"), "time_zone": {"type": "string"}, "day": {"type": "string", "format": "date"},

@@ -1,14 +1,14 @@
 /* spend.c — GET /v1/spend: per API key, today's spend against its daily
- * limit (the account's day, in its time zone: account_day, sql/017; or the
- * day asked for), the burn rate over the last minutes and when the key
- * reaches its limit at that rate (docs/api-usage.md defines each figure).
+ * limit (the account's day, in its time zone: spend_day, sql/017; or the day
+ * asked for), the burn rate and when the key reaches its limit at that rate
+ * (docs/api-usage.md defines each figure).
  *
  * Today's spend is spend_daily.nanodollars, the figure enforcement uses. The
- * burn rate is computed exactly in PostgreSQL numeric from usage_key_hourly
- * (sql/005: usage_hourly per key and hour, rated per hour): the window's rated
- * sums over a common denominator of the three meters' units, divided and
- * rounded once. Scoped to the caller's account
- * and, for an API key, to that key alone. Nothing here writes. */
+ * burn rate and the instant come from sql/016's spend_projection_of over the
+ * key's points of today (spend_rate_points): the one projection the warning
+ * before the limit (sql/016 spend_projection) records too, so the two name the
+ * same instant. Scoped to the caller's account and, for an API key, to that
+ * key alone. Nothing here writes. */
 #include "api.h"
 #include "read.h"
 
@@ -18,38 +18,30 @@
 #include <string.h>
 #include <time.h>
 
-/* L = lcm of the three meters' base units per billing unit (docs/billing.md):
- * vCPU-hour 3.6e15/1e3 = 3,600e9 CPU-ns; GiB-hour 2^30 x 3,600e9 byte-ns;
- * GB-month 1e9 x 2,592,000e9 byte-ns. A window's rated sums over L are its
- * exact cost: L/B_cpu = 94371840000000000, L/B_mem = 87890625, L/B_storage = 131072. */
 #define SPEND_SQL(KEY_FILTER, ORDER, OUTER_ORDER)                                                                    \
         "SELECT k.id, k.name, k.revoked, k.spend, div(2 * k.spend + 10000000, 20000000), k.lim, k.policy, k.blocked," \
         "       k.burn, w.day::text, (extract(epoch FROM w.t) * 1000000)::bigint,"                                    \
-        "       (extract(epoch FROM w.ws) * 1000000)::bigint, w.zone, w.today,"                                       \
+        "       (extract(epoch FROM k.window_start) * 1000000)::bigint, k.reaches_us, w.zone, w.today,"               \
         "       (extract(epoch FROM zone_day_start(w.zone, w.day)) * 1000000)::bigint,"                               \
         "       (extract(epoch FROM zone_day_start(w.zone, w.day + 1)) * 1000000)::bigint"                            \
-        "  FROM (SELECT t, zone, day, day = zone_day(zone, t) AS today, ws,"                                          \
-        "               (extract(epoch FROM t - ws) * 1000000)::bigint AS window_us"                                  \
-        "          FROM (SELECT t, zone, coalesce($5::date, zone_day(zone, t)) AS day,"                                \
-        "                       CASE WHEN t - date_trunc('hour', t, 'UTC') >= interval '15 minutes'"                  \
-        "                            THEN date_trunc('hour', t, 'UTC')"                                                \
-        "                            ELSE date_trunc('hour', t, 'UTC') - interval '1 hour' END AS ws"                  \
-        "                  FROM (SELECT now() AS t, account_zone($1) AS zone) n) n2) w"                               \
+        "  FROM (SELECT t, zone, coalesce($5::date, today) AS day, coalesce($5::date, today) = today AS today"         \
+        "          FROM (SELECT t, account_zone($1) AS zone, (spend_day($1, t)).day AS today"                         \
+        "                  FROM (SELECT now() AS t) n) n2) w"                                                          \
         "  LEFT JOIN LATERAL ("                                                                                       \
         "       SELECT a.id, a.name, a.revoked_at IS NOT NULL AS revoked, coalesce(d.nanodollars, 0) AS spend,"        \
         "              a.daily_limit_nanodollars AS lim, a.limit_policy AS policy,"                                     \
         /* key_blocked(a.id, w.t) of sql/002 written out: a SQL function call is parsed on every call */            \
         "              EXISTS (SELECT 1 FROM key_blocks b WHERE b.key_id = a.id AND b.day = w.day) AS blocked,"        \
-        "              (SELECT CASE WHEN w.today AND w.window_us > 0"                                                   \
-        "                           THEN div(2 * coalesce(sum(h.cpu_rated * 94371840000000000"                          \
-        "                                                     + h.memory_rated * 87890625"                              \
-        "                                                     + h.storage_rated * 131072), 0) * 3600000000"            \
-        "                                    + 339738624000000000000000000000 * w.window_us,"                           \
-        "                                    2 * 339738624000000000000000000000 * w.window_us) ELSE 0 END"              \
-        "                 FROM usage_key_hourly h"                                                                      \
-        "                WHERE h.account_id = $1 AND h.key_id = a.id AND h.hour >= w.ws AND h.hour <= w.t) AS burn"   \
+        /* a day other than today has no burn and no instant */                                                     \
+        "              CASE WHEN w.today THEN coalesce(pr.burn_nanodollars_per_hour, 0) ELSE 0 END AS burn,"           \
+        "              CASE WHEN w.today THEN pr.window_start END AS window_start,"                                    \
+        "              CASE WHEN w.today THEN pr.reaches_limit_us::bigint END AS reaches_us"                           \
         "         FROM api_keys a"                                                                                     \
         "         LEFT JOIN spend_daily d ON d.key_id = a.id AND d.day = w.day AND d.account_id = $1"                  \
+        "         LEFT JOIN spend_rate_points p ON p.key_id = a.id AND p.day = w.day"                                  \
+        "         LEFT JOIN LATERAL spend_projection_of(coalesce(p.a_at, p.b_at),"                                     \
+        "                                               coalesce(p.a_nanodollars, p.b_nanodollars), p.last_at,"        \
+        "                                               p.last_nanodollars, a.daily_limit_nanodollars, w.t) pr ON true"\
         "        WHERE a.account_id = $1 AND " KEY_FILTER                                                              \
         "          AND ($3::text IS NULL OR a.id COLLATE \"C\" > $3::text COLLATE \"C\")"                                 \
         "          AND (a.revoked_at IS NULL OR d.key_id IS NOT NULL)" ORDER ") k ON true" OUTER_ORDER
@@ -63,7 +55,7 @@ static const char spend_sql_account[] = SPEND_SQL("$2::text IS NULL", " ORDER BY
 
 enum {
         COL_ID, COL_NAME, COL_REVOKED, COL_SPEND, COL_SPEND_CENTS, COL_LIMIT, COL_POLICY, COL_BLOCKED, COL_BURN,
-        COL_DAY, COL_AS_OF_US, COL_WINDOW_US, COL_ZONE, COL_TODAY, COL_DAY_START_US, COL_DAY_END_US
+        COL_DAY, COL_AS_OF_US, COL_WINDOW_US, COL_REACHES_US, COL_ZONE, COL_TODAY, COL_DAY_START_US, COL_DAY_END_US
 };
 
 /* The last instant RFC 3339's four-digit years can name: 9999-12-31T23:59:59.999999Z. */
@@ -86,22 +78,13 @@ static json_t *time_json(int64_t us, bool micro)
         return json_string(buf);
 }
 
-/* When the key reaches its limit at burn nano-dollars an hour: as_of +
- * ceil((limit - spend) x 3,600 / burn) seconds, in exact integers; null when
- * there is no limit, it is reached, nothing burns, or the instant is past
- * year 9999. */
-static json_t *reaches_at(const PGresult *res, int row, int64_t as_of_us)
+/* A column of Unix microseconds as RFC 3339, or null. */
+static json_t *time_or_null(const PGresult *res, int row, int col, bool micro)
 {
-        if (PQgetisnull(res, row, COL_LIMIT))
+        if (PQgetisnull(res, row, col))
                 return json_null();
-        int64_t lim = read_int64(res, row, COL_LIMIT), spend = read_int64(res, row, COL_SPEND);
-        int64_t burn = read_int64(res, row, COL_BURN);
-        if (spend >= lim || burn <= 0)
-                return json_null();
-        unsigned __int128 secs = ((unsigned __int128)(uint64_t)(lim - spend) * 3600 + (uint64_t)burn - 1) / (uint64_t)burn;
-        if (secs > (unsigned __int128)(TIME_MAX_US - as_of_us) / 1000000)
-                return json_null();
-        return time_json(as_of_us + (int64_t)secs * 1000000, true);
+        int64_t us = read_int64(res, row, col);
+        return us < 0 || us > TIME_MAX_US ? json_null() : time_json(us, micro);
 }
 
 static json_t *int_or_null(const PGresult *res, int row, int col)
@@ -169,7 +152,7 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                 int64_t spend = read_int64(res, i, COL_SPEND), cap = has_limit ? read_int64(res, i, COL_LIMIT) : 0;
                 json_array_append_new(
                         data,
-                        json_pack("{s:s, s:s, s:b, s:I, s:I, s:o, s:s, s:o, s:b, s:b, s:I, s:o}", "key",
+                        json_pack("{s:s, s:s, s:b, s:I, s:I, s:o, s:s, s:o, s:b, s:b, s:I, s:o, s:o}", "key",
                                   PQgetvalue(res, i, COL_ID), "name", PQgetvalue(res, i, COL_NAME), "revoked",
                                   PQgetvalue(res, i, COL_REVOKED)[0] == 't', "spend_nanodollars", (json_int_t)spend,
                                   "spend_cents", (json_int_t)read_int64(res, i, COL_SPEND_CENTS), "limit_nanodollars",
@@ -178,8 +161,9 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                                   has_limit ? json_integer((json_int_t)(spend < cap ? cap - spend : 0)) : json_null(),
                                   "limit_reached", has_limit && spend >= cap, "blocked",
                                   PQgetvalue(res, i, COL_BLOCKED)[0] == 't', "burn_rate_nanodollars_per_hour",
-                                  (json_int_t)read_int64(res, i, COL_BURN), "reaches_limit_at",
-                                  reaches_at(res, i, as_of_us)));
+                                  (json_int_t)read_int64(res, i, COL_BURN), "burn_window_start",
+                                  time_or_null(res, i, COL_WINDOW_US, true), "reaches_limit_at",
+                                  time_or_null(res, i, COL_REACHES_US, true)));
         }
         json_t *next = json_null();
         if (more && rows > 0) {
@@ -192,8 +176,9 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                         free(s);
                 }
         }
-        /* The day, the instant and the window are the statement's own, the
-         * same on every row. */
+        /* The day and the instant are the statement's own, the same on every
+         * row. Each key's burn has its own window (burn_window_start of its
+         * row); the answer's is null since the projection moved to sql/016. */
         json_t *body = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "day", json_null(), "as_of",
                                  json_null(), "burn_window_start", json_null(), "time_zone", json_null(), "today",
                                  json_null(), "day_start", json_null(), "day_end", json_null(), "data", data,
@@ -203,7 +188,6 @@ int api_spend(PGconn *db, const struct api_caller *c, api_param_fn get, void *ct
                  * starts and ends: 23 or 25 hours apart on a change of daylight saving time. */
                 json_object_set_new(body, "day", json_string(PQgetvalue(res, 0, COL_DAY)));
                 json_object_set_new(body, "as_of", time_json(as_of_us, true));
-                json_object_set_new(body, "burn_window_start", time_json(read_int64(res, 0, COL_WINDOW_US), false));
                 json_object_set_new(body, "time_zone", json_string(PQgetvalue(res, 0, COL_ZONE)));
                 json_object_set_new(body, "today", json_boolean(PQgetvalue(res, 0, COL_TODAY)[0] == 't'));
                 json_object_set_new(body, "day_start", time_json(read_int64(res, 0, COL_DAY_START_US), false));

@@ -38,7 +38,7 @@ static const struct {
             "usage_hourly:UPDATE", "spend_daily:INSERT", "spend_daily:UPDATE", "hosts:INSERT", "hosts:UPDATE",
             "consumer_offsets:INSERT", "consumer_offsets:UPDATE", "key_blocks:INSERT", "alerts:INSERT",
             "dead_letters:INSERT", "offset_gaps:INSERT", "rating_gaps:INSERT", "held_readings:INSERT",
-            "held_readings:DELETE", "held_readings:UPDATE(reason)", NULL } },
+            "held_readings:DELETE", "held_readings:UPDATE(reason)", "limit_waivers:INSERT", NULL } },
         { "tally_api",
           { "sessions:INSERT", "sessions:DELETE", "idempotency_keys:INSERT", "idempotency_keys:DELETE",
             "idempotency_keys:UPDATE(status,body)", "signin_attempts:INSERT", "signin_attempts:DELETE",
@@ -483,7 +483,9 @@ int main(void)
                        "  ('key_u', (now() AT TIME ZONE 'UTC')::date, 'acct_r', 'pause');"
                        "INSERT INTO spend_rate_points (key_id, day, b_at, b_nanodollars) VALUES"
                        "  ('key_r', (now() AT TIME ZONE 'UTC')::date, now(), 1),"
-                       "  ('key_r', (now() AT TIME ZONE 'UTC')::date - 5, now(), 1)");
+                       "  ('key_r', (now() AT TIME ZONE 'UTC')::date - 5, now(), 1)"
+                       /* (today's row: the spend above moved its points already, sql/016) */
+                       "  ON CONFLICT (key_id, day) DO NOTHING");
         char *before = one(admin, "SELECT (SELECT cpu_ns FROM usage_hourly WHERE sandbox_id = 'sb_r') || '/' ||"
                                   " (SELECT nanodollars FROM spend_daily WHERE key_id = 'key_r')");
 

@@ -19,7 +19,9 @@
  * spend after the crossing sample, s x 200,000 / 9 nano-dollars rounded
  * once (23 s: 511,111; 37 s: 822,222; 46 s: 1,022,222), never the threshold
  * it crossed. A key without a limit never alerts, and replays fire nothing
- * twice. */
+ * twice. A pause limit caps spend: the storage of the sandboxes its block
+ * paused is waived, not that of sandboxes already paused, and not once a
+ * person raised the limit (waivers(), worked by hand). */
 #include "aggtest.h"
 #include "control.h"
 #include "kafka.h"
@@ -165,6 +167,57 @@ static void cross(const char *key, const char *sandbox, int second, int pct, con
         free(v);
 }
 
+/* What a pause limit caps (docs/billing.md), worked by hand. Key kw (pause, 11,000 nd) has two
+ * sandboxes of 3,240,000,000 bytes of storage each, which cost 100 nd a second while paused
+ * (3.24e9 B x 1e9 ns x 80,000,000 nd / (1e9 B x 2,592,000e9 ns)):
+ *  - w1 runs at 0.144 vCPU (144,000,000 CPU-ns a second: 144e6 x 25,000,000 / 3.6e12 = 1,000 nd) with
+ *    no memory size (its running memory costs nothing; its storage is its disk);
+ *  - w2 was paused by its tenant from the start: 100 nd a second.
+ * Seconds 0..10: 1,100 nd a second; the limit is reached by second 10 (11,000 nd): the block finds w1
+ * running (waived) and w2 paused (not). Seconds 11..20, both paused: w1's storage is waived, w2's is
+ * charged: 11,000 + 10 x 100 = 12,000 nd (the old rule: 13,000). A person raises the limit to
+ * 20,000 nd and lifts the block; seconds 21..30, both paused: both charged, 14,000 nd. */
+static void waivers(void)
+{
+        const uint64_t disk = 3240000000;
+        aggtest_exec(&t, "INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars, limit_policy)"
+                         " VALUES ('kw', 'lim', sha256('kw'), 11000, 'pause')");
+        for (int s = 0; s <= 30; s++) {
+                bool running = s <= 10;
+                struct usage_event w1 = aggtest_sample("lim", "kw", "sb-w1", 1, (uint64_t)s + 1, t0 + s * NS_PER_SEC,
+                                                       running ? STATE_RUNNING : STATE_PAUSED,
+                                                       (uint64_t)(running ? s : 10) * 144000000, 0, disk, 1);
+                w1 = aggtest_held(w1, (uint64_t)(running ? s : 10) * NS_PER_SEC,
+                                  (uint64_t)(running ? 0 : s - 10) * NS_PER_SEC);
+                struct usage_event w2 = aggtest_sample("lim", "kw", "sb-w2", 1, (uint64_t)s + 1, t0 + s * NS_PER_SEC,
+                                                       STATE_PAUSED, 0, 0, disk, 1);
+                w2 = aggtest_held(w2, 0, (uint64_t)s * NS_PER_SEC);
+                aggtest_produce(&t, &w2);
+                aggtest_produce(&t, &w1);
+                aggtest_flush(&t);
+                if (s == 10 || s == 20) {
+                        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up");
+                        expect("SELECT nanodollars::text FROM spend_daily WHERE key_id = 'kw'",
+                               s == 10 ? "11000" : "12000",
+                               s == 10 ? "kw's spend at its block" : "kw's spend 10 s after its block, w1 waived");
+                        expect("SELECT string_agg(sandbox_id, ',') FROM limit_waivers WHERE key_id = 'kw'", "sb-w1",
+                               "the sandboxes the block found running");
+                }
+                if (s == 20)
+                        aggtest_exec(&t, "UPDATE api_keys SET daily_limit_nanodollars = 20000 WHERE id = 'kw';"
+                                         "DELETE FROM key_blocks WHERE key_id = 'kw'");
+        }
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "not caught up");
+        expect("SELECT nanodollars::text FROM spend_daily WHERE key_id = 'kw'", "14000",
+               "kw's spend after a person raised its limit: both sandboxes' storage charged");
+        expect("SELECT key_blocked('kw')::text", "false", "kw blocked again under its raised limit");
+        /* Exactly: w1 10 s waived and 10 s charged, w2 30 s charged, in byte-ns. */
+        expect("SELECT sum(storage_waived_byte_ns)::text || '/' || sum(storage_byte_ns)::text FROM usage_hourly"
+               " WHERE sandbox_id = 'sb-w1'", "32400000000000000000/32400000000000000000", "w1's storage");
+        expect("SELECT sum(storage_waived_byte_ns)::text || '/' || sum(storage_byte_ns)::text FROM usage_hourly"
+               " WHERE sandbox_id = 'sb-w2'", "0/97200000000000000000", "w2's storage");
+}
+
 int main(void)
 {
         aggtest_start(&t, "agg_limits", 2);
@@ -229,6 +282,7 @@ int main(void)
         CHECK(other_commands == 0, "%d command(s) for keys within their limits", other_commands);
         rd_kafka_consumer_close(control);
         rd_kafka_destroy(control);
+        waivers();
 
         CHECK(aggtest_terminate(agg) == 0, "unclean stop");
         aggtest_stop(&t);

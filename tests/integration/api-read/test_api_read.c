@@ -532,19 +532,6 @@ static void test_bad_input(void)
 
 /* ---- spend ---- */
 
-static int64_t parse_us(const char *s)
-{
-        /* "YYYY-MM-DDTHH:MM:SS.ffffffZ" */
-        struct tm tm = { 0 };
-        int us = 0;
-        if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%6dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-                   &tm.tm_sec, &us) < 6)
-                return -1;
-        tm.tm_year -= 1900;
-        tm.tm_mon -= 1;
-        return (int64_t)timegm(&tm) * 1000000 + us;
-}
-
 static void fmt_us(char *buf, size_t size, int64_t us)
 {
         time_t t = (time_t)(us / 1000000);
@@ -583,26 +570,45 @@ static void test_spend(void)
         CHECK(json_is_false(json_object_get(k1, "blocked")) && json_is_false(json_object_get(k1, "limit_reached")),
               "ar-ka1 is not blocked");
 
-        /* The window by hand: the current UTC hour when it is 15 minutes old or more, else from the
-         * previous hour's start. */
-        int64_t as_of = parse_us(str(p, "as_of"));
-        int64_t ws = parse_us(str(p, "burn_window_start"));
-        int64_t hour = as_of / 3600000000LL * 3600000000LL;
-        bool two = as_of - hour < 15 * 60000000LL;
-        CHECK(ws == (two ? hour - 3600000000LL : hour), "window start %s for as_of %s", str(p, "burn_window_start"),
-              str(p, "as_of"));
-        /* Burn = window CPU-ns x $0.025/vCPU-h / window length, per hour, rounded half away from zero:
-         * cpu_ns x 25e6 / 3.6e12 nano-dollars over window_us microseconds -> x 3.6e9 per hour. */
-        __int128 cpu_ns = two ? 10800000000000LL : 3600000000000LL;
-        __int128 num_ = cpu_ns * 25000000 * 3600000000LL, den = (__int128)3600000000000LL * (as_of - ws);
-        long long burn = (long long)((2 * num_ + den) / (2 * den));
-        CHECK(num(k1, "burn_rate_nanodollars_per_hour") == burn, "ar-ka1 burn %lld nd/h, want %lld",
-              num(k1, "burn_rate_nanodollars_per_hour"), burn);
-        /* Reaches its limit at as_of + ceil(25,000,000 x 3600 / burn) seconds. */
+        /* The projection (docs/billing.md, "Burn rate and the projection") reads the key's points: a
+         * reference of 60,000,000 nd 7 minutes ago and the last change, 75,000,000 nd, 30 s ago: 15,000,000
+         * nd in 390 s. Burn by hand: 15e6 x 3.6e9 / 390e6 us = 138,461,538.46... -> 138,461,538 nd/h.
+         * The limit's 25,000,000 nd left take 25e6 x 390e6 / 15e6 = 650,000,000 us: last change + 650 s,
+         * whenever the answer is read (as_of does not move it). */
+        sql("UPDATE spend_rate_points SET a_at = now() - interval '7 minutes', a_nanodollars = 60000000,"
+            " b_at = now() - interval '2 minutes', b_nanodollars = 70000000,"
+            " last_at = now() - interval '30 seconds', last_nanodollars = 75000000 WHERE key_id = 'ar-ka1'");
+        PGresult *pts = PQexec(db, "SELECT (extract(epoch FROM a_at) * 1000000)::bigint,"
+                                   " (extract(epoch FROM last_at) * 1000000)::bigint FROM spend_rate_points"
+                                   " WHERE key_id = 'ar-ka1'");
+        CHECK(PQresultStatus(pts) == PGRES_TUPLES_OK && PQntuples(pts) == 1, "ar-ka1's points: %s",
+              PQerrorMessage(db));
+        int64_t ref_us = PQntuples(pts) == 1 ? strtoll(PQgetvalue(pts, 0, 0), NULL, 10) : 0;
+        int64_t last_us = PQntuples(pts) == 1 ? strtoll(PQgetvalue(pts, 0, 1), NULL, 10) : 0;
+        PQclear(pts);
+        json_decref(p);
+        p = ok(SPEND, &pa, "");
+        d = data(p);
+        k1 = json_array_get(d, 0);
+        k2 = json_array_get(d, 1);
+        CHECK(num(k1, "burn_rate_nanodollars_per_hour") == 138461538, "ar-ka1 burn %lld nd/h, want 138,461,538",
+              num(k1, "burn_rate_nanodollars_per_hour"));
         char want[64];
-        fmt_us(want, sizeof(want), as_of + (int64_t)((25000000LL * 3600 + burn - 1) / burn) * 1000000);
+        fmt_us(want, sizeof(want), ref_us);
+        CHECK(!strcmp(str(k1, "burn_window_start"), want), "burn_window_start %s, want %s",
+              str(k1, "burn_window_start"), want);
+        fmt_us(want, sizeof(want), last_us + 650000000);
         CHECK(!strcmp(str(k1, "reaches_limit_at"), want), "reaches_limit_at %s, want %s", str(k1, "reaches_limit_at"),
               want);
+        CHECK(json_is_null(json_object_get(p, "burn_window_start")), "the answer's burn_window_start is not null");
+        /* Spend that has not changed for rate_window (5 minutes) burns nothing. */
+        sql("UPDATE spend_rate_points SET a_at = now() - interval '17 minutes', b_at = now() - interval '12 minutes',"
+            " last_at = now() - interval '10 minutes' WHERE key_id = 'ar-ka1'");
+        json_t *stale = ok(SPEND, &pa, "");
+        json_t *s1 = json_array_get(data(stale), 0);
+        CHECK(num(s1, "burn_rate_nanodollars_per_hour") == 0 && json_is_null(json_object_get(s1, "reaches_limit_at")),
+              "ar-ka1 with no spend change for 10 minutes: burn %lld nd/h", num(s1, "burn_rate_nanodollars_per_hour"));
+        json_decref(stale);
         CHECK(num(k2, "spend_nanodollars") == 0 && json_is_null(json_object_get(k2, "limit_nanodollars")) &&
                       json_is_null(json_object_get(k2, "reaches_limit_at")) &&
                       num(k2, "burn_rate_nanodollars_per_hour") == 0,
