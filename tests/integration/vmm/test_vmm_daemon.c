@@ -843,8 +843,8 @@ int main(void)
                 { "main_ends", test_main_ends },
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
-                { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
                 { "limits_schema", test_limits_schema },
+                { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
         };
         TEST_RUN_CASES(cases);
         if (daemon_pid > 0)
