@@ -735,3 +735,24 @@ SELECT p.account_id, p.month, 'preview', zone_day_start(coalesce(a.time_zone, 'U
 -- The account's zone, for finance.
 CREATE VIEW finance.account_time_zones AS SELECT id AS account_id, time_zone FROM accounts;
 GRANT SELECT ON finance.account_time_zones TO finance;
+
+-- finance.limit_waivers (sql/016) finds a waiver's hours by the account's day:
+-- from accounts' own column, which the view (its owner's rights) reads, not
+-- through spend_day (the caller's rights: the finance role cannot read
+-- accounts).
+CREATE OR REPLACE VIEW finance.limit_waivers AS
+SELECT w.account_id, w.key_id, w.sandbox_id, w.day, w.blocked_at,
+       coalesce(sum(u.storage_waived_byte_ns), 0) AS storage_waived_byte_ns,
+       billing_units(coalesce(sum(u.storage_waived_byte_ns), 0), meter_unit_base('storage')) AS storage_gb_months,
+       tally_round_div(coalesce(sum(u.storage_waived_byte_ns * coalesce(r.rate, 0)), 0),
+                       meter_unit_base('storage'))::bigint AS waived_nanodollars
+  FROM limit_waivers w
+  LEFT JOIN accounts a ON a.id = w.account_id
+  LEFT JOIN usage_hourly u ON u.sandbox_id = w.sandbox_id AND u.key_id = w.key_id AND u.storage_waived_byte_ns > 0
+                          -- (a coarse range any day of any zone is inside, for the index; then the day itself)
+                          AND u.hour >= w.day - 1 AND u.hour < w.day + 2
+                          AND zone_day(coalesce(a.time_zone, 'UTC'), u.hour) = w.day
+  -- the rate in force at the hour's start (rate_at's rule)
+  LEFT JOIN rate_periods r ON r.plan_id = coalesce(a.plan_id, 'default') AND r.meter = 'storage'
+                          AND u.hour >= r.since AND u.hour < r.until
+ GROUP BY w.account_id, w.key_id, w.sandbox_id, w.day, w.blocked_at;
