@@ -70,6 +70,6 @@ out:
         pthread_mutex_unlock(&l->lock);
         if (r == -EACCES)
                 snprintf(why, whylen, "key %s has reached its daily spend limit: no sandbox starts or resumes for it "
-                         "today (UTC)", key);
+                         "today (its account's day)", key);
         return r;
 }
