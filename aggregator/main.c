@@ -19,7 +19,7 @@ static const struct setting settings[] = {
         { "batch_messages", SETTING_INT, "500000", false, offsetof(struct aggregator_config, batch_messages), 1,
           1000000, "Commit a batch after this many messages..." },
         { "batch_ms", SETTING_INT, "100", false, offsetof(struct aggregator_config, batch_ms), 1, 60000,
-          "...or this many milliseconds after its first message (up to 10 times as long while behind)" },
+          "...or this many milliseconds after its first message (while behind: up to 10 times as long, 5 s at least)" },
         { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
           offsetof(struct aggregator_config, consumer_settings), 0, 0,
           "Further librdkafka consumer settings, name=value separated by commas" },
