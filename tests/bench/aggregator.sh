@@ -62,6 +62,7 @@ FORMATS=${FORMATS:-v1}
 export TALLY_KEEP_BYTES_PER_PARTITION=${TALLY_KEEP_BYTES_PER_PARTITION:-2147483648}
 export TALLY_KEEP_BATCHES_PER_PARTITION=${TALLY_KEEP_BATCHES_PER_PARTITION:-10000000}
 PARTITIONS=${PARTITIONS:-4}
+AGG_KAFKA=  # the aggregator's kafka_settings (Apache Kafka's SASL)
 load1() { cut -d' ' -f1 /proc/loadavg; }
 LOAD_START=$(load1)
 KAFKA=dev
@@ -199,7 +200,7 @@ phases() { # FORMAT PFX (key prefix) LABEL
   load=$(load1)
   pg0=$(pg_cpu) br0=$(broker_cpu)
   t0=$(date +%s%N)
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.e2e.$pfx$fmt.log" &
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.e2e.$pfx$fmt.log" &
   AGG_PID=$!
   local perf_pid=
   if [ -n "${PERF_DIR:-}" ]; then
@@ -282,7 +283,7 @@ phases() { # FORMAT PFX (key prefix) LABEL
   local before
   before=$(billed "bench-lat-$fmt")
   [ "$before" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $before"
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.log" &
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.log" &
   AGG_PID=$!
   wait_log "$WORK/agg.lat.$pfx$fmt.log" "partition assigned" 30
   sleep 1
@@ -340,6 +341,12 @@ if [ "$KAFKA" = apache ]; then
   say "the same phases against Apache Kafka $(kafka_version), one node, $PARTITIONS partitions"
   kafka_start "$WORK/kafka" 1 "$PARTITIONS" 1209600000 "${TALLY_KAFKA_HEAP:-1g}" >/dev/null
   BROKERS=$(cat "$WORK/kafka/bootstrap")
+  # Its listeners want SASL: the bench's own clients as admin, the aggregator as its principal.
+  export BENCH_KAFKA_SETTINGS BENCH_KAFKA_PASSWORD TALLY_KAFKA_SASL_PASSWORD
+  BENCH_KAFKA_SETTINGS=$(kafka_client_settings "$WORK/kafka" admin)
+  BENCH_KAFKA_PASSWORD=$(kafka_password "$(kafka_credentials "$WORK/kafka")" admin)
+  AGG_KAFKA=$(kafka_client_settings "$WORK/kafka" aggregator)
+  TALLY_KAFKA_SASL_PASSWORD=$(kafka_password "$(kafka_credentials "$WORK/kafka")" aggregator)
   psql -c "CREATE DATABASE tally_apache OWNER tally_owner"
   DEV_DB=$DB
   DB="${TALLY_TEST_PG_URL%/*}/tally_apache"
@@ -348,6 +355,8 @@ if [ "$KAFKA" = apache ]; then
   all_formats "apache_" "Apache Kafka $(kafka_version)"
   DB=$DEV_DB
   BROKERS=$TALLY_TEST_BROKERS
+  unset BENCH_KAFKA_SETTINGS BENCH_KAFKA_PASSWORD TALLY_KAFKA_SASL_PASSWORD
+  AGG_KAFKA=
   kafka_stop "$WORK/kafka"
 fi
 

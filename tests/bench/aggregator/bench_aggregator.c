@@ -39,12 +39,25 @@ static void die(const char *msg)
         exit(1);
 }
 
+/* A client conf with the cluster's settings (SASL: an Apache Kafka cluster of scripts/kafka) from
+ * BENCH_KAFKA_SETTINGS (name=value,...) and BENCH_KAFKA_PASSWORD; none for the development broker. */
+static rd_kafka_conf_t *bench_conf(void)
+{
+        char err[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        struct kafka_client_settings s = { .settings = getenv("BENCH_KAFKA_SETTINGS"),
+                                           .sasl_password = getenv("BENCH_KAFKA_PASSWORD") };
+        if (kafka_conf_set_client(conf, &s, err, sizeof(err)) < 0)
+                die(err);
+        return conf;
+}
+
 static rd_kafka_t *producer(const char *brokers)
 {
         char err[512];
         const char *const extra[] = { "batch.size=1000000", "linger.ms=50", "queue.buffering.max.messages=1000000",
                                       NULL };
-        rd_kafka_t *p = kafka_producer_new(brokers, NULL, extra, err, sizeof(err));
+        rd_kafka_t *p = kafka_producer_new(brokers, bench_conf(), extra, err, sizeof(err));
         if (!p)
                 die(err);
         return p;
@@ -155,7 +168,7 @@ static int offsets_parse(const char *list, int64_t *off, int max)
 static int cmd_watermarks(const char *brokers)
 {
         char err[512];
-        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-watermarks", NULL, NULL, err, sizeof(err));
+        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-watermarks", bench_conf(), NULL, err, sizeof(err));
         if (!c)
                 die(err);
         const struct rd_kafka_metadata *md;
@@ -188,7 +201,7 @@ static int cmd_consume(const char *brokers, const char *from, const char *until)
         char err[512];
         const char *const settings[] = { "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304",
                                          "fetch.wait.max.ms=20", "queued.min.messages=200000", NULL };
-        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-consume-only", NULL, settings, err, sizeof(err));
+        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-consume-only", bench_conf(), settings, err, sizeof(err));
         if (!c)
                 die(err);
         long want = 0;
