@@ -305,6 +305,7 @@ phases() { # FORMAT PFX (key prefix) LABEL
   lat=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.$pfx$fmt.log")
   p50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$lat")
   p99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$lat")
+  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms"
 
   line "[$label] e2e samples/s" "$e2e" ">= 1000000 (development broker), >= 500000 (Apache Kafka); quoted baseline, not measured here: a billing engine's published 10000 events/s"
   [ -z "$note" ] || line "  e2e samples/s is" "" "$note"
@@ -390,9 +391,11 @@ kill -TERM $VMM_PID; wait $VMM_PID || true; VMM_PID=
 for h in /sys/fs/cgroup/*/"$VMM_PARENT"; do rmdir "$h"/*/ "$h" 2>/dev/null || true; done
 sed -n 's/^freeze_ms=//p' "$WORK/freeze.txt" | sort -n >"$WORK/freeze.sorted"
 N=$(wc -l <"$WORK/freeze.sorted")
-F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")
-F99=$(sed -n "$(( (N * 99 + 99) / 100 ))p" "$WORK/freeze.sorted")
-F50=${F50:-null} F99=${F99:-null}
+F50=null F99=null
+if [ "$N" -gt 0 ]; then
+  F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")
+  F99=$(sed -n "$(( (N * 99 + 99) / 100 ))p" "$WORK/freeze.sorted")
+fi
 
 printf '%-34s %14s   %s\n' "figure ($PARTITIONS partitions)" "measured" "goal / ceiling / quoted baseline"
 printf '%s' "$LINES"
