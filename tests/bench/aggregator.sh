@@ -212,7 +212,7 @@ phases() { # FORMAT PFX (key prefix) LABEL
   fi
   wait_committed "$(offsets_sum "$w1")" 600
   t1=$(date +%s%N)
-  [ -z "$perf_pid" ] || { kill -INT "$perf_pid"; wait "$perf_pid" || true; }
+  [ -z "$perf_pid" ] || { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" || true; }  # (perf ends by itself when a process it follows ends)
   local cpu_agg cpu_pg cpu_br
   cpu_agg=$(cpu_of $AGG_PID) cpu_pg=$(( $(pg_cpu) - pg0 )) cpu_br=$(( $(broker_cpu) - br0 ))
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
