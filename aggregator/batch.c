@@ -8,11 +8,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A sandbox's pieces in the batch are a chain from its newest (sb->piece),
+ * usually one or two long (the hours its readings reached), so a reading
+ * finds its hour's piece without a search of the batch, and the commit
+ * writes sandbox-hours without sorting samples. */
 int batch_add_piece(struct batch *b, struct sandbox *sb, const struct fold_usage *u)
 {
+        for (size_t i = sb->piece; i; i = b->pieces[i - 1].prev) {
+                struct fold_usage *sum = &b->pieces[i - 1].u;
+                if (sum->hour_ns != u->hour_ns)
+                        continue;
+                sum->cpu_ns += u->cpu_ns;
+                sum->mem_byte_ns += u->mem_byte_ns;
+                sum->storage_byte_ns += u->storage_byte_ns;
+                if (u->mem_peak_bytes > sum->mem_peak_bytes)
+                        sum->mem_peak_bytes = u->mem_peak_bytes;
+                return 0;
+        }
         if (grow((void **)&b->pieces, &b->cappieces, b->npieces + 1, sizeof(*b->pieces)) < 0)
                 return -ENOMEM;
-        b->pieces[b->npieces++] = (struct piece){ .sb = sb, .u = *u };
+        b->pieces[b->npieces++] = (struct piece){ .sb = sb, .u = *u, .prev = sb->piece };
+        sb->piece = b->npieces;
         return 0;
 }
 
@@ -101,6 +117,8 @@ void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_
 
 void batch_clear(struct batch *b)
 {
+        for (size_t i = 0; i < b->npieces; i++)
+                b->pieces[i].sb->piece = 0;
         for (size_t i = 0; i < b->ndirty; i++)
                 b->dirty[i]->dirty = false;
         for (size_t i = 0; i < b->nevents; i++)

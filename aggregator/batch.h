@@ -17,10 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Usage of one sandbox and hour, as the fold reported it. */
+/* Usage of one sandbox and hour: everything the fold reported for that
+ * (sandbox, hour) in this batch, summed as it came (so a batch holds one
+ * piece per sandbox-hour it touched, however many samples it took). */
 struct piece {
         struct sandbox *sb;
         struct fold_usage u;
+        size_t prev;            /* the sandbox's piece before this one in the batch, + 1; 0: none */
 };
 
 struct dead_letter {
@@ -77,7 +80,8 @@ struct batch {
         size_t first_len, first_cap;
 };
 
-/* Adds usage the fold reported for sb. */
+/* Adds usage the fold reported for sb: summed into the batch's piece of
+ * (sb, u->hour_ns), or a new piece (peaks: the higher kept). */
 int batch_add_piece(struct batch *b, struct sandbox *sb, const struct fold_usage *u);
 
 /* Sets a message aside with why (copied, made valid UTF-8). */

@@ -184,21 +184,28 @@ struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id)
         return sandbox_new(c, id);
 }
 
-/* The sandbox id of a message, read without decoding it, or false. Only a
- * hint for prefetching: a message it misreads is loaded by sandbox_add. */
-static bool peek_sandbox(const rd_kafka_message_t *m, char *id)
+/* The next sandbox id named in a message from *at on, read without decoding
+ * it (*at moves past it), or false. Only a hint for prefetching: an id it
+ * misses or misreads is loaded by sandbox_add. A message that carries many
+ * samples names many sandboxes: each is found in turn. */
+static bool peek_sandbox(const rd_kafka_message_t *m, size_t *at, char *id)
 {
         static const char needle[] = "\"sandbox\":\"";
         const char *p = m->payload, *end = p + m->len;
-        const char *hit = m->len ? memmem(p, m->len, needle, sizeof(needle) - 1) : NULL;
-        if (!hit)
-                return false;
-        const char *v = hit + sizeof(needle) - 1, *q = memchr(v, '"', (size_t)(end - v));
-        if (!q || !valid_id(v, (size_t)(q - v)))
-                return false;
-        memcpy(id, v, (size_t)(q - v));
-        id[q - v] = '\0';
-        return true;
+        while (*at < m->len) {
+                const char *hit = memmem(p + *at, m->len - *at, needle, sizeof(needle) - 1);
+                if (!hit)
+                        break;
+                const char *v = hit + sizeof(needle) - 1, *q = memchr(v, '"', (size_t)(end - v));
+                *at = (size_t)((q ? q : v) - p);
+                if (!q || !valid_id(v, (size_t)(q - v)))
+                        continue;
+                memcpy(id, v, (size_t)(q - v));
+                id[q - v] = '\0';
+                return true;
+        }
+        *at = m->len;
+        return false;
 }
 
 /* Before messages are folded: the fold state of every sandbox among them not
@@ -209,18 +216,24 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
         c->nabsent = 0;
         char (*ids)[EVENT_ID_MAX + 1] = NULL;
         size_t nids = 0, cap = 0;
-        for (size_t i = 0; i < n; i++) {
-                char id[EVENT_ID_MAX + 1];
-                if (msgs[i]->err || !peek_sandbox(msgs[i], id) || sandbox_find(c, id))
-                        continue;
-                bool seen = false;
-                for (size_t j = nids; j-- > 0 && !seen && j + 64 >= nids;) /* neighbours: a sandbox's messages cluster */
-                        seen = strcmp(ids[j], id) == 0;
-                if (seen)
-                        continue;
-                if (grow((void **)&ids, &cap, nids + 1, sizeof(*ids)) < 0)
-                        break;
-                memcpy(ids[nids++], id, sizeof(id));
+        bool full = false;
+        char id[EVENT_ID_MAX + 1];
+        for (size_t i = 0; i < n && !full; i++) {
+                size_t at = 0;
+                while (!msgs[i]->err && peek_sandbox(msgs[i], &at, id)) {
+                        if (sandbox_find(c, id))
+                                continue;
+                        bool seen = false;
+                        for (size_t j = nids; j-- > 0 && !seen && j + 64 >= nids;) /* neighbours: a sandbox's messages cluster */
+                                seen = strcmp(ids[j], id) == 0;
+                        if (seen)
+                                continue;
+                        if (grow((void **)&ids, &cap, nids + 1, sizeof(*ids)) < 0) {
+                                full = true;
+                                break;
+                        }
+                        memcpy(ids[nids++], id, sizeof(id));
+                }
         }
         if (nids) {
                 qsort(ids, nids, sizeof(*ids), id_cmp);

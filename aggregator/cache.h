@@ -43,6 +43,7 @@ struct sandbox {
         uint64_t net_rx, net_tx;
         bool net_unsaved;
         int64_t used_ns;        /* monotonic time of its last commit, for eviction */
+        size_t piece;           /* its newest piece in the open batch, + 1; 0: none (batch.h) */
         struct sandbox *next;   /* hash chain */
 };
 

@@ -83,38 +83,40 @@ int held_load(struct ledger *l, struct batch *b, const char *sandbox)
         return r;
 }
 
-/* A held reading: this batch's still waiting goes into held_readings; an
- * earlier batch's now taken leaves it. -EBUSY when that row is gone (another
- * aggregator took it, or its grace ran out meanwhile): the batch is read again. */
-int store_waiting(struct ledger *l, const struct waiting *w)
+int waiting_send(struct ledger *l, const struct waiting *w)
 {
         if (w->stored != w->done && !(w->stored && w->reason_moved))
                 return 0; /* an earlier batch's still waiting, or this batch's already taken */
         char p[16], o[32];
         snprintf(p, sizeof(p), "%d", w->partition);
         snprintf(o, sizeof(o), "%" PRId64, w->offset);
-        PGresult *res;
+        int sent;
         if (w->stored && !w->done) {
                 const char *params[] = { p, o, w->reason };
-                res = PQexecParams(l->db, "UPDATE held_readings SET reason = $3 WHERE partition = $1 AND \"offset\" = $2",
-                                   3, NULL, params, NULL, NULL, 0);
+                sent = PQsendQueryParams(l->db,
+                                         "UPDATE held_readings SET reason = $3 WHERE partition = $1 AND \"offset\" = $2",
+                                         3, NULL, params, NULL, NULL, 0);
         } else if (w->stored) {
                 const char *params[] = { p, o };
-                res = PQexecParams(l->db, "DELETE FROM held_readings WHERE partition = $1 AND \"offset\" = $2", 2,
-                                   NULL, params, NULL, NULL, 0);
+                sent = PQsendQueryParams(l->db, "DELETE FROM held_readings WHERE partition = $1 AND \"offset\" = $2", 2,
+                                         NULL, params, NULL, NULL, 0);
         } else {
                 const char *params[] = { p, o, w->sandbox, w->raw, w->reason };
                 int lens[] = { 0, 0, 0, (int)w->len, 0 };
                 int fmts[] = { 0, 0, 0, 1, 0 };
-                res = PQexecParams(l->db,
-                                   "INSERT INTO held_readings (partition, \"offset\", sandbox_id, raw, reason)"
-                                   " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                                   5, NULL, params, lens, fmts, 0);
+                sent = PQsendQueryParams(l->db,
+                                         "INSERT INTO held_readings (partition, \"offset\", sandbox_id, raw, reason)"
+                                         " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                                         5, NULL, params, lens, fmts, 0);
         }
+        return sent == 1 ? 1 : -EIO;
+}
+
+int waiting_read(struct ledger *l, const struct waiting *w, PGresult *res)
+{
         int r = query_ok(l, res, PGRES_COMMAND_OK, "held reading");
         if (r == 0 && w->stored && atoi(PQcmdTuples(res)) != 1)
                 r = -EBUSY;
-        PQclear(res);
         if (r == 0 && !w->stored) {
                 char q[600];
                 log_info("reading held: its sandbox's provenance is not known yet", "sandbox=%s partition=%d offset=%"

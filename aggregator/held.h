@@ -6,7 +6,7 @@
  *
  * The waiting list belongs to the batch (batch.h); these functions add to
  * it, read held_readings rows back into it, and write it to the ledger.
- * Errors: -ENOMEM, -EIO (logged by query_ok), -EBUSY (see store_waiting). */
+ * Errors: -ENOMEM, -EIO (logged by query_ok), -EBUSY (see waiting_read). */
 #pragma once
 
 #include "batch.h"
@@ -29,9 +29,13 @@ int held_load(struct ledger *l, struct batch *b, const char *sandbox);
 
 /* A held reading: this batch's still waiting goes into held_readings; an
  * earlier batch's now taken leaves it; one held again for another reason has
- * its reason rewritten. -EBUSY when that row is gone (another aggregator
- * took it, or its grace ran out meanwhile): the batch is read again. */
-int store_waiting(struct ledger *l, const struct waiting *w);
+ * its reason rewritten. waiting_send sends that statement (in the caller's
+ * pipeline, store.c) and returns 1, or 0 when w needs none, or -EIO;
+ * waiting_read checks its result: 0, -EIO, or -EBUSY when that row is gone
+ * (another aggregator took it, or its grace ran out meanwhile): the batch is
+ * read again. */
+int waiting_send(struct ledger *l, const struct waiting *w);
+int waiting_read(struct ledger *l, const struct waiting *w, PGresult *res);
 
 /* Dead-letters the readings held longer than grace_ms (by the database's
  * clock), in one statement: whichever aggregator runs it first moves each

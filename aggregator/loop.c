@@ -44,10 +44,14 @@
 #define METERING_CHECK_NS (5 * NS_PER_SEC)   /* how often the metering_gaps view is read */
 
 /* A batch of a consumer that is behind may grow past batch_ms, up to this
- * many times batch_ms (see the commit rule in aggregator_run). */
+ * many times batch_ms or CATCHUP_BATCH_NS, whichever is longer (see
+ * commit_due): batch_ms is chosen for commit latency when the consumer keeps
+ * up; catching up, larger batches write fewer rows per sample (a row per
+ * sandbox-hour per batch), and the samples waiting are late already. */
 #ifndef CATCHUP_BATCH_FACTOR
 #define CATCHUP_BATCH_FACTOR 10
 #endif
+#define CATCHUP_BATCH_NS (5 * NS_PER_SEC)
 
 struct agg {
         const struct aggregator_config *cfg;
@@ -297,17 +301,19 @@ static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
  * behind: a quiet poll while the broker holds more for us is the fetcher
  * between two fetches, not the end of the stream; and while at least as
  * many messages wait as the batch holds, the batch grows to batch_messages
- * (up to CATCHUP_BATCH_FACTOR x batch_ms): the ledger's work per batch is
+ * (up to CATCHUP_BATCH_FACTOR x batch_ms, and at least 5 s): the ledger's work per batch is
  * per sandbox and hour, so larger batches catch up faster, and the samples
  * waiting are late already. quiet: nothing came within the first poll's
  * wait (not merely an empty queue between fetches). */
 static bool commit_due(struct agg *a, bool quiet)
 {
         int64_t age = time_mono_ns() - a->batch.started_ns, batch_ns = a->cfg->batch_ms * NS_PER_MS;
+        int64_t catchup_ns = CATCHUP_BATCH_FACTOR * batch_ns > CATCHUP_BATCH_NS ? CATCHUP_BATCH_FACTOR * batch_ns
+                                                                                : CATCHUP_BATCH_NS;
         bool commit = (int64_t)a->batch.messages >= batch_limit(&a->poison, a->cfg->batch_messages);
         if (!commit && (quiet || age >= batch_ns)) {
                 int64_t behind = backlog(&a->parts);
-                if (age >= CATCHUP_BATCH_FACTOR * batch_ns)
+                if (age >= catchup_ns)
                         commit = true;
                 else if (age >= batch_ns)
                         commit = behind < (int64_t)a->batch.messages;

@@ -128,39 +128,22 @@ static const char *const enforce_sql =
         "   AND b.key_id IN (SELECT key_id FROM stage_fold WHERE state = 'running')";
 
 
-static int piece_cmp(const void *x, const void *y)
-{
-        const struct piece *p = x, *q = y;
-        if (p->sb != q->sb)
-                return p->sb < q->sb ? -1 : 1;
-        return p->u.hour_ns < q->u.hour_ns ? -1 : p->u.hour_ns > q->u.hour_ns;
-}
-
+/* One row per piece: the batch summed its usage per sandbox-hour as it was
+ * folded (batch_add_piece), so this is as long as the sandbox-hours the
+ * batch touched, whatever the samples. */
 static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t *ret_rows)
 {
-        if (b->npieces)
-                qsort(b->pieces, b->npieces, sizeof(*b->pieces), piece_cmp);
-        size_t rows = 0;
         t->len = 0;
-        for (size_t i = 0; i < b->npieces;) {
-                struct piece sum = b->pieces[i++];
-                while (i < b->npieces && b->pieces[i].sb == sum.sb && b->pieces[i].u.hour_ns == sum.u.hour_ns) {
-                        const struct fold_usage *u = &b->pieces[i++].u;
-                        sum.u.cpu_ns += u->cpu_ns;
-                        sum.u.mem_byte_ns += u->mem_byte_ns;
-                        sum.u.storage_byte_ns += u->storage_byte_ns;
-                        if (u->mem_peak_bytes > sum.u.mem_peak_bytes)
-                                sum.u.mem_peak_bytes = u->mem_peak_bytes;
-                }
+        for (size_t i = 0; i < b->npieces; i++) {
+                const struct piece *p = &b->pieces[i];
                 char hour[64], mem[48], sto[48];
-                format_ts(hour, sizeof(hour), sum.u.hour_ns);
-                if (text_add(t, "%s\t%s\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\n", sum.sb->id, hour,
-                             sum.sb->account, sum.sb->key, sum.u.cpu_ns, u128_str(sum.u.mem_byte_ns, mem, sizeof(mem)),
-                             u128_str(sum.u.storage_byte_ns, sto, sizeof(sto)), sum.u.mem_peak_bytes) < 0)
+                format_ts(hour, sizeof(hour), p->u.hour_ns);
+                if (text_add(t, "%s\t%s\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\n", p->sb->id, hour,
+                             p->sb->account, p->sb->key, p->u.cpu_ns, u128_str(p->u.mem_byte_ns, mem, sizeof(mem)),
+                             u128_str(p->u.storage_byte_ns, sto, sizeof(sto)), p->u.mem_peak_bytes) < 0)
                         return -ENOMEM;
-                rows++;
         }
-        *ret_rows = rows;
+        *ret_rows = b->npieces;
         return copy_rows(l,
                          "COPY stage_usage (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns,"
                          " mem_peak_bytes) FROM STDIN",
@@ -193,11 +176,13 @@ static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
         return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);
 }
 
-static int apply_event(struct ledger *l, const struct usage_event *ev)
+/* Sends a lifecycle event's statement for the sandboxes table (in the
+ * caller's pipeline): 1, or 0 when the event needs none, or -EIO. */
+static int event_send(struct ledger *l, const struct usage_event *ev)
 {
         char ts[64], vcpus[16], mem[32], disk[32];
         format_ts(ts, sizeof(ts), ev->wall_ns);
-        PGresult *res;
+        int sent;
         if (ev->type == EVENT_CREATED) {
                 json_t *labels = json_object();
                 for (size_t i = 0; i < ev->nlabels; i++)
@@ -210,45 +195,54 @@ static int apply_event(struct ledger *l, const struct usage_event *ev)
                 const char *params[] = { ev->sandbox, ev->account, ev->key, ev->host, ev->parent[0] ? ev->parent : NULL,
                                          ev->backend[0] ? ev->backend : NULL, vcpus, mem, disk,
                                          ljson ? ljson : "{}", ts };
-                res = PQexecParams(l->db,
-                                   "INSERT INTO sandboxes AS s (id, account_id, key_id, host, parent_id, backend, vcpus,"
-                                   "  mem_size_bytes, disk_size_bytes, labels, state, created_at)"
-                                   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, 'running', $11)"
-                                   " ON CONFLICT (id) DO UPDATE SET parent_id = EXCLUDED.parent_id,"
-                                   "  backend = EXCLUDED.backend, vcpus = EXCLUDED.vcpus,"
-                                   "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_size_bytes = EXCLUDED.disk_size_bytes,"
-                                   "  labels = EXCLUDED.labels, created_at = EXCLUDED.created_at, updated_at = now()",
-                                   11, NULL, params, NULL, NULL, 0);
+                sent = PQsendQueryParams(l->db,
+                                         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, parent_id, backend, vcpus,"
+                                         "  mem_size_bytes, disk_size_bytes, labels, state, created_at)"
+                                         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, 'running', $11)"
+                                         " ON CONFLICT (id) DO UPDATE SET parent_id = EXCLUDED.parent_id,"
+                                         "  backend = EXCLUDED.backend, vcpus = EXCLUDED.vcpus,"
+                                         "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_size_bytes = EXCLUDED.disk_size_bytes,"
+                                         "  labels = EXCLUDED.labels, created_at = EXCLUDED.created_at, updated_at = now()",
+                                         11, NULL, params, NULL, NULL, 0);
                 free(ljson);
         } else if (ev->type == EVENT_PAUSED || ev->type == EVENT_RESUMED || ev->type == EVENT_STOPPED) {
                 const char *state = ev->type == EVENT_PAUSED ? "paused" : ev->type == EVENT_RESUMED ? "running" : "stopped";
                 const char *params[] = { ev->sandbox, state };
-                res = PQexecParams(l->db, "UPDATE sandboxes SET state = $2, updated_at = now() WHERE id = $1", 2,
-                                   NULL, params, NULL, NULL, 0);
+                sent = PQsendQueryParams(l->db, "UPDATE sandboxes SET state = $2, updated_at = now() WHERE id = $1", 2,
+                                         NULL, params, NULL, NULL, 0);
         } else {
                 return 0; /* forked: each copy has its own created event */
         }
-        int r = query_ok(l, res, PGRES_COMMAND_OK, event_type_name(ev->type));
-        PQclear(res);
-        return r;
+        return sent == 1 ? 1 : -EIO;
+}
+
+static void dead_params(const struct dead_letter *d, char *p, char *o, const char **params, int *lens, int *fmts)
+{
+        snprintf(p, 16, "%d", d->partition);
+        snprintf(o, 32, "%" PRId64, d->offset);
+        params[0] = p, params[1] = o, params[2] = d->raw, params[3] = d->reason;
+        lens[0] = lens[1] = lens[3] = 0, lens[2] = (int)d->len;
+        fmts[0] = fmts[1] = fmts[3] = 0, fmts[2] = 1;
+}
+
+static void dead_logged(const struct dead_letter *d)
+{
+        char q[600];
+        log_warn("message dead-lettered", "partition=%d offset=%" PRId64 " reason=%s", d->partition, d->offset,
+                 log_quote(q, sizeof(q), d->reason));
 }
 
 int store_dead(struct ledger *l, const struct dead_letter *d)
 {
         char p[16], o[32];
-        snprintf(p, sizeof(p), "%d", d->partition);
-        snprintf(o, sizeof(o), "%" PRId64, d->offset);
-        const char *params[] = { p, o, d->raw, d->reason };
-        int lens[] = { 0, 0, (int)d->len, 0 };
-        int fmts[] = { 0, 0, 1, 0 };
+        const char *params[4];
+        int lens[4], fmts[4];
+        dead_params(d, p, o, params, lens, fmts);
         PGresult *res = PQexecPrepared(l->db, "dead_letter", 4, params, lens, fmts, 0);
         int r = query_ok(l, res, PGRES_COMMAND_OK, "dead letter");
         PQclear(res);
-        if (r == 0) {
-                char q[600];
-                log_warn("message dead-lettered", "partition=%d offset=%" PRId64 " reason=%s", d->partition,
-                         d->offset, log_quote(q, sizeof(q), d->reason));
-        }
+        if (r == 0)
+                dead_logged(d);
         return r;
 }
 
@@ -345,17 +339,117 @@ static int run_stage(struct commit *c)
         return r < 0 ? r : stage_fold(c->l, c->b, &c->t);
 }
 
-/* The batch's rows that are not staged: events, dead letters, held
- * readings, and the partitions' offsets. */
+/* The batch's rows that are not staged: one statement each (events, dead
+ * letters, held readings), sent in libpq's pipeline mode PIPE_MAX at a time
+ * and their results read back in order: a round trip per PIPE_MAX rows, not
+ * per row (the preload of thousands of sandboxes brings as many `created`
+ * events). Each result is checked as it would be alone; after the first
+ * failure the rest of the chunk is aborted by the server and only drained,
+ * so last_error keeps the failure's own words (poison.h compares them). */
+#define PIPE_MAX 256
+
+enum row_kind { ROW_EVENT, ROW_DEAD, ROW_WAITING };
+
+struct row_ref {
+        enum row_kind kind;
+        size_t i;
+};
+
+static int row_send(struct commit *c, struct row_ref ref)
+{
+        struct batch *b = c->b;
+        if (ref.kind == ROW_EVENT)
+                return event_send(c->l, &b->events[ref.i]);
+        if (ref.kind == ROW_WAITING)
+                return waiting_send(c->l, &b->waiting[ref.i]);
+        char p[16], o[32];
+        const char *params[4];
+        int lens[4], fmts[4];
+        dead_params(&b->dead[ref.i], p, o, params, lens, fmts);
+        return PQsendQueryPrepared(c->l->db, "dead_letter", 4, params, lens, fmts, 0) == 1 ? 1 : -EIO;
+}
+
+static int row_read(struct commit *c, struct row_ref ref, PGresult *res)
+{
+        struct batch *b = c->b;
+        if (ref.kind == ROW_EVENT)
+                return query_ok(c->l, res, PGRES_COMMAND_OK, event_type_name(b->events[ref.i].type));
+        if (ref.kind == ROW_WAITING)
+                return waiting_read(c->l, &b->waiting[ref.i], res);
+        int r = query_ok(c->l, res, PGRES_COMMAND_OK, "dead letter");
+        if (r == 0)
+                dead_logged(&b->dead[ref.i]);
+        return r;
+}
+
+/* Ends a chunk: a sync, then every statement's result in order, then the
+ * sync's. Returns the first failure (0 if none). */
+static int pipe_read(struct commit *c, const struct row_ref *sent, size_t n)
+{
+        PGconn *db = c->l->db;
+        int r = PQpipelineSync(db) == 1 ? 0 : -EIO;
+        for (size_t k = 0; k < n && PQstatus(db) == CONNECTION_OK; k++) {
+                PGresult *res = PQgetResult(db);
+                if (!res) {
+                        r = r ? r : -EIO;
+                        break;
+                }
+                int e = r == 0 ? row_read(c, sent[k], res) : 0;
+                if (r == 0)
+                        r = e;
+                PQclear(res);
+                while ((res = PQgetResult(db))) /* the NULL that ends each statement's results */
+                        PQclear(res);
+        }
+        for (PGresult *res; (res = PQgetResult(db));) { /* the sync's result */
+                bool sync = PQresultStatus(res) == PGRES_PIPELINE_SYNC;
+                PQclear(res);
+                if (sync)
+                        break;
+        }
+        return r;
+}
+
 static int run_rows(struct commit *c)
 {
+        struct batch *b = c->b;
+        PGconn *db = c->l->db;
+        if (b->nevents + b->ndead + b->nwaiting == 0)
+                return store_offsets(c->l, c->ps, &c->t);
+        if (PQenterPipelineMode(db) != 1) {
+                snprintf(c->l->last_error, sizeof(c->l->last_error), "could not enter pipeline mode");
+                return -EIO;
+        }
+        struct row_ref sent[PIPE_MAX];
+        size_t nsent = 0;
         int r = 0;
-        for (size_t i = 0; r == 0 && i < c->b->nevents; i++)
-                r = apply_event(c->l, &c->b->events[i]);
-        for (size_t i = 0; r == 0 && i < c->b->ndead; i++)
-                r = store_dead(c->l, &c->b->dead[i]);
-        for (size_t i = 0; r == 0 && i < c->b->nwaiting; i++)
-                r = store_waiting(c->l, &c->b->waiting[i]);
+        size_t counts[] = { [ROW_EVENT] = b->nevents, [ROW_DEAD] = b->ndead, [ROW_WAITING] = b->nwaiting };
+        for (enum row_kind kind = ROW_EVENT; r == 0 && kind <= ROW_WAITING; kind++)
+                for (size_t i = 0; r == 0 && i < counts[kind]; i++) {
+                        struct row_ref ref = { kind, i };
+                        int s = row_send(c, ref);
+                        if (s < 0) {
+                                snprintf(c->l->last_error, sizeof(c->l->last_error), "could not send: %s",
+                                         PQerrorMessage(db));
+                                r = s;
+                        } else if (s > 0) {
+                                sent[nsent++] = ref;
+                        }
+                        if (nsent == PIPE_MAX || (r < 0 && nsent)) {
+                                int e = pipe_read(c, sent, nsent);
+                                r = r ? r : e;
+                                nsent = 0;
+                        }
+                }
+        if (nsent) {
+                int e = pipe_read(c, sent, nsent);
+                r = r ? r : e;
+        }
+        if (PQexitPipelineMode(db) != 1 && r == 0) {
+                snprintf(c->l->last_error, sizeof(c->l->last_error), "could not leave pipeline mode: %s",
+                         PQerrorMessage(db));
+                r = -EIO;
+        }
         return r < 0 ? r : store_offsets(c->l, c->ps, &c->t);
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/bench/aggregator.sh — tally-aggregator's figures on this machine, with
-# the goals (docs/benchmarks.md) beside them; the last line is JSON. Its baseline (a
-# billing engine's published 10,000 events/s) is quoted, not measured here,
-# and printed and keyed as quoted.
+# the goals (docs/benchmarks.md) beside them, and the machine's own ceiling
+# measured in the same run; the last line is JSON. Its baseline (a billing
+# engine's published 10,000 events/s) is quoted, not measured here, and
+# printed and keyed as quoted.
 #
 #  e2e_samples_per_s           1,000,000 samples preloaded in the development broker, consumed,
 #                              folded and committed exactly once into PostgreSQL (from the
@@ -13,27 +14,48 @@
 #  e2e_cpu_ns_per_sample_*     where the time goes, whatever else runs on the machine: CPU time
 #                              (user + system) of the aggregator, of PostgreSQL and of the broker
 #                              over the end-to-end phase, per sample; with the batches' count, size
-#                              and time, and the load average when it ran
+#                              and time, the usage and fold state rows written per sample, and the
+#                              load average when it ran
+#  consume_only_*              the ceiling: a plain librdkafka consumer (the aggregator's fetch
+#                              settings) reading the same preloaded messages and discarding them:
+#                              messages/s, samples/s, its CPU per sample; e2e_of_consume_only is
+#                              e2e_samples_per_s / consume_only_samples_per_s
+#  copy_rows_per_s             the other ceiling: PostgreSQL's COPY of 1,000,000 usage_hourly-shaped
+#                              rows (a primary key of (sandbox, hour), one transaction), and its CPU
+#                              per row; beside it the samples/s PostgreSQL could take if it did
+#                              nothing but COPY the rows the end-to-end phase wrote per sample
 #  fold_samples_per_s_per_core the fold stage alone, in memory, one core
 #  commit_latency_ms_p50/p99   Kafka create time of a sample -> its batch committed, at a steady
-#                              50,000 samples/s (the aggregator's own histogram, printed at exit),
-#                              on fresh samples: 5,000 sandboxes never billed before, so every
-#                              sample is folded, rated and written (checked in usage_hourly)
+#                              LAT_RATE (200,000) samples/s offered (paced by the producer), with
+#                              the aggregator's own histogram printed at exit, on fresh samples:
+#                              5,000 sandboxes never billed before, so every sample is folded,
+#                              rated and written (checked in usage_hourly)
 #  freeze_latency_ms_p50/p99   the sample that crosses a key's daily limit produced -> pause command
 #                              published -> consumed by a real tally-vmm -> its process
 #                              sandbox's freezer cgroup reads FROZEN
 #
-#  --kafka apache              also runs the end-to-end and commit-latency phases, in the same run,
-#                              against one real Apache Kafka node (scripts/kafka, same partitions,
-#                              a database of their own), reported as apache_e2e_samples_per_s,
-#                              apache_e2e_samples_per_s_with_join, apache_commit_latency_ms_p50/p99
+#  FORMATS                     the preload formats measured, one after another on the same broker
+#                              and ledger (default: v1, one message per sample, then v2, usage
+#                              batches, docs/events.md); the first keeps
+#                              the keys above, each further one gets them prefixed with its name
+#                              (v2_e2e_samples_per_s, ...). A format is a case of produce() below.
+#  PERF_DIR                    when set, `perf record -g` of the aggregator and PostgreSQL over each
+#                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data (perf report
+#                              --sort comm,dso,sym -i FILE shows where the CPU went)
+#  --kafka apache              also runs the end-to-end, ceiling and commit-latency phases, in the
+#                              same run, against one real Apache Kafka node (scripts/kafka, same
+#                              partitions, a database of their own), keyed apache_... (and
+#                              apache_v2_... for a further format)
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/lib.sh"
 BUILD=${TALLY_BUILD:?run through scripts/bench}
 BENCH=$BUILD/tests/bench/aggregator/bench-aggregator
-AGG=$BUILD/aggregator/tally-aggregator
+AGG=${TALLY_AGGREGATOR:-$BUILD/aggregator/tally-aggregator}  # TALLY_AGGREGATOR: another build of it, to compare
 SANDBOXES=${SANDBOXES:-10000}
 SAMPLES=${SAMPLES:-100}
+LAT_RATE=${LAT_RATE:-200000}
+LAT_SANDBOXES=5000
+FORMATS=${FORMATS:-v1 v2}
 # The development broker keeps 5 MiB per partition by default (librdkafka's mock cluster) and
 # drops older messages: most of a 1,000,000-sample preload. Here it is told to keep 2 GiB (and
 # 10,000,000 producer batches) per partition, its --keep-bytes-per-partition, through the
@@ -41,6 +63,7 @@ SAMPLES=${SAMPLES:-100}
 export TALLY_KEEP_BYTES_PER_PARTITION=${TALLY_KEEP_BYTES_PER_PARTITION:-2147483648}
 export TALLY_KEEP_BATCHES_PER_PARTITION=${TALLY_KEEP_BATCHES_PER_PARTITION:-10000000}
 PARTITIONS=${PARTITIONS:-4}
+AGG_KAFKA=  # the aggregator's kafka_settings (Apache Kafka's SASL)
 load1() { cut -d' ' -f1 /proc/loadavg; }
 LOAD_START=$(load1)
 KAFKA=dev
@@ -76,7 +99,7 @@ wait_committed() { # N TIMEOUT_S
 }
 wait_log() { # FILE PATTERN TIMEOUT_S
   local end=$(( $(date +%s) + $3 ))
-  until grep -q "$2" "$1"; do
+  until grep -q "$2" "$1" 2>/dev/null; do
     [ "$(date +%s)" -lt "$end" ] || die "no \"$2\" in $1 after $3 s: $(tail -3 "$1")"
     sleep 0.1
   done
@@ -84,14 +107,18 @@ wait_log() { # FILE PATTERN TIMEOUT_S
 # What the ledger billed the sandboxes named PREFIX-N: sandboxes, CPU ns, memory byte-ns.
 billed() { psql -tAc "SELECT count(DISTINCT sandbox_id) || ' ' || coalesce(sum(cpu_ns), 0) || ' ' || coalesce(sum(mem_byte_ns), 0)
                         FROM usage_hourly WHERE sandbox_id LIKE '$1-%'"; }
-start_agg() { "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$TALLY_TEST_BROKERS" --log-level info "$@" 2>"$WORK/agg.$1.log" & AGG_PID=$!; }
+# The usage topic's high watermarks (o0,o1,...), and their sum.
+watermarks() { "$BENCH" watermarks "$BROKERS"; }
+offsets_sum() { tr ',' '\n' <<<"$1" | awk '{ s += $1 } END { print s + 0 }'; }
 
-# CPU seconds x 100 (user + system) of a process, and of every process of this PostgreSQL.
+# CPU seconds x 100 (user + system) of a process, and of every process of this PostgreSQL
+# (the postmaster's own with its reaped children's: a backend that ended counts too).
 cpu_of() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 pg_cpu() {
-  local pm c t=0
+  local pm c t
   pm=$(head -1 "$WORK/pg/data/postmaster.pid")
-  for c in $pm $(pgrep -P "$pm"); do t=$(( t + $(cpu_of "$c") )); done
+  t=$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat")
+  for c in $(pgrep -P "$pm"); do t=$(( t + $(cpu_of "$c") )); done
   echo $t
 }
 # The broker's processes: the development broker, or the Apache Kafka node(s) of $WORK/kafka.
@@ -105,118 +132,234 @@ broker_cpu() {
   echo $t
 }
 ns_per_sample() { echo $(( $1 * 10000000 / TOTAL )); } # CPU hundredths of a second over TOTAL samples -> ns
+# The batches' debug lines of a log: "batches messages usage_rows sandboxes commit_ms_total commit_ms_longest".
+batch_sums() {
+  grep 'msg="batch committed"' "$1" |
+    sed 's/.* messages=\([0-9]*\) usage_rows=\([0-9]*\) sandboxes=\([0-9]*\) .* ms=\([0-9]*\) fold_ms.*/\1 \2 \3 \4/' |
+    awk '$1 > 0 { n++; m += $1; u += $2; s += $3; t += $4; if ($4 > mx) mx = $4 } END { printf "%d %d %d %d %d %d\n", n, m, u, s, t, mx }'
+}
+
+# produce FORMAT RATE PREFIX SANDBOXES: SANDBOXES x SAMPLES samples of sandboxes PREFIX-N in
+# FORMAT, each sandbox's created event first, RATE a second (0: flat out).
+produce() {
+  case "$1" in
+    v1) "$BENCH" produce "$BROKERS" "$4" "$SAMPLES" "$2" "$3" >&2 ;;
+    v2) "$BENCH" produce --format v2 "$BROKERS" "$4" "$SAMPLES" "$2" "$3" >&2 ;;
+    *) die "no producer for format $1" ;;
+  esac
+}
 
 say "fold stage alone"
 FOLD=$("$BENCH" fold 20000000 | sed -n 's/^fold_samples_per_s_per_core=//p')
 
-# The end-to-end and commit-latency phases against BROKERS, billing into DB (a fresh database).
-phases() {
+# PostgreSQL's COPY of 1,000,000 usage_hourly-shaped rows, one transaction, into a table with
+# its primary key: the rate PostgreSQL takes rows at all (COPY_RATE rows/s, COPY_NS CPU ns a row).
+copy_ceiling() {
+  local n=1000000 t0 t1 p0
+  # (sandbox i mod SANDBOXES, hour i / SANDBOXES from 2026-01-01: the rows are distinct (sandbox, hour))
+  awk -v n=$n -v sb="$SANDBOXES" 'BEGIN { for (i = 0; i < n; i++) { h = int(i / sb)
+    printf "copy-sb-%d\t2026-%02d-%02d %02d:00:00+00\tbench-acct-%d\tbench-key-%d\t700000000\t4294967296000000000\t0\t1073741824\n",
+      i % sb, int(h / 672) + 1, int(h / 24) % 28 + 1, h % 24, i % 97, i % 97 } }' \
+    >"$WORK/copy.tsv"
+  psql -c "DROP TABLE IF EXISTS bench_copy" -c "CREATE TABLE bench_copy (sandbox_id text, hour timestamptz,
+             account_id text, key_id text, cpu_ns bigint, mem_byte_ns numeric, storage_byte_ns numeric,
+             mem_peak_bytes bigint, PRIMARY KEY (sandbox_id, hour))"
+  p0=$(pg_cpu); t0=$(date +%s%N)
+  psql -c "\\copy bench_copy FROM '$WORK/copy.tsv'"
+  t1=$(date +%s%N)
+  COPY_NS=$(( ($(pg_cpu) - p0) * 10000000 / n ))
+  COPY_RATE=$(( n * 1000000000 / (t1 - t0) ))
+  psql -c "DROP TABLE bench_copy"
+  rm -f "$WORK/copy.tsv"
+  say "PostgreSQL COPY: $COPY_RATE rows/s, $COPY_NS ns of its CPU a row"
+}
+
+# The end-to-end, ceiling and commit-latency phases of FORMAT against BROKERS, billing into DB.
+# Sets the figures below (F_*), the printed lines (LINES) and the JSON fields (JSON) with PFX.
+LINES=""
+JSON=""
+line() { LINES+=$(printf '%-34s %14s   %s' "$1" "$2" "$3")$'\n'; }
+phases() { # FORMAT PFX (key prefix) LABEL
+  local fmt=$1 pfx=$2 label=$3 w0 w1 w2
   TOTAL=$((SANDBOXES * SAMPLES))
-  say "preloading $TOTAL samples ($SANDBOXES sandboxes x $SAMPLES)"
-  "$BENCH" produce "$BROKERS" "$SANDBOXES" "$SAMPLES" 0 >&2
-  say "end to end: broker -> fold -> exactly-once commits"
-  E2E_LOAD=$(load1)
-  PG0=$(pg_cpu) BR0=$(broker_cpu)
-  T0=$(date +%s%N)
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.e2e.log" &
+  say "[$label] preloading $TOTAL samples ($SANDBOXES sandboxes x $SAMPLES, format $fmt)"
+  w0=$(watermarks)
+  produce "$fmt" 0 "bench-sb-$fmt" "$SANDBOXES"
+  w1=$(watermarks)
+  local messages=$(( $(offsets_sum "$w1") - $(offsets_sum "$w0") ))
+
+  say "[$label] the ceiling: a consumer that discards what it reads"
+  local c cons_ms cons_cpu
+  c=$("$BENCH" consume "$BROKERS" "$w0" "$w1")
+  cons_ms=$(sed -n 's/.*consume_ms=\([0-9]*\).*/\1/p' <<<"$c")
+  cons_cpu=$(sed -n 's/.*consume_cpu_ms=\([0-9]*\).*/\1/p' <<<"$c")
+  local cons_msg_s=$(( messages * 1000 / (cons_ms ? cons_ms : 1) )) cons_smp_s=$(( TOTAL * 1000 / (cons_ms ? cons_ms : 1) ))
+  local cons_ns=$(( cons_cpu * 1000000 / TOTAL ))
+  say "[$label] consume only: $messages messages in $cons_ms ms: $cons_msg_s messages/s, $cons_smp_s samples/s, $cons_ns ns of CPU a sample"
+
+  say "[$label] end to end: broker -> fold -> exactly-once commits"
+  local load pg0 br0 t0 t1
+  load=$(load1)
+  pg0=$(pg_cpu) br0=$(broker_cpu)
+  t0=$(date +%s%N)
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.e2e.$pfx$fmt.log" &
   AGG_PID=$!
-  wait_committed "$TOTAL" 600
-  T1=$(date +%s%N)
-  CPU_AGG=$(cpu_of $AGG_PID) CPU_PG=$(( $(pg_cpu) - PG0 )) CPU_BR=$(( $(broker_cpu) - BR0 ))
+  local perf_pid=
+  if [ -n "${PERF_DIR:-}" ]; then
+    wait_log "$WORK/agg.e2e.$pfx$fmt.log" "partition assigned" 60
+    mkdir -p "$PERF_DIR"
+    perf record -q -F 499 -g -o "$PERF_DIR/e2e.$pfx$fmt.data" \
+      -p "$(echo $AGG_PID $(pgrep -P "$(head -1 "$WORK/pg/data/postmaster.pid")") | tr ' ' ',')" 2>/dev/null &
+    perf_pid=$!
+  fi
+  wait_committed "$(offsets_sum "$w1")" 600
+  t1=$(date +%s%N)
+  [ -z "$perf_pid" ] || { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" || true; }  # (perf ends by itself when a process it follows ends)
+  local cpu_agg cpu_pg cpu_br
+  cpu_agg=$(cpu_of $AGG_PID) cpu_pg=$(( $(pg_cpu) - pg0 )) cpu_br=$(( $(broker_cpu) - br0 ))
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
-  E2E_LOAD="$E2E_LOAD..$(load1)"
-  CPU_JSON="$(ns_per_sample $CPU_AGG), $(ns_per_sample $CPU_PG), $(ns_per_sample $CPU_BR)"
-  say "end to end: CPU per sample (ns): aggregator $(ns_per_sample $CPU_AGG), PostgreSQL $(ns_per_sample $CPU_PG)," \
-      "broker $(ns_per_sample $CPU_BR); load average $E2E_LOAD over $(( (T1 - T0) / 1000000 )) ms"
-  E2E_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.e2e.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
-    awk '$1 > 0 { n++; m += $1; t += $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms of commits in all", n, m / n, t }')
-  say "end to end: $E2E_BATCHES"
+  load="$load..$(load1)"
+  local cpu_json="$(ns_per_sample $cpu_agg), $(ns_per_sample $cpu_pg), $(ns_per_sample $cpu_br)"
+  say "[$label] end to end: CPU per sample (ns): aggregator $(ns_per_sample $cpu_agg), PostgreSQL $(ns_per_sample $cpu_pg)," \
+      "broker $(ns_per_sample $cpu_br); load average $load over $(( (t1 - t0) / 1000000 )) ms"
+  local bs nb bm bu bsb bt
+  read -r nb bm bu bsb bt _ <<<"$(batch_sums "$WORK/agg.e2e.$pfx$fmt.log")"
+  local rows_per_ksample=$(( (bu + bsb) * 1000 / TOTAL ))
+  local batches="$nb batches, $(( bm / (nb ? nb : 1) )) messages each on average, $bt ms of commits in all, $bu usage rows and $bsb fold state rows ($rows_per_ksample per 1,000 samples)"
+  say "[$label] end to end: $batches"
+  # Updates PostgreSQL made in place (HOT: no index entry written) of all it made, per table.
+  say "[$label] end to end: HOT updates of all updates: $(psql -tAc "SELECT string_agg(t || ' ' || h || '/' || u, ', ')
+        FROM (SELECT CASE WHEN relname LIKE 'usage_hourly%' THEN 'usage_hourly' ELSE relname END AS t,
+                     sum(n_tup_hot_upd) AS h, sum(n_tup_upd) AS u FROM pg_stat_user_tables
+               WHERE relname IN ('fold_state', 'spend_daily', 'sandboxes', 'consumer_offsets') OR relname LIKE 'usage_hourly%'
+               GROUP BY 1 ORDER BY 1) x")"
   # Nothing dropped: no retention gap recorded, and (development broker) every partition still starts at 0.
-  GAPS=$(psql -tAc "SELECT count(*) FROM offset_gaps")
-  DROPPED=0
+  local gaps dropped=0
+  gaps=$(psql -tAc "SELECT count(*) FROM offset_gaps")
   if [ "$BROKERS" = "$TALLY_TEST_BROKERS" ]; then
-    DROPPED=$("$BUILD/broker/tally-broker" --control-socket "$TALLY_TEST_BROKER_CONTROL" ctl watermarks |
+    dropped=$("$BUILD/broker/tally-broker" --control-socket "$TALLY_TEST_BROKER_CONTROL" ctl watermarks |
       tr ' ' '\n' | sed -n 's/^[0-9]*=\([0-9]*\)\.\..*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
   fi
   # Throughput from the moment the aggregator holds its partitions (joining the
   # group takes ~3 s in the development broker; printed separately) to the last commit.
-  ASSIGNED_TS=$(sed -n 's/^ts=\([^ ]*\) .*partition assigned.*/\1/p' "$WORK/agg.e2e.log" | head -1)
-  TA=$(date -d "$ASSIGNED_TS" +%s%N)
-  JOIN_MS=$(( (TA - T0) / 1000000 ))
-  E2E=$(( TOTAL * 1000000000 / (T1 - TA) ))
-  E2E_WITH_JOIN=$(( TOTAL * 1000000000 / (T1 - T0) ))
+  local assigned ta join_ms e2e e2e_with_join
+  assigned=$(sed -n 's/^ts=\([^ ]*\) .*partition assigned.*/\1/p' "$WORK/agg.e2e.$pfx$fmt.log" | head -1)
+  ta=$(date -d "$assigned" +%s%N)
+  join_ms=$(( (ta - t0) / 1000000 ))
+  e2e=$(( TOTAL * 1000000000 / (t1 - ta) ))
+  e2e_with_join=$(( TOTAL * 1000000000 / (t1 - t0) ))
 
   # Each sample's cpu_ns is k x 0.7 s and its wall time t0 + k s (k = 0..SAMPLES-1), running, 4 GiB:
   # a sandbox is billed (SAMPLES-1) x 0.7 CPU-s and 4 GiB x (SAMPLES-1) s, worked by hand here.
   want_billed() { # SANDBOXES
     echo "$1 $(( $1 * (SAMPLES - 1) * 700000000 )) $(psql -tAc "SELECT $1::numeric * 4 * 1073741824 * ($SAMPLES - 1) * 1000000000")"
   }
-  E2E_BILLED=$(billed bench-sb)
-  E2E_WANT=$(want_billed "$SANDBOXES")
+  local got want intervals note="" e2e_json=$e2e
+  got=$(billed "bench-sb-$fmt")
+  want=$(want_billed "$SANDBOXES")
   # Memory is billed for each interval between two samples the aggregator saw: a sample it never
   # got (dropped by the broker) leaves its interval to the next one, but samples lost from the
   # start of a sandbox's stream leave theirs unbilled. So memory tells how much was consumed.
-  E2E_INTERVALS=$(psql -tAc "SELECT coalesce(sum(mem_byte_ns), 0) / (4 * 1073741824::numeric * 1000000000) FROM usage_hourly WHERE sandbox_id LIKE 'bench-sb-%'")
-  E2E_INTERVALS=${E2E_INTERVALS%%.*}
-  E2E_JSON=$E2E
-  if [ "$GAPS" != 0 ] || [ "$DROPPED" != 0 ]; then
-    say "end to end: NOT ALL CONSUMED: $GAPS retention gaps recorded, $DROPPED messages dropped by the broker"
-    E2E_NOTE="INVALID: the broker dropped $DROPPED messages ($GAPS retention gaps recorded)"
-    E2E_JSON=null
-  elif [ "$E2E_BILLED" != "$E2E_WANT" ]; then
-    say "end to end: NOT ALL BILLED: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED, want $E2E_WANT;"
-    say "  memory for $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) sample intervals: the broker dropped the rest (PARTITIONS=$PARTITIONS)"
-    E2E_NOTE="INVALID: only $E2E_INTERVALS of $(( SANDBOXES * (SAMPLES - 1) )) intervals billed; the broker dropped the rest"
-    E2E_JSON=null
+  intervals=$(psql -tAc "SELECT coalesce(sum(mem_byte_ns), 0) / (4 * 1073741824::numeric * 1000000000) FROM usage_hourly WHERE sandbox_id LIKE 'bench-sb-$fmt-%'")
+  intervals=${intervals%%.*}
+  if [ "$gaps" != 0 ] || [ "$dropped" != 0 ]; then
+    say "[$label] end to end: NOT ALL CONSUMED: $gaps retention gaps recorded, $dropped messages dropped by the broker"
+    note="INVALID: the broker dropped $dropped messages ($gaps retention gaps recorded)"
+    e2e_json=null
+  elif [ "$got" != "$want" ]; then
+    say "[$label] end to end: NOT ALL BILLED: (sandboxes cpu_ns mem_byte_ns) $got, want $want;"
+    say "  memory for $intervals of $(( SANDBOXES * (SAMPLES - 1) )) sample intervals: the broker dropped the rest (PARTITIONS=$PARTITIONS)"
+    note="INVALID: only $intervals of $(( SANDBOXES * (SAMPLES - 1) )) intervals billed; the broker dropped the rest"
+    e2e_json=null
   else
-    say "end to end: all billed: (sandboxes cpu_ns mem_byte_ns) $E2E_BILLED"
-    E2E_NOTE=""
+    say "[$label] end to end: all billed: (sandboxes cpu_ns mem_byte_ns) $got"
   fi
+  # PostgreSQL doing nothing but COPY the rows this phase wrote: samples/s it could take.
+  local pg_only=$(( COPY_RATE * 1000 / (rows_per_ksample ? rows_per_ksample : 1) ))
+  local ratio
+  ratio=$(awk -v e="$e2e" -v c="$cons_smp_s" 'BEGIN { printf "%.3f", c ? e / c : 0 }')
 
-  say "commit latency at a steady 50,000 samples/s, on fresh samples"
-  # 5,000 sandboxes the ledger has never seen (bench-lat-N): every sample is new
+  say "[$label] commit latency at a steady $LAT_RATE samples/s offered, on fresh samples"
+  # 5,000 sandboxes the ledger has never seen (bench-lat-FORMAT-N): every sample is new
   # usage to fold, rate and write, none a duplicate of the end-to-end phase's.
-  LAT_SANDBOXES=5000
-  LAT_BEFORE=$(billed bench-lat)
-  [ "$LAT_BEFORE" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $LAT_BEFORE"
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" --log-level debug 2>"$WORK/agg.lat.log" &
+  local before
+  before=$(billed "bench-lat-$fmt")
+  [ "$before" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $before"
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.log" &
   AGG_PID=$!
-  wait_log "$WORK/agg.lat.log" "partition assigned" 30
+  wait_log "$WORK/agg.lat.$pfx$fmt.log" "partition assigned" 30
   sleep 1
-  "$BENCH" produce "$BROKERS" "$LAT_SANDBOXES" "$SAMPLES" 50000 bench-lat >&2
-  wait_committed $(( TOTAL + LAT_SANDBOXES * SAMPLES )) 300
+  produce "$fmt" "$LAT_RATE" "bench-lat-$fmt" "$LAT_SANDBOXES"
+  w2=$(watermarks)
+  wait_committed "$(offsets_sum "$w2")" 300
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
-  LAT_BILLED=$(billed bench-lat)
-  LAT_WANT=$(want_billed "$LAT_SANDBOXES")
-  say "latency phase billed (sandboxes cpu_ns mem_byte_ns): $LAT_BILLED (want $LAT_WANT)"
-  [ "$LAT_BILLED" = "$LAT_WANT" ] || die "the latency phase's samples were not all billed: $LAT_BILLED, want $LAT_WANT"
-  LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-%'")
-  # The batches behind the latency: how many, how big, how long (the aggregator's debug lines).
-  LAT_BATCHES=$(grep 'msg="batch committed"' "$WORK/agg.lat.log" | sed 's/.* messages=\([0-9]*\) .* ms=\([0-9]*\).*/\1 \2/' |
-    awk '$1 > 0 { n++; m += $1; t += $2; if ($2 > mx) mx = $2 } END { if (n) printf "%d batches, %d messages each on average, %d ms each on average, longest %d ms", n, m / n, t / n, mx }')
-  say "latency phase: $LAT_BATCHES"
-  LAT=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.log")
-  P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$LAT")
-  P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$LAT")
+  local lat_got lat_want lat_rows
+  lat_got=$(billed "bench-lat-$fmt")
+  lat_want=$(want_billed "$LAT_SANDBOXES")
+  say "[$label] latency phase billed (sandboxes cpu_ns mem_byte_ns): $lat_got (want $lat_want)"
+  [ "$lat_got" = "$lat_want" ] || die "the latency phase's samples were not all billed: $lat_got, want $lat_want"
+  lat_rows=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-$fmt-%'")
+  local ln lm lu lsb lt lmx
+  read -r ln lm lu lsb lt lmx <<<"$(batch_sums "$WORK/agg.lat.$pfx$fmt.log")"
+  local lat_batches="$ln batches, $(( lm / (ln ? ln : 1) )) messages each on average, $(( lt / (ln ? ln : 1) )) ms each on average, longest $lmx ms"
+  say "[$label] latency phase: $lat_batches"
+  local lat p50 p99
+  lat=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.$pfx$fmt.log")
+  p50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$lat")
+  p99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$lat")
+  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms"
 
+  line "[$label] e2e samples/s" "$e2e" ">= 1000000 (development broker), >= 500000 (Apache Kafka); quoted baseline, not measured here: a billing engine's published 10000 events/s"
+  [ -z "$note" ] || line "  e2e samples/s is" "" "$note"
+  line "  (with the ${join_ms} ms group join)" "$e2e_with_join" ""
+  line "  e2e CPU ns/sample" "" "aggregator, PostgreSQL, broker: $cpu_json (load average $load; $batches)"
+  line "  consume only: messages/s" "$cons_msg_s" "the ceiling: a consumer that discards ($messages messages, $cons_ns ns of its CPU a sample)"
+  line "  consume only: samples/s" "$cons_smp_s" ""
+  line "  e2e / consume only" "$ratio" ""
+  line "  PostgreSQL COPY alone: samples/s" "$pg_only" "COPY at $COPY_RATE rows/s of the $rows_per_ksample rows per 1,000 samples e2e wrote"
+  line "  commit latency p50 (ms)" "$p50" "at $LAT_RATE samples/s offered (fresh samples: $LAT_SANDBOXES new sandboxes, $lat_rows usage_hourly rows; $lat_batches)"
+  line "  commit latency p99 (ms)" "$p99" "<= 250"
+  JSON+=$(printf ', "%se2e_samples_per_s": %s, "%se2e_samples_per_s_with_join": %s, "%se2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "%se2e_load_average_1m": "%s", "%se2e_rows_per_1000_samples": %s, "%sconsume_only_messages_per_s": %s, "%sconsume_only_samples_per_s": %s, "%sconsume_only_cpu_ns_per_sample": %s, "%se2e_of_consume_only": %s, "%scopy_only_samples_per_s": %s, "%scommit_latency_offered_samples_per_s": %s, "%scommit_latency_ms_p50": %s, "%scommit_latency_ms_p99": %s, "%scommit_latency_usage_rows": %s' \
+    "$pfx" "$e2e_json" "$pfx" "$e2e_with_join" "$pfx" "$cpu_json" "$pfx" "$load" "$pfx" "$rows_per_ksample" \
+    "$pfx" "$cons_msg_s" "$pfx" "$cons_smp_s" "$pfx" "$cons_ns" "$pfx" "$ratio" "$pfx" "$pg_only" \
+    "$pfx" "$LAT_RATE" "$pfx" "$p50" "$pfx" "$p99" "$pfx" "$lat_rows")
+}
+
+# Every format on one broker: the first format's keys carry PFX alone, a further one's PFX + its name.
+all_formats() { # PFX LABEL
+  local f first=1
+  copy_ceiling
+  JSON+=$(printf ', "%scopy_rows_per_s": %s, "%scopy_cpu_ns_per_row": %s' "$1" "$COPY_RATE" "$1" "$COPY_NS")
+  line "[$2] PostgreSQL COPY rows/s" "$COPY_RATE" "the ceiling: 1,000,000 usage rows, one transaction ($COPY_NS ns of its CPU a row)"
+  for f in $FORMATS; do
+    if [ $first = 1 ]; then phases "$f" "$1" "$2 $f"; else phases "$f" "$1${f}_" "$2 $f"; fi
+    first=0
+  done
 }
 
 BROKERS=$TALLY_TEST_BROKERS
-phases
+all_formats "" "development broker"
 
 if [ "$KAFKA" = apache ]; then
-  D=(E2E E2E_JSON E2E_WITH_JOIN JOIN_MS E2E_NOTE P50 P99 LAT_ROWS LAT_BATCHES CPU_JSON E2E_LOAD E2E_BATCHES)
-  for v in "${D[@]}"; do eval "DEV_$v=\$$v"; done
   say "the same phases against Apache Kafka $(kafka_version), one node, $PARTITIONS partitions"
   kafka_start "$WORK/kafka" 1 "$PARTITIONS" 1209600000 "${TALLY_KAFKA_HEAP:-1g}" >/dev/null
   BROKERS=$(cat "$WORK/kafka/bootstrap")
+  # Its listeners want SASL: the bench's own clients as admin, the aggregator as its principal.
+  export BENCH_KAFKA_SETTINGS BENCH_KAFKA_PASSWORD TALLY_KAFKA_SASL_PASSWORD
+  BENCH_KAFKA_SETTINGS=$(kafka_client_settings "$WORK/kafka" admin)
+  BENCH_KAFKA_PASSWORD=$(kafka_password "$(kafka_credentials "$WORK/kafka")" admin)
+  AGG_KAFKA=$(kafka_client_settings "$WORK/kafka" aggregator)
+  TALLY_KAFKA_SASL_PASSWORD=$(kafka_password "$(kafka_credentials "$WORK/kafka")" aggregator)
   psql -c "CREATE DATABASE tally_apache OWNER tally_owner"
   DEV_DB=$DB
   DB="${TALLY_TEST_PG_URL%/*}/tally_apache"
   "$BUILD/ledger/tally-migrate" --database-url "$(pg_role_url "$DB" tally_owner)" --log-level warn
-  phases
-  for v in "${D[@]}"; do eval "APACHE_$v=\$$v; $v=\$DEV_$v"; done
+  JSON+=$(printf ', "apache_kafka_version": "%s"' "$(kafka_version)")
+  all_formats "apache_" "Apache Kafka $(kafka_version)"
   DB=$DEV_DB
+  BROKERS=$TALLY_TEST_BROKERS
+  unset BENCH_KAFKA_SETTINGS BENCH_KAFKA_PASSWORD TALLY_KAFKA_SASL_PASSWORD
+  AGG_KAFKA=
   kafka_stop "$WORK/kafka"
 fi
 
@@ -241,37 +384,25 @@ until [ -S "$WORK/vmm/vmm.sock" ]; do
   sleep 0.1
 done
 wait_log "$WORK/vmm.log" "control topic assigned" 30
-"$BENCH" freeze "$TALLY_TEST_BROKERS" "$TRIALS" "$TALLY_BUILD/vmm/tally-vmm" "$WORK/vmm" "$VMM_PARENT" >"$WORK/freeze.txt"
+# (A trial the load keeps from freezing within 30 s ends the phase: the figures of the trials before it stand.)
+"$BENCH" freeze "$TALLY_TEST_BROKERS" "$TRIALS" "$TALLY_BUILD/vmm/tally-vmm" "$WORK/vmm" "$VMM_PARENT" >"$WORK/freeze.txt" ||
+  say "freeze latency: a trial failed; $(grep -c freeze_ms "$WORK/freeze.txt") of $TRIALS measured"
 kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
 sleep 0.5  # the last stopped sandbox's cgroup goes once its final counter is out
 kill -TERM $VMM_PID; wait $VMM_PID || true; VMM_PID=
 for h in /sys/fs/cgroup/*/"$VMM_PARENT"; do rmdir "$h"/*/ "$h" 2>/dev/null || true; done
 sed -n 's/^freeze_ms=//p' "$WORK/freeze.txt" | sort -n >"$WORK/freeze.sorted"
 N=$(wc -l <"$WORK/freeze.sorted")
-F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")
-F99=$(sed -n "$(( (N * 99 + 99) / 100 ))p" "$WORK/freeze.sorted")
-
-printf '%-34s %14s   %s\n' "figure" "measured" "goal / quoted baseline"
-printf '%-34s %14s   %s\n' "e2e samples/s ($PARTITIONS partitions)" "$E2E" ">= 200000; quoted baseline, not measured here: a billing engine's published 10000 events/s"
-[ -z "$E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  e2e samples/s is" "" "$E2E_NOTE"
-printf '%-34s %14s   %s\n' "  (with the ${JOIN_MS} ms group join)" "$E2E_WITH_JOIN" ""
-printf '%-34s %14s   %s\n' "  e2e CPU ns/sample" "" "aggregator, PostgreSQL, broker: $CPU_JSON (load average $E2E_LOAD; $E2E_BATCHES)"
-printf '%-34s %14s   %s\n' "fold samples/s per core" "$FOLD" "-"
-printf '%-34s %14s   %s\n' "commit latency p50 (ms)" "$P50" "- (fresh samples: $LAT_SANDBOXES new sandboxes, $LAT_ROWS usage_hourly rows written)"
-printf '%-34s %14s   %s\n' "commit latency p99 (ms)" "$P99" "<= 2000"
-if [ "$KAFKA" = apache ]; then
-  printf '%-34s %14s   %s\n' "Apache Kafka e2e samples/s" "$APACHE_E2E" "(one node, $PARTITIONS partitions, same run)"
-  [ -z "$APACHE_E2E_NOTE" ] || printf '%-34s %14s   %s\n' "  Apache e2e samples/s is" "" "$APACHE_E2E_NOTE"
-  printf '%-34s %14s   %s\n' "  (with the ${APACHE_JOIN_MS} ms group join)" "$APACHE_E2E_WITH_JOIN" ""
-  printf '%-34s %14s   %s\n' "Apache Kafka commit latency p50" "$APACHE_P50" "($APACHE_LAT_ROWS usage_hourly rows written)"
-  printf '%-34s %14s   %s\n' "Apache Kafka commit latency p99" "$APACHE_P99" "<= 2000"
-  printf '%-34s %14s   %s\n' "  Apache e2e CPU ns/sample" "" "aggregator, PostgreSQL, Kafka: $APACHE_CPU_JSON (load average $APACHE_E2E_LOAD)"
-  APACHE_JSON=$(printf ', "apache_kafka_version": "%s", "apache_e2e_samples_per_s": %s, "apache_e2e_samples_per_s_with_join": %s, "apache_commit_latency_ms_p50": %s, "apache_commit_latency_ms_p99": %s, "apache_commit_latency_usage_rows": %s, "apache_e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "apache_e2e_load_average_1m": "%s"' \
-    "$(kafka_version)" "$APACHE_E2E_JSON" "$APACHE_E2E_WITH_JOIN" "$APACHE_P50" "$APACHE_P99" "$APACHE_LAT_ROWS" "$APACHE_CPU_JSON" "$APACHE_E2E_LOAD")
-else
-  APACHE_JSON=
+F50=null F99=null
+if [ "$N" -gt 0 ]; then
+  F50=$(sed -n "$(( (N * 50 + 99) / 100 ))p" "$WORK/freeze.sorted")
+  F99=$(sed -n "$(( (N * 99 + 99) / 100 ))p" "$WORK/freeze.sorted")
 fi
+
+printf '%-34s %14s   %s\n' "figure ($PARTITIONS partitions)" "measured" "goal / ceiling / quoted baseline"
+printf '%s' "$LINES"
+printf '%-34s %14s   %s\n' "fold samples/s per core" "$FOLD" "-"
 printf '%-34s %14s   %s\n' "freeze latency p50 (ms, $N trials)" "$F50" "-"
-printf '%-34s %14s   %s\n' "freeze latency p99 (ms)" "$F99" "<= 2000"
-printf '{"partitions": %s, "e2e_samples_per_s": %s, "quoted_baseline_billing_engine_events_per_s": 10000, "e2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "e2e_load_average_1m": "%s", "fold_samples_per_s_per_core": %s, "commit_latency_ms_p50": %s, "commit_latency_ms_p99": %s, "commit_latency_fresh_sandboxes": %s, "commit_latency_usage_rows": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s, "load_average_1m_start_end": "%s..%s"%s}\n' \
-  "$PARTITIONS" "$E2E_JSON" "$CPU_JSON" "$E2E_LOAD" "$FOLD" "$P50" "$P99" "$LAT_SANDBOXES" "$LAT_ROWS" "$F50" "$F99" "$LOAD_START" "$(load1)" "$APACHE_JSON"
+printf '%-34s %14s   %s\n' "freeze latency p99 (ms)" "$F99" "<= 250"
+printf '{"partitions": %s, "formats": "%s", "quoted_baseline_billing_engine_events_per_s": 10000, "fold_samples_per_s_per_core": %s, "commit_latency_fresh_sandboxes": %s, "freeze_latency_ms_p50": %s, "freeze_latency_ms_p99": %s, "load_average_1m_start_end": "%s..%s"%s}\n' \
+  "$PARTITIONS" "$FORMATS" "$FOLD" "$LAT_SANDBOXES" "$F50" "$F99" "$LOAD_START" "$(load1)" "$JSON"

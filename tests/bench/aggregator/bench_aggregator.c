@@ -8,6 +8,11 @@
  *                                            usage batches, one per partition (as tally-collector's
  *                                            usage_format v2 sends them; docs/events.md)
  *   fold SAMPLES                             the fold stage alone, one core: samples folded per second
+ *   watermarks BROKERS                       each partition's high watermark of usage: o0,o1,...
+ *   consume BROKERS FROM UNTIL               the ceiling: a plain consumer (the aggregator's fetch settings)
+ *                                            reads usage from the offsets FROM to UNTIL (o0,o1,...) and
+ *                                            discards it; the time from its assignment to the last message,
+ *                                            and the CPU time it used
  *   freeze BROKERS TRIALS VMM STATE PARENT   limit crossed -> pause command -> a tally-vmm sandbox's
  *                                            freezer cgroup FROZEN; prints one latency (ms) per trial
  * Figures go to stdout as name=value lines. */
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,12 +43,25 @@ static void die(const char *msg)
         exit(1);
 }
 
+/* A client conf with the cluster's settings (SASL: an Apache Kafka cluster of scripts/kafka) from
+ * BENCH_KAFKA_SETTINGS (name=value,...) and BENCH_KAFKA_PASSWORD; none for the development broker. */
+static rd_kafka_conf_t *bench_conf(void)
+{
+        char err[512];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        struct kafka_client_settings s = { .settings = getenv("BENCH_KAFKA_SETTINGS"),
+                                           .sasl_password = getenv("BENCH_KAFKA_PASSWORD") };
+        if (kafka_conf_set_client(conf, &s, err, sizeof(err)) < 0)
+                die(err);
+        return conf;
+}
+
 static rd_kafka_t *producer(const char *brokers)
 {
         char err[512];
         const char *const extra[] = { "batch.size=1000000", "linger.ms=50", "queue.buffering.max.messages=1000000",
                                       NULL };
-        rd_kafka_t *p = kafka_producer_new(brokers, NULL, extra, err, sizeof(err));
+        rd_kafka_t *p = kafka_producer_new(brokers, bench_conf(), extra, err, sizeof(err));
         if (!p)
                 die(err);
         return p;
@@ -206,6 +225,98 @@ static int cmd_fold(long samples)
         return 0;
 }
 
+/* ---- the consume-only ceiling ---- */
+
+/* The offsets of a comma-separated list, one per partition; how many. */
+static int offsets_parse(const char *list, int64_t *off, int max)
+{
+        int n = 0;
+        for (const char *p = list; *p && n < max; n++) {
+                char *end;
+                off[n] = strtoll(p, &end, 10);
+                p = *end == ',' ? end + 1 : end;
+        }
+        return n;
+}
+
+/* Prints each partition's high watermark of usage, comma-separated, in partition order. */
+static int cmd_watermarks(const char *brokers)
+{
+        char err[512];
+        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-watermarks", bench_conf(), NULL, err, sizeof(err));
+        if (!c)
+                die(err);
+        const struct rd_kafka_metadata *md;
+        rd_kafka_topic_t *t = rd_kafka_topic_new(c, TOPIC_USAGE, NULL);
+        if (rd_kafka_metadata(c, 0, t, &md, 10000) || md->topic_cnt != 1)
+                die("no metadata for usage");
+        int n = md->topics[0].partition_cnt;
+        rd_kafka_metadata_destroy(md);
+        rd_kafka_topic_destroy(t);
+        for (int p = 0; p < n; p++) {
+                int64_t lo, hi;
+                if (rd_kafka_query_watermark_offsets(c, TOPIC_USAGE, p, &lo, &hi, 10000))
+                        die("could not read a watermark");
+                printf("%s%lld", p ? "," : "", (long long)hi);
+        }
+        printf("\n");
+        rd_kafka_destroy(c);
+        return 0;
+}
+
+/* Reads usage from the offsets FROM to UNTIL (per partition) with the
+ * aggregator's own fetch settings (aggregator/loop.c), discarding every
+ * message: what the machine gives a consumer with no work to do. */
+static int cmd_consume(const char *brokers, const char *from, const char *until)
+{
+        int64_t start[256], end[256];
+        int n = offsets_parse(from, start, 256);
+        if (offsets_parse(until, end, 256) != n || n == 0)
+                die("consume: FROM and UNTIL need one offset per partition");
+        char err[512];
+        const char *const settings[] = { "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304",
+                                         "fetch.wait.max.ms=20", "queued.min.messages=200000", NULL };
+        rd_kafka_t *c = kafka_consumer_new(brokers, "bench-consume-only", bench_conf(), settings, err, sizeof(err));
+        if (!c)
+                die(err);
+        long want = 0;
+        rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n);
+        for (int p = 0; p < n; p++) {
+                want += (long)(end[p] - start[p]);
+                if (end[p] > start[p])
+                        rd_kafka_topic_partition_list_add(parts, TOPIC_USAGE, p)->offset = start[p];
+        }
+        int64_t t0 = time_mono_ns(), deadline = t0 + 600 * NS_PER_SEC, last = t0;
+        if (rd_kafka_assign(c, parts))
+                die("assign");
+        rd_kafka_topic_partition_list_destroy(parts);
+        long got = 0;
+        uint64_t bytes = 0;
+        while (got < want && time_mono_ns() < deadline) {
+                rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
+                if (!m)
+                        continue;
+                if (!m->err && m->offset < end[m->partition]) {
+                        got++;
+                        bytes += m->len;
+                        last = time_mono_ns();
+                }
+                rd_kafka_message_destroy(m);
+        }
+        if (got < want)
+                die("the consumer did not read every message within 600 s");
+        int64_t ns = last - t0;
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        long long cpu_us = (long long)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec +
+                           ru.ru_stime.tv_usec;
+        printf("consumed=%ld bytes=%llu consume_ms=%lld consume_messages_per_s=%lld consume_cpu_ms=%lld\n", got,
+               (unsigned long long)bytes, (long long)(ns / NS_PER_MS),
+               (long long)((int64_t)got * NS_PER_SEC / (ns ? ns : 1)), cpu_us / 1000);
+        rd_kafka_destroy(c);
+        return 0;
+}
+
 /* ---- freeze ---- */
 
 static bool frozen(const char *cg)
@@ -305,11 +416,16 @@ int main(int argc, char **argv)
         if (argc >= 6 && strcmp(argv[1], "produce") == 0)
                 return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc >= 7 ? argv[6] : "bench-sb",
                                    false);
+        if (argc >= 5 && strcmp(argv[1], "consume") == 0)
+                return cmd_consume(argv[2], argv[3], argv[4]);
+        if (argc >= 3 && strcmp(argv[1], "watermarks") == 0)
+                return cmd_watermarks(argv[2]);
         if (argc >= 3 && strcmp(argv[1], "fold") == 0)
                 return cmd_fold(atol(argv[2]));
         if (argc >= 7 && strcmp(argv[1], "freeze") == 0)
                 return cmd_freeze(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
         fprintf(stderr, "Usage: bench-aggregator produce [--format v1|v2] BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
+                        "watermarks BROKERS | consume BROKERS FROM UNTIL | "
                         "freeze BROKERS TRIALS VMM STATE_DIR CGROUP_PARENT\n");
         return 2;
 }
