@@ -86,9 +86,10 @@ def small_stream(seed, now_ns, tag):
     that seed and clock)."""
     rng = random.Random(seed * 7919 + 1)
     n = rng.choice([1, 1, 1, 2, 2, 3, 5])
+    end = now_ns
     if rng.random() < 0.1:
-        now_ns = month_start(now_ns - 13 * HOUR) + rng.randint(1, 12) * HOUR + rng.randint(0, HOUR - 1)
-    return streamgen.generate(seed, now_ns, n, tag + "-", True)
+        end = month_start(now_ns - 13 * HOUR) + rng.randint(1, 12) * HOUR + rng.randint(0, HOUR - 1)
+    return streamgen.generate(seed, end, n, tag + "-", True, now_ns)
 
 
 def full_stream(seed, now_ns, tag):
@@ -109,13 +110,17 @@ def draw_plans(rnd, now_ns, tags):
     """The round's price plan `rROUND.plan`, for about a third of the
     streams' accounts (tags: [(tag, its accounts)]), whose rates change at
     moments inside the streams' hours (often inside an hour: the new rate
-    holds from the next hour's start). Returns (its rates, {tag: the
-    accounts on it})."""
+    holds from the next hour's start), one meter in some rounds with no rate
+    before its first change. Returns (its rates, {tag: the accounts on
+    it})."""
     rng = random.Random(rnd * 7877 + now_ns % 1_000_003)
     rates = {}
+    # a meter with no rate before its first change inside the streams'
+    # hours, in one round in three: a rating gap (usage kept, not rated)
+    gap = rng.choice([None, None, "cpu", "memory", "storage", None])
     for meter in ("cpu", "memory", "storage"):
-        rows = [[refbill.WALL_MIN, rng.randint(0, 10**9)]]
-        for _ in range(rng.randint(0, 3)):
+        rows = [[refbill.WALL_MIN, rng.randint(0, 10**9)]] if meter != gap else []
+        for _ in range(rng.randint(0 if rows else 1, 3)):
             # none after the hour before the clock's: usage placed at the
             # aggregator's clock is rated as in that hour (refbill.py)
             at = now_ns - now_ns % HOUR - HOUR - rng.randint(0, 29 * HOUR)
@@ -276,7 +281,7 @@ def model(tag, msgs, plans, now_ns):
         w = line.split(" ")
         if w[0] == "deadclass":
             out.append(f"deadclass {tag} {w[1]} {w[2]}")
-        elif w[0] in ("usage", "spend", "lateusage", "latespend"):
+        elif w[0] in ("usage", "spend", "lateusage", "latespend", "gap"):
             out.append(line)
     return out
 

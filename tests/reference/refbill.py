@@ -11,6 +11,7 @@ Output, sorted, one line each:
   usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
   spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS   (rows with any spend)
   alert KEY YYYY-MM-DD THRESHOLD, block KEY YYYY-MM-DD POLICY     (keys with a limit in --plans)
+  gap ACCOUNT PLAN METER HOUR_UNIX_S     (usage of an hour with no rate in force: not rated)
   lateusage SANDBOX HOUR_UNIX_S, latespend KEY YYYY-MM-DD   (usage at the aggregator's clock:
       the sandbox's hours from HOUR on, the key's days from that day on, are
       one line each, `usage SANDBOX late ...`, `spend KEY late ...`)
@@ -180,7 +181,7 @@ class Biller:
             return
         if "host" in m and m["host"] != c.get("host"):
             raise Dead("host")
-        st = s.st
+        st = st_before = s.st
         stopped_ev = m["type"] == "stopped"
         epoch = m.get("epoch", st.epoch if st else 0)
         if epoch > s.epoch_max:
@@ -251,13 +252,16 @@ class Biller:
                     d_run = interval
                 elif st.state == "paused":
                     d_paused = interval
-        # bill it: over the span of its held time ending at its wall time
+        # bill it: over the span of its held time ending at its wall time;
+        # the interval rule bills the interval with the sizes at its start
+        # (the last reading's), held counters with the reading's own
         span = d_run + d_paused
+        bill_mem, bill_disk = (st.mem, st.disk) if st_before is not None and not held else (mem, disk)
         if bad:
             self.late.add(m["sandbox"])
-            self.place(m["sandbox"], key, None, span, d_cpu, d_run, d_paused, mem, disk, m["account"])
+            self.place(m["sandbox"], key, None, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
         else:
-            self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk, m["account"])
+            self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
         # move the state
         if st.stopped:
             st.cpu = max(st.cpu, cpu)
@@ -432,6 +436,7 @@ def report(b, why, plans=None):
         if cpu or mem or sto:
             out.append(f"usage {sid} {h} {cpu} {mem} {sto}")
     spend = {}
+    gaps = set()
     for (sid, h), (cpu, mem, sto) in b.usage.items():
         key = b.keys[(sid, h)]
         # the rates in force from `cut` on are the same for every hour after
@@ -443,7 +448,13 @@ def report(b, why, plans=None):
         for i, (meter, q) in enumerate((("cpu", cpu), ("memory", mem), ("storage", sto))):
             rate = rate_at(plans, acct, meter, at)
             if rate is None:
-                sys.exit("refbill: a meter with no rate (a rating gap) is not modelled")
+                # a rating gap: kept in usage, adds nothing to spend, one
+                # rating_gaps row per (account, plan, meter, hour) with usage
+                if q > 0:
+                    if h == LATE:
+                        sys.exit("refbill: a rating gap at the aggregator's clock is not modelled")
+                    gaps.add((acct, plans["accounts"].get(acct, "default"), meter, h))
+                continue
             r[i] += q * rate
     spent = {}
     for (key, day), (c, m, s) in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
@@ -452,6 +463,8 @@ def report(b, why, plans=None):
         spent[(key, day)] = nanodollars(c, m, s)
         out.append(f"spend {key} {day} {c} {m} {s} {spent[(key, day)]}")
     out += limit_lines(spent, plans.get("limits", {}))
+    for acct, plan, meter, h in sorted(gaps, key=lambda g: (g[0].encode(), g[1].encode(), g[2], g[3])):
+        out.append(f"gap {acct} {plan} {meter} {h // NS}")
     out.append(f"dead {len(b.dead)}")
     classes = {}
     for _, cls in b.dead:

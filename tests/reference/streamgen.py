@@ -21,7 +21,9 @@ and the `stopped` event): skewed by minutes, dated 300 to 390 days back
 (both within the aggregator's bounds), days to years ahead or more than 402
 days behind (beyond them: not trusted for time), or outside the spec's
 2020..2200 (a dead letter). Wrong clocks are drawn from a generator of their
-own, so a seed's lives and counters are what they were without them.
+own, so a seed's lives and counters are what they were without them; so
+are sizes that change during a life (the disk bytes used, for about one
+sandbox in seven, and the memory size, for one in twenty).
 
 Integers only. Standard library only; it never imports tally's code.
 """
@@ -61,6 +63,7 @@ class Life:
         self.vcpus = rng.choice([1, 1, 2, 2, 4, 8, 16, rng.randint(1, 1024)])
         self.mem = rng.choice([256 << 20, GIB, 2 * GIB, 4 * GIB, 8 * GIB, rng.randint(1, 64 * GIB)])
         self.disk = rng.choice([0, 0, rng.randint(1, 10 * GIB)])
+        self.disk0 = self.disk
         self.created_ns = created_ns
         self.end_ns = end_ns
         self.t = created_ns
@@ -89,6 +92,11 @@ class Life:
         # lives, counters and order as before clocks were drawn)
         self.crng = random.Random(f"clock/{sid}/{created_ns}")
         self.clock = self.crng.choice(["right"] * 20 + ["skew", "ahead", "behind", "old", "outside"])
+        # sizes that change during the life (drawn from the same side
+        # generator): the disk bytes used, at about every reading, and the
+        # memory size, now and then
+        self.disk_moves = self.crng.random() < 0.15
+        self.mem_moves = self.crng.random() < 0.05
 
     def advance(self, dt):
         if self.state == "running":
@@ -141,8 +149,17 @@ class Life:
             self.n = 1
         return (self.gen << 32) | self.n
 
+    def resize(self):
+        """The sizes a reading carries from now on (see __init__)."""
+        c = self.crng
+        if self.disk_moves and c.random() < 0.8:
+            self.disk = max(0, self.disk + c.randint(-GIB // 4, GIB // 2))
+        if self.mem_moves and c.random() < 0.3:
+            self.mem = c.choice([256 << 20, GIB, 2 * GIB, 4 * GIB, c.randint(1, 64 * GIB)])
+
     def sample(self, state=None, final=False):
         rng = self.rng
+        self.resize()
         m = {"v": 1, "type": "sample", "sandbox": self.sid, "account": self.account, "key": self.key,
              "epoch": self.epoch, "seq": self.next_seq(), "wall_ns": self.wall(), "state": state or self.state,
              "cpu_ns": self.cpu_epoch, "mem_size_bytes": self.mem, "vcpus": self.vcpus,
@@ -151,7 +168,8 @@ class Life:
             del m["running_ns"], m["paused_ns"]
         if rng.random() < 0.8:
             m["host"] = self.host
-        if self.disk or rng.random() < 0.5:
+        # (the coin drawn as before sizes moved; disk in use is always sent)
+        if self.disk0 or rng.random() < 0.5 or self.disk:
             m["disk_bytes"] = self.disk
         if rng.random() < 0.5:
             m["mono_ns"] = self.t - self.created_ns + 10 * NS
@@ -312,7 +330,11 @@ def finish(rng, life):
             ev[k], ev[k + 1] = ev[k + 1], ev[k]
 
 
-def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
+def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True, clock_ns=None):
+    """clock_ns: the aggregator's clock, at the earliest, that wrong clocks
+    are drawn beyond (default now_ns; a stream drawn to end before another
+    moment, as pack.py's month ends, is still read now)."""
+    clock_ns = now_ns if clock_ns is None else clock_ns
     rng = random.Random(seed)
     if nsandboxes is None:
         nsandboxes = rng.randint(1, 200)
@@ -330,13 +352,13 @@ def generate(seed, now_ns, nsandboxes=None, prefix="", hostile=True):
         a = rng.choice(accounts)
         life = Life(rng, f"{prefix}sb-{i}", a, rng.choice(keys[a]), rng.choice(hosts),
                     rng.randint(start, end - 10 * NS), end)
-        life.hostile, life.now = hostile, now_ns
+        life.hostile, life.now = hostile, clock_ns
         life.draw()
         todo = [life]
         for t, n in life.forks:
             for _ in range(min(n, 9 - len(todo))):
                 child = Life(rng, f"{life.sid}.f{len(todo) - 1}", a, life.key, life.host, t, end)
-                child.hostile, child.can_fork, child.parent, child.now = hostile, False, life.sid, now_ns
+                child.hostile, child.can_fork, child.parent, child.now = hostile, False, life.sid, clock_ns
                 child.draw()
                 todo.append(child)
         for life in todo:

@@ -156,7 +156,7 @@ static int64_t produce_stream(struct aggtest *t, const char *path, int round, in
 static int dump_ledger(struct aggtest *t, int round, const char *path)
 {
         char sql[4096];
-        char *parts[5];
+        char *parts[6];
         snprintf(sql, sizeof(sql),
                  "SELECT coalesce(string_agg('usage ' || sandbox_id || ' ' || extract(epoch FROM hour)::bigint || ' ' ||"
                  " cpu_ns || ' ' || mem_byte_ns || ' ' || storage_byte_ns, E'\\n'), '') FROM usage_hourly"
@@ -197,9 +197,15 @@ static int dump_ledger(struct aggtest *t, int round, const char *path)
                  "SELECT coalesce(string_agg('alert ' || key_id || ' ' || day || ' ' || threshold_pct, E'\\n'), '')"
                  " FROM alerts WHERE key_id LIKE 'r%d.%%' AND threshold_pct IS NOT NULL", round);
         parts[4] = aggtest_query(t, sql);
+        /* usage of hours with no rate in force (rating gaps) */
+        snprintf(sql, sizeof(sql),
+                 "SELECT coalesce(string_agg('gap ' || account_id || ' ' || plan_id || ' ' || meter || ' ' ||"
+                 " extract(epoch FROM hour)::bigint, E'\\n'), '') FROM rating_gaps WHERE account_id LIKE 'r%d.%%'",
+                 round);
+        parts[5] = aggtest_query(t, sql);
         FILE *f = fopen(path, "w");
-        int rc = f && parts[0] && parts[1] && parts[2] && parts[3] && parts[4] ? 0 : -1;
-        for (int i = 0; i < 5; i++) {
+        int rc = f && parts[0] && parts[1] && parts[2] && parts[3] && parts[4] && parts[5] ? 0 : -1;
+        for (int i = 0; i < 6; i++) {
                 if (f && parts[i] && parts[i][0])
                         fprintf(f, "%s\n", parts[i]);
                 free(parts[i]);
