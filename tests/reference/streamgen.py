@@ -49,7 +49,13 @@ DAY = 24 * HOUR
 #   `stopped` event dated more than an hour before the aggregator reads it
 #   is refused as behind, and the interval rule bills nothing until the
 #   readings pass that clock.
-OPEN = {"untrusted_first_reading"}
+#   stopped_behind_new_epoch: a `stopped` event under an epoch above the
+#   last billed reading's, dated more than an hour before that reading, is
+#   not refused as behind what was billed (docs/events.md, "Provenance":
+#   whatever its epoch); the aggregator checks the date only within an
+#   epoch. Drawn only from a wrong clock 300 to 390 days back on the
+#   `stopped` event of a sandbox that restarted.
+OPEN = {"untrusted_first_reading", "stopped_behind_new_epoch"}
 WALL_MIN = 1_577_836_800 * NS      # 2020-01-01: docs/events.md's range of wall_ns
 WALL_MAX = 7_258_118_400 * NS      # 2200-01-01
 
@@ -283,7 +289,10 @@ class Life:
             # dated up to 50 minutes later that carries the running time only
             # up to the deadline (docs/registry.md)
             lease = rng.random() < 0.1
-            st = {"v": 1, "type": "stopped", "sandbox": self.sid, "account": self.account, "wall_ns": self.wall(),
+            wall = self.wall()
+            if "stopped_behind_new_epoch" in OPEN and self.epoch > 1 and wall < self.t - HOUR:
+                wall = self.t
+            st = {"v": 1, "type": "stopped", "sandbox": self.sid, "account": self.account, "wall_ns": wall,
                   "cpu_ns": self.cpu_epoch, "running_ns": self.running, "paused_ns": self.paused}
             if self.old:
                 del st["running_ns"], st["paused_ns"]
