@@ -55,7 +55,10 @@ DAY = 24 * HOUR
 #   whatever its epoch); the aggregator checks the date only within an
 #   epoch. Drawn only from a wrong clock 300 to 390 days back on the
 #   `stopped` event of a sandbox that restarted.
-OPEN = {"untrusted_first_reading", "stopped_behind_new_epoch"}
+#   stopped_disk_zero: a `stopped` event's `disk_bytes: 0` is billed as
+#   missing (the last reading's disk bytes). Drawn only when a sandbox's
+#   disk use went to 0: its `stopped` event then leaves the field out.
+OPEN = {"untrusted_first_reading", "stopped_behind_new_epoch", "stopped_disk_zero"}
 WALL_MIN = 1_577_836_800 * NS      # 2020-01-01: docs/events.md's range of wall_ns
 WALL_MAX = 7_258_118_400 * NS      # 2200-01-01
 
@@ -305,7 +308,7 @@ class Life:
             if rng.random() < 0.5:
                 st["vcpus"] = self.vcpus
                 st["mem_size_bytes"] = self.mem
-            if rng.random() < 0.5:
+            if rng.random() < 0.5 and not (self.disk == 0 and self.disk_moves and "stopped_disk_zero" in OPEN):
                 st["disk_bytes"] = self.disk
             final = rng.random() < 0.6
             if lease:
