@@ -86,9 +86,10 @@ def small_stream(seed, now_ns, tag):
     that seed and clock)."""
     rng = random.Random(seed * 7919 + 1)
     n = rng.choice([1, 1, 1, 2, 2, 3, 5])
+    end = now_ns
     if rng.random() < 0.1:
-        now_ns = month_start(now_ns - 13 * HOUR) + rng.randint(1, 12) * HOUR + rng.randint(0, HOUR - 1)
-    return streamgen.generate(seed, now_ns, n, tag + "-", True)
+        end = month_start(now_ns - 13 * HOUR) + rng.randint(1, 12) * HOUR + rng.randint(0, HOUR - 1)
+    return streamgen.generate(seed, end, n, tag + "-", True, now_ns)
 
 
 def full_stream(seed, now_ns, tag):
@@ -101,34 +102,119 @@ def big_stream(seed, now_ns, tag):
     return streamgen.generate(seed, now_ns, n, tag + "-", True)
 
 
+UNITS = {"cpu": "vCPU-hour", "memory": "GiB-hour", "storage": "GB-month"}
+POLICIES = ("pause", "stop", "alert_only")
+
+
 def draw_plans(rnd, now_ns, tags):
-    """The round's price plans: the default plan, and `rROUND.plan` for about
-    a third of the streams' accounts, whose rates change at moments inside
-    the streams' hours (often inside an hour: the new rate holds from the
-    next hour's start). Returns (plans for refbill, the SQL that makes them)."""
+    """The round's price plan `rROUND.plan`, for about a third of the
+    streams' accounts (tags: [(tag, its accounts)]), whose rates change at
+    moments inside the streams' hours (often inside an hour: the new rate
+    holds from the next hour's start), one meter in some rounds with no rate
+    before its first change. Returns (its rates, {tag: the accounts on
+    it})."""
     rng = random.Random(rnd * 7877 + now_ns % 1_000_003)
-    plan = f"r{rnd}.plan"
     rates = {}
+    # a meter with no rate before its first change inside the streams'
+    # hours, in one round in three: a rating gap (usage kept, not rated)
+    gap = rng.choice([None, None, "cpu", "memory", "storage", None])
     for meter in ("cpu", "memory", "storage"):
-        rows = [[refbill.WALL_MIN, rng.randint(0, 10**9)]]
-        for _ in range(rng.randint(0, 3)):
-            at = now_ns - rng.randint(0, 30 * HOUR)
+        rows = [[refbill.WALL_MIN, rng.randint(0, 10**9)]] if meter != gap else []
+        for _ in range(rng.randint(0 if rows else 1, 3)):
+            # none after the hour before the clock's: usage placed at the
+            # aggregator's clock is rated as in that hour (refbill.py)
+            at = now_ns - now_ns % HOUR - HOUR - rng.randint(0, 29 * HOUR)
             rows.append([at - at % (rng.choice([1, 60, 3600]) * NS), rng.randint(0, 10**9)])
         rates[meter] = sorted({r[0]: r for r in rows}.values())
-    accounts = {}
+    on = {}
     for tag, accts in tags:
         if rng.random() < 0.3:
-            for acct in accts:
-                accounts[acct] = plan
-    units = {"cpu": "vCPU-hour", "memory": "GiB-hour", "storage": "GB-month"}
-    sql = [f"INSERT INTO price_plans (id, name) VALUES ('{plan}', 'round {rnd}');"]
-    for meter, rows in rates.items():
+            on[tag] = list(accts)
+    return rates, on
+
+
+def draw_limits(rng, spent, late, key_accounts):
+    """Daily limits for about a third of a stream's keys (not those with
+    usage at the aggregator's clock: their last days are not known to the
+    day), mostly at the edges of what a day of theirs spent: the day's
+    spend itself, one nano-dollar either side, twice it (50 %), 100/80 of it
+    (80 %), 0, or anything. spent: {(key, day): nanodollars}. Returns {key:
+    [limit, policy]}."""
+    limits = {}
+    for key in sorted(key_accounts):
+        if key in late or rng.random() >= 0.35:
+            continue
+        days = sorted(nd for (k, d), nd in spent.items() if k == key)
+        nd = rng.choice(days) if days else rng.randint(0, 10**9)
+        lim = rng.choice([nd, nd, nd + 1, max(0, nd - 1), 2 * nd, 2 * nd + 1, max(0, 2 * nd - 1),
+                          nd * 100 // 80, -(-nd * 100 // 80), 0, rng.randint(0, 10**12)])
+        limits[key] = [lim, rng.choice(POLICIES)]
+    return limits
+
+
+def plan_sql(plan, name, spec):
+    """The SQL that makes a plan of a spec ({"rates": {meter: [[at, rate],
+    ...]}, "accounts": [...]}) and puts its accounts on it."""
+    sql = [f"INSERT INTO price_plans (id, name) VALUES ('{plan}', '{name}');"]
+    for meter, rows in spec["rates"].items():
         for at, rate in rows:
             sql.append(f"INSERT INTO plan_rates (plan_id, meter, effective_from, nanodollars_per_unit, unit) VALUES"
-                       f" ('{plan}', '{meter}', to_timestamp({at // NS}), {rate}, '{units[meter]}');")
-    for acct in sorted(accounts):
+                       f" ('{plan}', '{meter}', to_timestamp({at // NS}), {rate}, '{UNITS[meter]}');")
+    for acct in sorted(spec["accounts"]):
         sql.append(f"INSERT INTO accounts (id, name, plan_id) VALUES ('{acct}', '{acct}', '{plan}');")
-    return {"accounts": accounts, "rates": {plan: rates}}, "\n".join(sql) + "\n"
+    return sql
+
+
+def limits_sql(limits, key_accounts):
+    """The SQL that gives keys their daily limits (an api_keys row each, its
+    account made if it is on no plan)."""
+    sql = []
+    for key in sorted(limits):
+        lim, policy = limits[key]
+        acct = key_accounts.get(key)
+        if acct is None:
+            continue  # no message names it (a shrunk case): it spends nothing
+        sql.append(f"INSERT INTO accounts (id, name) VALUES ('{acct}', '{acct}') ON CONFLICT (id) DO NOTHING;")
+        sql.append("INSERT INTO api_keys (id, account_id, key_hash, daily_limit_nanodollars, limit_policy) VALUES"
+                   f" ('{key}', '{acct}', sha256(convert_to('{key}', 'UTF8')), {lim}, '{policy}');")
+    return sql
+
+
+def key_accounts(msgs):
+    """{key: its account} of a stream's messages."""
+    out = {}
+    for acct, m in msgs:
+        if acct is not None and isinstance(m.get("key"), str) and isinstance(m.get("account"), str):
+            out.setdefault(m["key"], m["account"])
+    return out
+
+
+def take_plan(msgs):
+    """(the stream's own `#plan` spec or None, the messages without it)."""
+    specs = [m["plan"] for a, m in msgs if a is None and "plan" in m]
+    return (specs[0] if specs else None), [(a, m) for a, m in msgs if not (a is None and "plan" in m)]
+
+
+def retag_spec(spec, old, new):
+    """A plan spec with its account and key names' prefix `old-` made `new-`."""
+    def name(v):
+        if old and v.startswith(old + "-"):
+            v = v[len(old) + 1:]
+        return (new + "-" + v) if new else v
+    return {"rates": spec.get("rates"), "accounts": [name(x) for x in spec.get("accounts", [])],
+            "limits": {name(k): v for k, v in spec.get("limits", {}).items()}}
+
+
+def spent_of(lines):
+    """{(key, day): nanodollars} of a stream's model lines, and the keys with
+    a late day."""
+    spent, late = {}, set()
+    for w in (x.split(" ") for x in lines):
+        if w[0] == "spend" and w[2] != "late":
+            spent[(w[1], w[2])] = int(w[6])
+        elif w[0] == "latespend":
+            late.add(w[1])
+    return spent, late
 
 
 def read_file(path):
@@ -144,6 +230,12 @@ def read_file(path):
             if line.startswith("#held "):
                 msgs.append((None, {"held": line[6:]}))
                 continue
+            if line.startswith("#clock "):
+                msgs.append((None, {"clock": int(line[7:])}))
+                continue
+            if line.startswith("#plan "):
+                msgs.append((None, {"plan": json.loads(line[6:])}))
+                continue
             if not line or line.startswith("#"):
                 continue
             acct, raw = line.split("\t", 1)
@@ -153,24 +245,35 @@ def read_file(path):
 
 def moved(msgs, now_ns):
     """A stored stream moved by whole days (its hours and days stay whole)
-    so that it ends before the clock's hour, as streamgen's do."""
+    so that it ends before the clock's hour, as streamgen's do: by the whole
+    days since its `#clock` (the clock it was drawn before), or, without
+    one, so that its last wall time ends a day before the clock's hour.
+    The `#clock` directive itself is dropped."""
+    clocks = [m["clock"] for a, m in msgs if a is None and "clock" in m]
+    msgs = [(a, m) for a, m in msgs if not (a is None and "clock" in m)]
     walls = [m["wall_ns"] for a, m in msgs if a is not None and isinstance(m.get("wall_ns"), int)]
     if not walls:
         return msgs
     end = now_ns - now_ns % HOUR - 120 * NS
-    days = (end - max(walls)) // DAY
+    days = (now_ns - clocks[0]) // DAY if clocks else (end - max(walls)) // DAY
     out = []
     for acct, m in msgs:
         m = dict(m)
         if acct is not None and isinstance(m.get("wall_ns"), int):
             m["wall_ns"] += days * DAY
+        if acct is None and m.get("plan") and m["plan"].get("rates"):
+            # the plan's rate changes move with the stream (its first rates,
+            # from 2020, stay: they hold under any reading)
+            m["plan"] = dict(m["plan"], rates={mt: [[at + (days * DAY if at > refbill.WALL_MIN else 0), r]
+                                                    for at, r in rows] for mt, rows in m["plan"]["rates"].items()})
         out.append((acct, m))
     return out
 
 
-def model(tag, msgs, plans=None):
-    """The model's lines for one stream (refbill.py's rules)."""
-    b = refbill.Biller()
+def model(tag, msgs, plans, now_ns):
+    """The model's lines for one stream (refbill.py's rules), read by an
+    aggregator whose clock is now_ns or later."""
+    b = refbill.Biller(now_ns)
     for n, (acct, m) in enumerate(msgs, 1):
         if acct is not None:
             b.message(n, json.dumps(m, separators=(",", ":")))
@@ -180,7 +283,7 @@ def model(tag, msgs, plans=None):
         w = line.split(" ")
         if w[0] == "deadclass":
             out.append(f"deadclass {tag} {w[1]} {w[2]}")
-        elif w[0] in ("usage", "spend"):
+        elif w[0] in ("usage", "spend", "lateusage", "latespend", "gap"):
             out.append(line)
     return out
 
@@ -244,7 +347,14 @@ def write_stream(path, msgs, header=()):
             f.write("# " + h + "\n")
         for acct, m in msgs:
             if acct is None:
-                f.write("#commit\n" if "commit" in m else "#held " + m["held"] + "\n")
+                if "commit" in m:
+                    f.write("#commit\n")
+                elif "clock" in m:
+                    f.write(f"#clock {m['clock']}\n")
+                elif "plan" in m:
+                    f.write("#plan " + json.dumps(m["plan"], separators=(",", ":")) + "\n")
+                else:
+                    f.write("#held " + m["held"] + "\n")
             else:
                 f.write(acct + "\t" + json.dumps(m, separators=(",", ":")) + "\n")
 
@@ -254,8 +364,41 @@ def write_model(path, lines):
         f.write("\n".join(sorted(lines)) + ("\n" if lines else ""))
 
 
+def build(rnd, now_ns, tags, streams, specs, rng):
+    """The round's plans, limits and model: specs[i] is stream i's own plan
+    (a corpus case's `#plan`, names tagged) or None (the round's plan for
+    about a third of those, and limits drawn). Returns (model lines, SQL,
+    {tag: the plan spec each stream ran under}, accounts on rROUND.plan)."""
+    rates, on = draw_plans(rnd, now_ns, [(t, sorted({acct for acct, _ in m if acct is not None}))
+                                         for t, m, sp in zip(tags, streams, specs) if sp is None])
+    plans = {"accounts": {}, "rates": {f"r{rnd}.plan": rates}}
+    sql = plan_sql(f"r{rnd}.plan", f"round {rnd}", {"rates": rates, "accounts": [x for v in on.values() for x in v]})
+    used = {}
+    for tag, sp in zip(tags, specs):
+        if sp is not None and sp.get("rates"):
+            sql += plan_sql(f"{tag}.plan", tag, sp)
+            plans["rates"][f"{tag}.plan"] = sp["rates"]
+            plans["accounts"].update({x: f"{tag}.plan" for x in sp["accounts"]})
+        elif sp is None:
+            plans["accounts"].update({x: f"r{rnd}.plan" for x in on.get(tag, [])})
+    lines = []
+    for tag, msgs, sp in zip(tags, streams, specs):
+        own = model(tag, msgs, plans, now_ns)
+        ka = key_accounts(msgs)
+        spent, late = spent_of(own)
+        limits = sp.get("limits", {}) if sp is not None else draw_limits(rng, spent, late, ka)
+        own += refbill.limit_lines(spent, limits)
+        sql += limits_sql(limits, ka)
+        lines += own
+        if sp is not None:
+            used[tag] = sp
+        else:
+            used[tag] = {"rates": rates if tag in on else None, "accounts": on.get(tag, []), "limits": limits}
+    return lines, "\n".join(sql) + "\n", used, sum(len(v) for v in on.values())
+
+
 def cmd_round(a):
-    streams, tags = [], []
+    streams, tags, specs = [], [], []
     seeds = [int(x) for x in a.seeds.split(",") if x] if a.seeds else []
     drawn = [(x, full_stream) for x in seeds]
     drawn += [(x, small_stream if a.small else full_stream) for x in range(a.seed_base, a.seed_base + a.count)]
@@ -264,38 +407,85 @@ def cmd_round(a):
         tag = f"r{a.round}.{x}"
         streams.append(draw(x, a.now_ns, tag))
         tags.append(tag)
+        specs.append(None)
     if a.corpus and os.path.isdir(a.corpus):
         for i, name in enumerate(sorted(n for n in os.listdir(a.corpus) if n.endswith(".txt"))):
             tag = f"r{a.round}.c{i}"
-            msgs = retag(moved(read_file(os.path.join(a.corpus, name)), a.now_ns), "", tag)
-            streams.append(msgs)
+            spec, msgs = take_plan(moved(read_file(os.path.join(a.corpus, name)), a.now_ns))
+            streams.append(retag(msgs, "", tag))
             tags.append(tag)
-            print(f"corpus {name}: tag {tag}, {len(msgs)} messages", file=sys.stderr)
-    plans, sql = draw_plans(a.round, a.now_ns,
-                            [(t, sorted({acct for acct, _ in m if acct is not None})) for t, m in zip(tags, streams)])
-    lines = []
-    for tag, msgs in zip(tags, streams):
-        lines += model(tag, msgs, plans)
-    out = interleave(random.Random(a.round * 1_000_003 + (seeds[0] if seeds else a.seed_base)), streams)
+            specs.append(retag_spec(spec, "", tag) if spec is not None else {"accounts": [], "limits": {}})
+            print(f"corpus {name}: tag {tag}, {len(msgs)} messages{', its own plan' if spec else ''}",
+                  file=sys.stderr)
+    seed0 = seeds[0] if seeds else a.seed_base
+    lines, sql, used, n_on = build(a.round, a.now_ns, tags, streams, specs, random.Random(a.round * 7901 + seed0))
+    out = interleave(random.Random(a.round * 1_000_003 + seed0), streams)
     write_stream(a.stream, out)
     write_model(a.model, lines)
     with open(a.model + ".tags", "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in tags))
     with open(a.model + ".sql", "w", encoding="utf-8") as f:
         f.write(sql)
-    print(f"{len(streams)} streams, {len(out)} messages, {len(plans['accounts'])} accounts on plan r{a.round}.plan",
-          file=sys.stderr)
+    with open(a.model + ".plans", "w", encoding="utf-8") as f:
+        json.dump(used, f, separators=(",", ":"))
+    print(f"{len(streams)} streams, {len(out)} messages, {n_on} accounts on plan r{a.round}.plan,"
+          f" {sum(len(u.get('limits', {})) for u in used.values())} keys with a daily limit", file=sys.stderr)
 
 
 def cmd_file(a):
-    msgs = retag(moved(read_file(a.input), a.now_ns), "", a.tag)
+    spec, msgs = take_plan(moved(read_file(a.input), a.now_ns))
+    msgs = retag(msgs, "", a.tag)
+    spec = retag_spec(spec, "", a.tag) if spec is not None else {"accounts": [], "limits": {}}
+    lines, sql, _, _ = build(0, a.now_ns, [a.tag], [msgs], [spec], random.Random(0))
     write_stream(a.stream, msgs)
-    write_model(a.model, model(a.tag, msgs))
+    write_model(a.model, lines)
+    with open(a.model + ".sql", "w", encoding="utf-8") as f:
+        f.write(sql)
 
 
 def tag_of(line):
     w = line.split(" ")
     return w[1] if w[0] == "deadclass" else w[1].split("-", 1)[0]
+
+
+def merge_late(model, ledger):
+    """The ledger's lines of a stream as the model gives them where usage
+    was placed at the aggregator's clock (refbill.py, `lateusage SANDBOX
+    HOUR` and `latespend KEY DAY` lines): the sandbox's hours from HOUR on
+    summed into one `late` line, the key's days from DAY on into one. The
+    model rounds such a key's late spend to nano-dollars once; the ledger
+    rounds each of those days once, so their sum may differ from it by less
+    than one nano-dollar a day: within that it is taken as the model's."""
+    hours = {w[1]: int(w[2]) for w in (x.split(" ") for x in model) if w[0] == "lateusage"}
+    days = {w[1]: w[2] for w in (x.split(" ") for x in model) if w[0] == "latespend"}
+    want = {" ".join(w[:3]): int(w[6]) for w in (x.split(" ") for x in model) if w[0] == "spend" and w[2] == "late"}
+    out, usage, spend = [], {}, {}
+    for line in ledger:
+        w = line.split(" ")
+        if w[0].startswith("late"):
+            continue
+        if len(w) > 2 and w[2] == "late":  # (comparing the model with itself)
+            out.append(line)
+            continue
+        if w[0] == "usage" and w[1] in hours and int(w[2]) >= hours[w[1]]:
+            row = usage.setdefault(w[1], [0, 0, 0])
+            for i in range(3):
+                row[i] += int(w[3 + i])
+        elif w[0] == "spend" and w[1] in days and w[2] >= days[w[1]]:
+            row = spend.setdefault(w[1], [0, 0, 0, 0, 0])
+            for i in range(4):
+                row[i] += int(w[3 + i])
+            row[4] += 1
+        else:
+            out.append(line)
+    for sid, q in usage.items():
+        if any(q):
+            out.append(f"usage {sid} late {q[0]} {q[1]} {q[2]}")
+    for key, q in spend.items():
+        if any(q[:3]):
+            nd = want.get(f"spend {key} late", q[3])
+            out.append(f"spend {key} late {q[0]} {q[1]} {q[2]} {nd if abs(nd - q[3]) < q[4] or nd == q[3] else q[3]}")
+    return out + [x for x in model if x.startswith("late")]
 
 
 def cmd_compare(a):
@@ -308,6 +498,9 @@ def cmd_compare(a):
                     per.setdefault(tag_of(line), []).append(line)
         return per
     want, got = load(a.model), load(a.ledger)
+    for tag in want:
+        if tag in got or any(x.startswith("late") for x in want[tag]):
+            got[tag] = merge_late(want[tag], got.get(tag, []))
     tags = set(want) | set(got)
     if a.tags:
         with open(a.tags, encoding="utf-8") as f:
@@ -339,7 +532,14 @@ def cmd_shrink(a):
         sys.exit("pack.py: a corpus case is already kept")
     seed = int(name)
     draw = {"small": small_stream, "full": full_stream, "big": big_stream}[a.kind]
-    msgs = retag(draw(seed, a.now_ns, a.tag), a.tag, "")
+    msgs = [(None, {"clock": a.now_ns})]
+    if a.plans:
+        # the plan and limits the stream ran under in its round, kept with it
+        with open(a.plans, encoding="utf-8") as f:
+            spec = json.load(f).get(a.tag)
+        if spec:
+            msgs.append((None, {"plan": retag_spec(spec, a.tag, "")}))
+    msgs += retag(draw(seed, a.now_ns, a.tag), a.tag, "")
     deadline = time.monotonic() + a.seconds
     tries = [0]
 
@@ -359,7 +559,7 @@ def cmd_shrink(a):
     else:
         # whole sandboxes
         for sid in sorted({m["sandbox"] for a, m in msgs if a is not None and isinstance(m.get("sandbox"), str)}):
-            cand = [x for x in msgs if x[1].get("sandbox") != sid]
+            cand = [x for x in msgs if x[0] is None or x[1].get("sandbox") != sid]
             if cand and differs(cand):
                 msgs = cand
         # runs of messages, halving, then single ones
@@ -367,6 +567,9 @@ def cmd_shrink(a):
         while k >= 1:
             i = 0
             while i < len(msgs):
+                if msgs[i][0] is None:  # the #clock directive stays
+                    i += 1
+                    continue
                 cand = msgs[:i] + msgs[i + k:]
                 if cand and differs(cand):
                     msgs = cand
@@ -409,6 +612,7 @@ def main():
     s.add_argument("--kind", choices=("small", "full", "big"), default="full")
     s.add_argument("--out", required=True)
     s.add_argument("--seconds", type=int, default=900)
+    s.add_argument("--plans", default="", help="the round's MODEL.plans: the stream shrinks under its plan")
     s.add_argument("check", nargs="+", help="the command that runs one stream file (exit 1: it differs)")
     a = ap.parse_args()
     {"round": cmd_round, "file": cmd_file, "compare": cmd_compare, "shrink": cmd_shrink}[a.cmd](a)

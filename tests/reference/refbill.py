@@ -13,6 +13,11 @@ one dead letter of the line (the class of the first).
 Output, sorted, one line each:
   usage SANDBOX HOUR_UNIX_S CPU_NS MEM_BYTE_NS STORAGE_BYTE_NS   (rows with any usage)
   spend KEY YYYY-MM-DD CPU_RATED MEMORY_RATED STORAGE_RATED NANODOLLARS   (rows with any spend)
+  alert KEY YYYY-MM-DD THRESHOLD, block KEY YYYY-MM-DD POLICY     (keys with a limit in --plans)
+  gap ACCOUNT PLAN METER HOUR_UNIX_S     (usage of an hour with no rate in force: not rated)
+  lateusage SANDBOX HOUR_UNIX_S, latespend KEY YYYY-MM-DD   (usage at the aggregator's clock:
+      the sandbox's hours from HOUR on, the key's days from that day on, are
+      one line each, `usage SANDBOX late ...`, `spend KEY late ...`)
   dead COUNT
   deadclass CLASS COUNT                                             (per reason class)
   deadletter LINE CLASS                                             (with --why)
@@ -28,12 +33,16 @@ import datetime
 import json
 import re
 import sys
+import time
 
 NS = 1_000_000_000
 HOUR = 3600 * NS
 SLACK_FIRST = 60 * NS     # a first reading: the time since created + 60 s
 SLACK = HOUR              # later readings: the time since the last + 1 h
 JUMP = 65536              # seq generation or epoch jumps refused above this
+AHEAD = 300 * NS          # max_clock_ahead_ms's default: a wall time further ahead is not trusted
+BEHIND = 400 * 86400 * NS  # max_clock_behind_ms's default: further behind, not trusted
+LATE = -1                 # the hour of usage placed at the aggregator's clock (see Biller)
 
 # The default plan: nano-dollars per unit, and each unit in base units.
 RATES = {"cpu": 25_000_000, "memory": 7_500_000, "storage": 80_000_000}
@@ -204,7 +213,18 @@ class State:
 
 
 class Biller:
-    def __init__(self):
+    """now_ns: the aggregator's clock when it reads the stream, at the
+    earliest (None: every wall time is trusted). A reading dated more than
+    AHEAD after it or BEHIND before it is not trusted for time: its usage is
+    placed at the aggregator's clock, which the model knows only to be no
+    earlier than now_ns, so it goes to the hour LATE, and report() merges a
+    sandbox's usage from the hour before now_ns's on into one `late` line
+    (the span ending at the aggregator's clock may reach back into it)."""
+
+    def __init__(self, now_ns=None):
+        self.now = now_ns
+        self.late = set()       # sandboxes with usage at the aggregator's clock
+        self.clock_notes = []   # (line, "clock_ahead" or "clock_behind")
         self.sandboxes = {}
         self.usage = {}         # (sandbox, hour start ns) -> [cpu, mem, storage]
         self.keys = {}          # (sandbox, hour) -> key
@@ -286,7 +306,7 @@ class Biller:
             return
         if "host" in m and m["host"] != c.get("host"):
             raise Dead("host")
-        st = s.st
+        st = st_before = s.st
         stopped_ev = m["type"] == "stopped"
         epoch = m.get("epoch", st.epoch if st else 0)
         if epoch > s.epoch_max:
@@ -297,26 +317,33 @@ class Biller:
         mem = m.get("mem_size_bytes", st.mem if st else c["mem_size_bytes"])
         disk = m.get("disk_bytes", (st.disk if st else 0) if stopped_ev else 0)
         wall = m["wall_ns"]
+        bad = self.clock(line, wall)
         cpu = m["cpu_ns"]
         held = "running_ns" in m
         run, paused = m.get("running_ns", 0), m.get("paused_ns", 0)
         seq = m.get("seq")
 
         if st is None:
-            since = wall - c["wall_ns"] + SLACK_FIRST
+            # an untrusted first reading was read at the aggregator's clock
+            # (now at the earliest): at most what could be used by then
+            # (the time since is none for a reading dated before the created
+            # moment: the slack is then all it may carry)
+            since = max(0, (self.now if bad else wall) - c["wall_ns"]) + SLACK_FIRST
             if cpu > c["vcpus"] * since or (held and run + paused > since):
                 raise Dead("impossible_first")
             d_cpu, d_run, d_paused = cpu, run, paused
             st = State()
             st.run = st.paused = 0
-            st.wall = wall
+            # an untrusted first reading leaves the state's wall time at the
+            # created moment (docs/events.md, "Clocks")
+            st.wall = c["wall_ns"] if bad else wall
             st.stopped = False
             st.seq = seq if seq is not None else 0
             st.epoch = epoch
             st.held = held
         else:
             if not st.stopped and stopped_ev and (
-                    (epoch == st.epoch and cpu < st.cpu) or wall < st.wall - HOUR):
+                    (epoch == st.epoch and cpu < st.cpu) or (not bad and wall < st.wall - HOUR)):
                 raise Dead("stopped_behind")
             if epoch > st.epoch + JUMP:
                 raise Dead("epoch_jump")
@@ -337,21 +364,29 @@ class Biller:
                 d_cpu = cpu
             d_run = max(0, run - st.run) if held else 0
             d_paused = max(0, paused - st.paused) if held else 0
-            elapsed = max(0, wall - st.wall) + SLACK
+            # an untrusted reading: no time known to have passed, the slack only
+            elapsed = (0 if bad else max(0, wall - st.wall)) + SLACK
             if d_cpu > vcpus * elapsed or d_run + d_paused > elapsed:
                 raise Dead("impossible")
             if held != st.held:
                 sys.exit("refbill: a change between readings with and without held counters is not modelled")
             if not held:
                 # the interval rule: (last wall, wall] in the state it began in
-                interval = max(0, wall - st.wall)
+                interval = 0 if bad else max(0, wall - st.wall)
                 if st.state == "running":
                     d_run = interval
                 elif st.state == "paused":
                     d_paused = interval
-        # bill it: over the span of its held time ending at its wall time
+        # bill it: over the span of its held time ending at its wall time;
+        # the interval rule bills the interval with the sizes at its start
+        # (the last reading's), held counters with the reading's own
         span = d_run + d_paused
-        self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, mem, disk, m["account"])
+        bill_mem, bill_disk = (st.mem, st.disk) if st_before is not None and not held else (mem, disk)
+        if bad:
+            self.late.add(m["sandbox"])
+            self.place(m["sandbox"], key, None, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
+        else:
+            self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
         # move the state
         if st.stopped:
             st.cpu = max(st.cpu, cpu)
@@ -365,7 +400,8 @@ class Biller:
         st.epoch = max(st.epoch, epoch)
         st.run = max(st.run, run)
         st.paused = max(st.paused, paused)
-        st.wall = max(st.wall, wall)
+        if not bad:
+            st.wall = max(st.wall, wall)
         st.key, st.vcpus, st.mem, st.disk = key, vcpus, mem, disk
         if stopped_ev or m.get("state") == "stopped":
             st.stopped = True
@@ -376,8 +412,12 @@ class Biller:
         """Each quantity by each UTC hour's share of [wall - span, wall]:
         the usage up to the end of each hour's piece is floor(quantity x
         time so far / span), and an hour gets the difference, so the pieces
-        sum to the quantity exactly."""
-        if span == 0:
+        sum to the quantity exactly. wall None: at the aggregator's clock
+        (all of it to the hour LATE)."""
+        if wall is None:
+            pieces = [(LATE, 1)]
+            span = 1
+        elif span == 0:
             pieces = [(wall - wall % HOUR, 1)]
             span = 1
         else:
@@ -402,6 +442,19 @@ class Biller:
             self.keys[(sid, h)] = key
             self.accts[(sid, h)] = account
 
+    def clock(self, line, wall):
+        """Whether a reading's wall time is beyond the bounds (not trusted
+        for time); noted as the aggregator counts it."""
+        if self.now is None:
+            return False
+        if wall > self.now + AHEAD:
+            self.clock_notes.append((line, "clock_ahead"))
+            return True
+        if wall < self.now - BEHIND:
+            self.clock_notes.append((line, "clock_behind"))
+            return True
+        return False
+
     def end(self):
         for s in self.sandboxes.values():
             # after the grace, with what it waited for last
@@ -416,6 +469,54 @@ def round_div(a, b):
     if 2 * r >= b:
         q += 1
     return q if a >= 0 else -q
+
+
+def day_of(ns):
+    return datetime.datetime.fromtimestamp(ns // NS, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def nanodollars(c, m, s):
+    """The rated sums of a (key, day) in nano-dollars: divided by each unit's
+    base units and rounded once."""
+    den = BASE["cpu"] * BASE["memory"] * BASE["storage"]
+    num = c * BASE["memory"] * BASE["storage"] + m * BASE["cpu"] * BASE["storage"] + s * BASE["cpu"] * BASE["memory"]
+    return round_div(num, den)
+
+
+THRESHOLDS = (50, 80, 100)
+
+
+def limit_rule(nanodollars, limit, policy):
+    """The daily limit rule (docs/billing.md, "Daily spend limits"; the
+    policies: docs/api.md), the one place the model applies it: what a
+    key's day with `nanodollars` of spend gets under a daily limit `limit`
+    (None: no limit) and `policy` (`pause`, `stop`, `alert_only`). Returns
+    (thresholds, block): the alert thresholds the day's spend reached
+    (spend x 100 >= limit x threshold, exact; a day that spent nothing
+    reaches none, whatever the limit), and the policy its block records
+    (the block at 100 %; None: not blocked, as an `alert_only` key never
+    is). Spend only grows within a day, so what the day's final spend
+    reached is what the batches together recorded, each once."""
+    if limit is None or nanodollars <= 0:
+        return [], None
+    reached = [t for t in THRESHOLDS if nanodollars * 100 >= limit * t]
+    block = policy if 100 in reached and policy != "alert_only" else None
+    return reached, block
+
+
+def limit_lines(spend, limits):
+    """`alert KEY DAY THRESHOLD` and `block KEY DAY POLICY` lines: spend is
+    {(key, day): nanodollars}, limits {key: [limit, policy]}."""
+    out = []
+    for (key, day), nd in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
+        lim = limits.get(key)
+        if lim is None or day == "late":
+            continue
+        reached, block = limit_rule(nd, lim[0], lim[1])
+        out += [f"alert {key} {day} {t}" for t in reached]
+        if block:
+            out.append(f"block {key} {day} {block}")
+    return out
 
 
 def rate_at(plans, account, meter, hour_ns):
@@ -434,32 +535,61 @@ DEFAULT_PLANS = {"accounts": {}, "rates": {"default": {m: [[WALL_MIN, r]] for m,
 
 def report(b, why, plans=None):
     """The model's lines. plans: {"accounts": {account: plan}, "rates": {plan:
-    {meter: [[effective_from_ns, nanodollars_per_unit], ...]}}}; the default
-    plan's rates when the plan table gives none for "default"."""
+    {meter: [[effective_from_ns, nanodollars_per_unit], ...]}}, "limits":
+    {key: [daily_limit_nanodollars, policy]}}; the default plan's rates when
+    the plan table gives none for "default"."""
     plans = dict(plans or {"accounts": {}, "rates": {}})
     plans["rates"] = dict(plans.get("rates", {}))
     plans["rates"].setdefault("default", DEFAULT_PLANS["rates"]["default"])
     plans.setdefault("accounts", {})
     out = []
-    for (sid, h), (cpu, mem, sto) in sorted(b.usage.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
+    # a sandbox with usage at the aggregator's clock: its hours from the one
+    # before now's on in one `late` line, its key's days from that hour's on
+    cut = None if b.now is None else b.now - b.now % HOUR - HOUR
+    late_keys = {b.keys[(sid, h)] for (sid, h) in b.usage if h == LATE}
+    usage = {}
+    for (sid, h), q in b.usage.items():
+        k = (sid, "late" if sid in b.late and (h == LATE or h >= cut) else str(h // NS))
+        row = usage.setdefault(k, [0, 0, 0])
+        for i in range(3):
+            row[i] += q[i]
+    for sid in sorted(b.late, key=str.encode):
+        out.append(f"lateusage {sid} {cut // NS}")
+    for key in sorted(late_keys, key=str.encode):
+        out.append(f"latespend {key} {day_of(cut)}")
+    for (sid, h), (cpu, mem, sto) in sorted(usage.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
         if cpu or mem or sto:
-            out.append(f"usage {sid} {h // NS} {cpu} {mem} {sto}")
+            out.append(f"usage {sid} {h} {cpu} {mem} {sto}")
     spend = {}
+    gaps = set()
     for (sid, h), (cpu, mem, sto) in b.usage.items():
-        day = datetime.datetime.fromtimestamp(h // NS, datetime.timezone.utc).strftime("%Y-%m-%d")
-        r = spend.setdefault((b.keys[(sid, h)], day), [0, 0, 0])
+        key = b.keys[(sid, h)]
+        # the rates in force from `cut` on are the same for every hour after
+        # (pack.py's plans change no rate later)
+        at = cut if h == LATE else h
+        day = "late" if key in late_keys and day_of(at) >= day_of(cut) else day_of(at)
+        r = spend.setdefault((key, day), [0, 0, 0])
         acct = b.accts[(sid, h)]
         for i, (meter, q) in enumerate((("cpu", cpu), ("memory", mem), ("storage", sto))):
-            rate = rate_at(plans, acct, meter, h)
+            rate = rate_at(plans, acct, meter, at)
             if rate is None:
-                sys.exit("refbill: a meter with no rate (a rating gap) is not modelled")
+                # a rating gap: kept in usage, adds nothing to spend, one
+                # rating_gaps row per (account, plan, meter, hour) with usage
+                if q > 0:
+                    if h == LATE:
+                        sys.exit("refbill: a rating gap at the aggregator's clock is not modelled")
+                    gaps.add((acct, plans["accounts"].get(acct, "default"), meter, h))
+                continue
             r[i] += q * rate
+    spent = {}
     for (key, day), (c, m, s) in sorted(spend.items(), key=lambda x: (x[0][0].encode(), x[0][1])):
         if not (c or m or s):
             continue
-        den = BASE["cpu"] * BASE["memory"] * BASE["storage"]
-        num = c * BASE["memory"] * BASE["storage"] + m * BASE["cpu"] * BASE["storage"] + s * BASE["cpu"] * BASE["memory"]
-        out.append(f"spend {key} {day} {c} {m} {s} {round_div(num, den)}")
+        spent[(key, day)] = nanodollars(c, m, s)
+        out.append(f"spend {key} {day} {c} {m} {s} {spent[(key, day)]}")
+    out += limit_lines(spent, plans.get("limits", {}))
+    for acct, plan, meter, h in sorted(gaps, key=lambda g: (g[0].encode(), g[1].encode(), g[2], g[3])):
+        out.append(f"gap {acct} {plan} {meter} {h // NS}")
     out.append(f"dead {len(b.dead)}")
     classes = {}
     for _, cls in b.dead:
@@ -477,9 +607,11 @@ def main():
     ap.add_argument("stream", nargs="?", default="-", help="ACCOUNT<TAB>JSON lines (default: stdin)")
     ap.add_argument("--why", action="store_true", help="list the dead letters with their reason class")
     ap.add_argument("--plans", default="", help="a JSON file of plans and their rates (default: the default plan)")
+    ap.add_argument("--now-ns", type=int, default=time.time_ns(),
+                    help="the aggregator's clock when it reads the stream (default: now; -1: trust every clock)")
     a = ap.parse_args()
     f = sys.stdin if a.stream == "-" else open(a.stream, encoding="utf-8")
-    b = Biller()
+    b = Biller(a.now_ns if a.now_ns >= 0 else None)
     for n, line in enumerate(f, 1):
         line = line.rstrip("\n")
         if not line or line.startswith("#"):

@@ -156,7 +156,7 @@ static int64_t produce_stream(struct aggtest *t, const char *path, int round, in
 static int dump_ledger(struct aggtest *t, int round, const char *path)
 {
         char sql[4096];
-        char *parts[3];
+        char *parts[6];
         snprintf(sql, sizeof(sql),
                  "SELECT coalesce(string_agg('usage ' || sandbox_id || ' ' || extract(epoch FROM hour)::bigint || ' ' ||"
                  " cpu_ns || ' ' || mem_byte_ns || ' ' || storage_byte_ns, E'\\n'), '') FROM usage_hourly"
@@ -183,13 +183,29 @@ static int dump_ledger(struct aggtest *t, int round, const char *path)
                  " WHEN reason LIKE 'stopped event behind%%' THEN 'stopped_behind'"
                  " WHEN reason LIKE 'no created event%%' THEN 'no_created'"
                  " WHEN reason LIKE '%%never announced%%' THEN 'unannounced'"
+                 " WHEN reason LIKE 'field %% out of range%%' THEN 'decode'"
                  " ELSE 'other:' || replace(left(reason, 60), ' ', '_') END AS c FROM dead_letters) x"
                  " WHERE tag IS NOT NULL GROUP BY tag, c) y",
                  round);
         parts[2] = aggtest_query(t, sql);
+        /* the daily limits: each key's blocks and threshold alerts per day */
+        snprintf(sql, sizeof(sql),
+                 "SELECT coalesce(string_agg('block ' || key_id || ' ' || day || ' ' || policy, E'\\n'), '')"
+                 " FROM key_blocks WHERE key_id LIKE 'r%d.%%'", round);
+        parts[3] = aggtest_query(t, sql);
+        snprintf(sql, sizeof(sql),
+                 "SELECT coalesce(string_agg('alert ' || key_id || ' ' || day || ' ' || threshold_pct, E'\\n'), '')"
+                 " FROM alerts WHERE key_id LIKE 'r%d.%%' AND threshold_pct IS NOT NULL", round);
+        parts[4] = aggtest_query(t, sql);
+        /* usage of hours with no rate in force (rating gaps) */
+        snprintf(sql, sizeof(sql),
+                 "SELECT coalesce(string_agg('gap ' || account_id || ' ' || plan_id || ' ' || meter || ' ' ||"
+                 " extract(epoch FROM hour)::bigint, E'\\n'), '') FROM rating_gaps WHERE account_id LIKE 'r%d.%%'",
+                 round);
+        parts[5] = aggtest_query(t, sql);
         FILE *f = fopen(path, "w");
-        int rc = f && parts[0] && parts[1] && parts[2] ? 0 : -1;
-        for (int i = 0; i < 3; i++) {
+        int rc = f && parts[0] && parts[1] && parts[2] && parts[3] && parts[4] && parts[5] ? 0 : -1;
+        for (int i = 0; i < 6; i++) {
                 if (f && parts[i] && parts[i][0])
                         fprintf(f, "%s\n", parts[i]);
                 free(parts[i]);
@@ -333,7 +349,7 @@ static int one_file(const char *input)
  * round's small streams have seeds first..first + per - 1, its big ones after. */
 static void shrink_fails(struct aggtest *t, int round, int64_t now, unsigned long first, long per)
 {
-        char fails[PATH_MAX], exe[PATH_MAX], cmd[6 * PATH_MAX];
+        char fails[PATH_MAX], exe[PATH_MAX], cmd[8 * PATH_MAX];
         snprintf(fails, sizeof(fails), "%s/fails-%d", t->dir, round);
         ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
         if (n <= 0)
@@ -356,9 +372,9 @@ static void shrink_fails(struct aggtest *t, int round, int64_t now, unsigned lon
                 unsigned long s = strtoul(seed + 1, NULL, 10);
                 snprintf(cmd, sizeof(cmd),
                          "mkdir -p '%s' && python3 '%s/pack.py' shrink --tag %s --now-ns %" PRId64
-                         " --kind %s --out '%s/seed-%s.txt' '%s'",
+                         " --kind %s --plans '%s/model-%d.txt.plans' --out '%s/seed-%s.txt' '%s'",
                          corpus, refdir, tag, now, s >= first && s < first + (unsigned long)per ? "small" : "big",
-                         corpus, seed + 1, exe);
+                         t->dir, round, corpus, seed + 1, exe);
                 if (sh(cmd) != 0)
                         fprintf(stderr, "FAIL: could not shrink %s\n", tag);
         }
