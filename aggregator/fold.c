@@ -217,9 +217,11 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
         bool new_epoch = epoch > st->epoch;
         /* The vmm's `stopped` reads the counter after the sandbox's processes
          * are gone: below what a sample of the running sandbox already showed
-         * in the same epoch, or dated long before it, it is not the vmm's. */
-        if (stop && !st->closed && !new_epoch &&
-            (ev->cpu_ns < st->cpu_ns || (!clock_bad && ev->wall_ns < st->wall_ns - FOLD_CPU_SLACK_NS)))
+         * in the same epoch, or dated long before it (whatever its epoch), it
+         * is not the vmm's. */
+        if (stop && !st->closed &&
+            ((!new_epoch && ev->cpu_ns < st->cpu_ns) ||
+             (!clock_bad && ev->wall_ns < st->wall_ns - FOLD_CPU_SLACK_NS)))
                 return FOLD_STOP_BEHIND;
         if (!stop) {
                 if (!new_epoch && ev->seq <= st->seq)

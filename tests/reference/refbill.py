@@ -316,6 +316,10 @@ class Biller:
         vcpus = m.get("vcpus", st.vcpus if st else c["vcpus"])
         mem = m.get("mem_size_bytes", st.mem if st else c["mem_size_bytes"])
         disk = m.get("disk_bytes", (st.disk if st else 0) if stopped_ev else 0)
+        if stopped_ev:
+            # docs/events.md: in a `stopped` event a size of 0 is the same as a missing one.
+            mem = mem or (st.mem if st else c["mem_size_bytes"])
+            disk = disk or (st.disk if st else 0)
         wall = m["wall_ns"]
         bad = self.clock(line, wall)
         cpu = m["cpu_ns"]

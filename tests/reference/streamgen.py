@@ -49,16 +49,7 @@ DAY = 24 * HOUR
 #   `stopped` event dated more than an hour before the aggregator reads it
 #   is refused as behind, and the interval rule bills nothing until the
 #   readings pass that clock.
-#   stopped_behind_new_epoch: a `stopped` event under an epoch above the
-#   last billed reading's, dated more than an hour before that reading, is
-#   not refused as behind what was billed (docs/events.md, "Provenance":
-#   whatever its epoch); the aggregator checks the date only within an
-#   epoch. Drawn only from a wrong clock 300 to 390 days back on the
-#   `stopped` event of a sandbox that restarted.
-#   stopped_disk_zero: a `stopped` event's `disk_bytes: 0` is billed as
-#   missing (the last reading's disk bytes). Drawn only when a sandbox's
-#   disk use went to 0: its `stopped` event then leaves the field out.
-OPEN = {"untrusted_first_reading", "stopped_behind_new_epoch", "stopped_disk_zero"}
+OPEN = {"untrusted_first_reading"}
 WALL_MIN = 1_577_836_800 * NS      # 2020-01-01: docs/events.md's range of wall_ns
 WALL_MAX = 7_258_118_400 * NS      # 2200-01-01
 
