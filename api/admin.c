@@ -56,7 +56,7 @@ static const struct program_info program = {
                    "         (spend per key on a day of its account (its time zone) against the limit it had that day)\n"
                    "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day|sandbox|label:NAME] [--json]\n"
                    "         (usage and cost over whole days of each account, in its time zone; sandbox|label:NAME:\n"
-                   "          over whole UTC days, per sandbox or per value of the sandboxes' label NAME)\n"
+                   "          per sandbox or per value of the sandboxes' label NAME)\n"
                    "  invoice [--month YYYY-MM] [--account ID] [--json]\n"
                    "         (the month's invoices, this month's by default, with their lines, lines per key, free\n"
                    "          credit and total: a closed month's as closed, an open month's as a preview; this\n"

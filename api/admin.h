@@ -35,7 +35,7 @@ void admin_table(int ncols, const char *const *heads, const char *const *cells, 
 /* tally-admin invoice [--month YYYY-MM] [--account ID] [--json]: argv[0] is "invoice". */
 int admin_invoice(PGconn *db, int argc, char **argv);
 /* tally-admin usage --by sandbox|label:NAME: usage and cost per sandbox, or
- * per value of one label, over whole UTC days [from, to) (NULL: from the 1st
+ * per value of one label, over whole days [from, to) of each account (its time zone) (NULL: from the 1st
  * of this month, to tomorrow), of one account or all (NULL). */
 int admin_usage_sandboxes(PGconn *db, const char *account, const char *from, const char *to, const char *by,
                           bool json);

@@ -351,8 +351,9 @@ int admin_invoice(PGconn *db, int argc, char **argv)
 
 /* ---- usage per sandbox or label ---- */
 
-/* Usage of $1 (NULL: every account) over whole UTC days [$2, $3) (NULL: from
- * the 1st of this month, to tomorrow) per sandbox, rated per rate period as
+/* Usage of $1 (NULL: every account) over whole days [$2, $3) of each
+ * account (its time zone, sql/017; NULL: from the 1st of this month, to
+ * tomorrow) per sandbox, rated per rate period as
  * finance.sandbox_daily rates it: the exact Σ quantity x rate per meter. */
 #define SANDBOX_USAGE_SQL                                                                                             \
         "WITH s AS ("                                                                                                 \
@@ -360,9 +361,9 @@ int admin_invoice(PGconn *db, int argc, char **argv)
         "        sum(u.cpu_ns)::numeric AS cpu, sum(u.mem_byte_ns) AS mem, sum(u.storage_byte_ns) AS sto"              \
         "   FROM usage_hourly u CROSS JOIN rate_bounds rb"                                                            \
         "  WHERE ($1::text IS NULL OR u.account_id = $1)"                                                             \
-        "    AND u.hour >= coalesce($2::date, date_trunc('month', now() AT TIME ZONE 'UTC')::date)::timestamp"        \
-        "                  AT TIME ZONE 'UTC'"                                                                         \
-        "    AND u.hour < coalesce($3::date, (now() AT TIME ZONE 'UTC')::date + 1)::timestamp AT TIME ZONE 'UTC'"      \
+        "    AND u.hour >= account_day_start(u.account_id, coalesce($2::date,"                                        \
+        "                      date_trunc('month', account_day(u.account_id, now()))::date))"                          \
+        "    AND u.hour < account_day_start(u.account_id, coalesce($3::date, account_day(u.account_id, now()) + 1))"   \
         "  GROUP BY 1, 2, 4),"                                                                                        \
         " r AS ("                                                                                                     \
         " SELECT s.account_id, s.sandbox_id, min(s.key_id) AS key_id, sum(s.cpu) AS cpu, sum(s.mem) AS mem,"          \
@@ -424,7 +425,7 @@ int admin_usage_sandboxes(PGconn *db, const char *account, const char *from, con
         admin_print(res, label ? label_heads : sandbox_heads, json);
         PQclear(res);
         if (!json)
-                printf("(whole UTC days %s to %s, excluded; before the free credit; each row's cost rounded once, half "
+                printf("(whole days of each account, in its time zone, %s to %s, excluded; before the free credit; each row's cost rounded once, half "
                        "away from zero%s)\n",
                        from ? from : "from the 1st of this month", to ? to : "tomorrow",
                        label ? "; a sandbox without the label is under —" : "");

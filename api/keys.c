@@ -19,7 +19,8 @@
 #define KEY_COLUMNS                                                                                          \
         "id, name, prefix, daily_limit_nanodollars, limit_policy, "                                          \
         "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "                         \
-        "to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), internet"
+        "to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), internet, max_sandboxes, "      \
+        "max_memory_mib"
 
 #define LIMIT_MAX INT64_C(1000000000000000000) /* a billion dollars a day, in nano-dollars */
 
@@ -33,6 +34,11 @@ static json_t *key_row(PGresult *res, int i)
                                                    : json_integer(strtoll(PQgetvalue(res, i, 3), NULL, 10)));
         json_object_set_new(k, "revoked_at", PQgetisnull(res, i, 6) ? json_null() : json_string(PQgetvalue(res, i, 6)));
         json_object_set_new(k, "internet", json_boolean(strcmp(PQgetvalue(res, i, 7), "t") == 0));
+        /* its caps (key_caps.c), null where none */
+        for (int c = 8; c <= 9; c++)
+                json_object_set_new(k, c == 8 ? "max_sandboxes" : "max_memory_mib",
+                                    PQgetisnull(res, i, c) ? json_null()
+                                                           : json_integer(strtoll(PQgetvalue(res, i, c), NULL, 10)));
         return k;
 }
 
@@ -290,7 +296,7 @@ int key_limit_set(PGconn *db, const char *account, const char *key_id, const cha
         if (!res)
                 goto db_fail;
         json_t *k = key_row(res, 0);
-        bool blocked = strcmp(PQgetvalue(res, 0, 8), "t") == 0;
+        bool blocked = strcmp(PQgetvalue(res, 0, 10), "t") == 0;
         PQclear(res);
         if (!db_exec_logged(db, "COMMIT")) {
                 json_decref(k);

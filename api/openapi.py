@@ -281,7 +281,8 @@ schemas = {
         "daily_limit_nanodollars": nullable_int,
         "limit_policy": {"type": "string", "enum": ["pause", "stop", "alert_only"]},
         "created_at": {"type": "string", "format": "date-time"}, "revoked_at": nullable_str,
-        "internet": {"type": "boolean", "description": "Whether its sandboxes may ask for internet (a person sets it)."}}},
+        "internet": {"type": "boolean", "description": "Whether its sandboxes may ask for internet (a person sets it)."},
+        "max_sandboxes": nullable_int, "max_memory_mib": nullable_int}},
     "InternetSet": {"type": "object", "additionalProperties": False, "required": ["internet"],
                     "properties": {"internet": {"type": "boolean"}}},
     "Network": {"description": "false: loopback only (the default); true: internet through the host's egress proxy, "

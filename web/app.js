@@ -260,6 +260,14 @@ async function refresh(auto = false) {
   try { await refreshing; } finally { refreshing = null; }
 }
 
+// A key's caps (GET /v1/keys), as " · at most 3 sandboxes, 2048 MiB"; "" when none.
+function capsText(k) {
+  const caps = [];
+  if (k.max_sandboxes !== null && k.max_sandboxes !== undefined) caps.push(`${k.max_sandboxes} sandboxes`);
+  if (k.max_memory_mib !== null && k.max_memory_mib !== undefined) caps.push(`${k.max_memory_mib} MiB`);
+  return caps.length ? " · at most " + caps.join(", ") : "";
+}
+
 async function spend() {
   const rows = [];
   let cursor = null, first = null;
@@ -301,7 +309,7 @@ async function spend() {
     const [name, spendTd, limitTd, barTd, burnTd, stateTd] = tr.children;
     const info = keyInfo.get(k.key);
     name.replaceChildren(el("strong", {}, k.name || k.key), " ", el("span", { class: "muted" }, k.key +
-      (info && info.internet ? " · internet on" : "")));
+      (info && info.internet ? " · internet on" : "") + (info ? capsText(info) : "")));
     spendTd.className = "num spend";
     spendTd.dataset.nanodollars = String(k.spend_nanodollars);
     spendTd.textContent = money(k.spend_nanodollars);

@@ -685,6 +685,14 @@ static void test_key_caps(void)
         CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "max_sandboxes")) == 2, "caps read: %s",
               r.body);
         resp_free(&r);
+        /* the key itself shows them (the dashboard's key list reads them there) */
+        snprintf(path, sizeof(path), "/v1/keys/%s", capped.id);
+        r = http("GET", path, NULL, &sess_b, NULL);
+        CHECK(r.status == 200 && json_integer_value(json_object_get(r.json, "max_sandboxes")) == 2 &&
+                      json_integer_value(json_object_get(r.json, "max_memory_mib")) == 1000,
+              "the key's caps in GET /v1/keys/{id}: %ld %s", r.status, r.body);
+        resp_free(&r);
+        snprintf(path, sizeof(path), "/v1/keys/%s/caps", capped.id);
         /* another account's person cannot */
         r = http("PUT", path, NULL, &sess_a, "{\"max_sandboxes\":100}");
         CHECK(r.status == 404, "account A's person set B's key's caps: %ld %s", r.status, r.body);
