@@ -6,6 +6,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "metrics_http.h"
+#include "spend_limits.h"
 #include "timeutil.h"
 #include "vmm.h"
 
@@ -52,8 +53,6 @@ struct vmm_config {
 /* ... of which requests being answered get this to finish. */
 #define SHUTDOWN_REQUESTS_MS 3000
 
-#define DEFAULT_BLOCKED_KEY_QUERY                                                                   \
-        "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = account_day($1, now())"
 
 static const struct setting settings[] = {
         { "socket", SETTING_STRING, "", false, offsetof(struct vmm_config, socket), 0, 0,
@@ -72,7 +71,7 @@ static const struct setting settings[] = {
         SETTING_KAFKA_CLIENT(struct vmm_config, kafka),
         { "limits_database_url", SETTING_STRING, "", false, offsetof(struct vmm_config, limits_database_url), 0, 0,
           "PostgreSQL URL to check that a key is not blocked before creating (empty: no check)" },
-        { "blocked_key_query", SETTING_STRING, DEFAULT_BLOCKED_KEY_QUERY, false,
+        { "blocked_key_query", SETTING_STRING, SPEND_LIMITS_DEFAULT_QUERY, false,
           offsetof(struct vmm_config, blocked_key_query), 0, 0,
           "Query run with $1 account and $2 key: any row means blocked for today" },
         { "timeout_max_s", SETTING_INT, "3600", false, offsetof(struct vmm_config, timeout_max_s), 1, 31536000,

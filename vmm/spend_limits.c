@@ -35,7 +35,16 @@ int spend_limits_check_key(struct spend_limits *l, const char *account, const ch
         pthread_mutex_lock(&l->lock);
         for (int attempt = 0; attempt < 2; attempt++) {
                 char err[512];
-                int c = db_ensure_conn(&l->db, l->url, NULL, NULL, err, sizeof(err));
+                int c;
+                if (strcmp(l->query, SPEND_LIMITS_DEFAULT_QUERY) == 0) {
+                        c = db_ensure_conn(&l->db, l->url, NULL, NULL, err, sizeof(err));
+                } else if (!l->db || PQstatus(l->db) != CONNECTION_OK) {
+                        PQfinish(l->db);
+                        l->db = db_connect(l->url, err, sizeof(err));
+                        c = l->db ? 0 : -EIO;
+                } else {
+                        c = 0;
+                }
                 if (c == -EPROTO) {
                         /* A schema this tally was not built for: its key_blocks may not mean what the
                          * query reads, so no create is let through on it. */

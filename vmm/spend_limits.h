@@ -10,6 +10,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The blocked_key_query setting's default: tally's own key_blocks, on the
+ * account's day (sql/017). With it, each new connection's schema is checked
+ * (db_check_schema) like every program's; an operator's own query is its own
+ * contract with its database. */
+#define SPEND_LIMITS_DEFAULT_QUERY                                                                  \
+        "SELECT 1 FROM key_blocks WHERE account_id = $1 AND key_id = $2 AND day = account_day($1, now())"
+
 struct spend_limits {
         const char *url;                 /* "" or NULL: no check; borrowed from the settings */
         const char *query;               /* $1 account, $2 key: a row means blocked; borrowed */
