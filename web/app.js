@@ -241,17 +241,23 @@ function schedule() {
 // click (or the timer) shows was read after the click, never before.
 // The invoices change slowly and cost the database most: the timer reads them
 // every INVOICES_MS, a click on Refresh (or a change made here) every time.
+// Each refresh is numbered as it starts (body's data-refresh-started) and the page
+// says the number of the last one that finished (data-refreshed): a reader that
+// wants a refresh begun after some moment waits for a number above the one started
+// then, not for any refresh to end (one in flight read what it shows before).
 const INVOICES_MS = 30000;
-let refreshing = null, invoicesAt = 0;
+let refreshing = null, invoicesAt = 0, refreshSeq = 0;
 async function refresh(auto = false) {
   while (refreshing) await refreshing;
   refreshing = (async () => {
+    const seq = ++refreshSeq;
+    document.body.dataset.refreshStarted = String(seq);
     try {
       await spend(); // first: the other sections name keys by the names it reads
       const inv = !auto || Date.now() - invoicesAt >= INVOICES_MS;
       if (inv) invoicesAt = Date.now();
       await Promise.all([sandboxes(), alerts(), usage(), destinations(), deliveries(), inv ? invoices() : null]);
-      document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+      document.body.dataset.refreshed = String(seq);
     } catch (e) {
       if (e.status === 401) { showSignIn(); return; }
       $("#asof").textContent = "refresh failed: " + e.message;

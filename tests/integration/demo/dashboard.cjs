@@ -97,8 +97,10 @@ function contrast(a, b) {
   return (x + 0.05) / (y + 0.05);
 }
 
+// A refresh begun after this call, ended: one already in flight read what it shows
+// before the call, so waiting for any refresh to end could show older figures.
 async function refreshed(page) {
-  const n = await page.$eval("body", (b) => Number(b.dataset.refreshed || 0));
+  const n = await page.$eval("body", (b) => Number(b.dataset.refreshStarted || 0));
   await page.click("#refresh");
   await page.waitForFunction((m) => Number(document.body.dataset.refreshed || 0) > m, { timeout: 30000 }, n);
 }
