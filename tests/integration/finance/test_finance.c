@@ -125,6 +125,14 @@ static int64_t line(const char *what, const char *account, const char *month, co
                      what, account, month, status, kind, meter, for_month);
 }
 
+/* A line of account tinycur's projection with the month's elapsed time taken at AT (Unix s). */
+static int64_t projected(const char *what, long long at, const char *kind, const char *meter)
+{
+        return q_int("SELECT %s FROM invoice_projection_lines_at('tinycur', to_timestamp(%lld)) WHERE kind = '%s'"
+                     " AND meter = '%s'",
+                     what, at, kind, meter);
+}
+
 static int64_t total(const char *what, const char *account, const char *month, const char *status)
 {
         return q_int("SELECT %s FROM finance.invoices WHERE account_id = '%s' AND month = '%s' AND status = '%s'", what,
@@ -664,7 +672,7 @@ int main(void)
 {
         aggtest_start(&t, "finance", 3);
         aggtest_exec(&t, "INSERT INTO accounts (id, name) VALUES ('tasks', 't'), ('carry', 'c'), ('half', 'h'),"
-                         " ('late', 'l'), ('tiny', 'tn');"
+                         " ('late', 'l'), ('tiny', 'tn'), ('tinycur', 'tc');"
                          "UPDATE accounts SET free_sandbox_hours = 1 WHERE id = 'half';"
                          "UPDATE accounts SET free_sandbox_hours = 0 WHERE id = 'late'");
 
@@ -699,6 +707,10 @@ int main(void)
         int64_t elapsed_min = (int64_t)(now - cur / NS_PER_SEC) / 60;
         int cur_min = (int)(elapsed_min / 2 < 30 ? (elapsed_min / 2 < 2 ? 2 : elapsed_min / 2) : 30);
         run_sandbox("carry", "kc2", "carry-c", cur, cur_min, cur_min, (uint64_t)cur_min * 60, 2 * GiB, 1);
+        /* tinycur (50 free hours): this month's first 2 minutes, 8 vCPUs, 16 GiB, 576 CPU-s: CPU
+         * 0.16 vCPU-h x $0.025 = $0.004, memory 16 GiB x 2 min = 0.5333... GiB-h x $0.0075 = $0.004,
+         * both covered whole by the credit (its projection, below). */
+        run_sandbox("tinycur", "ktc", "tinycur-a", cur, 2, 1, 288, 16 * GiB, 8);
         /* half (1 free hour): 1 vCPU busy, 2 GiB, from 10:30 to 12:00 on m1's 5th day. */
         run_sandbox("half", "kh", "half-a", m1 + 4 * 24 * H + 10 * H + 30 * 60 * NS_PER_SEC, 90, 5, 300, 2 * GiB, 1);
         struct usage_event created = { .type = EVENT_CREATED, .wall_ns = m1 + 4 * 24 * H + 10 * H + 30 * 60 * NS_PER_SEC,
@@ -942,6 +954,28 @@ int main(void)
                     " WHERE i.status = 'preview' AND p.status = 'estimate' AND p.total_nanodollars >= i.total_nanodollars"
                     " AND p.account_id = 'carry'") == 1,
               "carry: an estimate at least the preview");
+
+        /* tinycur's projection holds its credit line as an invoice does. At 80 % of the month
+         * each line is its preview line x 1.25: CPU 5,000,000 nano-dollars -> 0.5 ¢ -> 1 ¢,
+         * memory the same, the credit -10,000,000 -> -1.0 ¢ -> -1 ¢ rounded alone: held to the
+         * lines it covers whole, it is -2 ¢ and the estimate is zero, not +1 ¢. */
+        int64_t at = cur / NS_PER_SEC + (int64_t)days * 86400 * 4 / 5;
+        CHECK(projected("amount_nanodollars", (long long)at, "usage", "cpu") == 5000000 &&
+                      projected("amount_cents", (long long)at, "usage", "cpu") == 1 &&
+                      projected("amount_nanodollars", (long long)at, "usage", "memory") == 5000000 &&
+                      projected("amount_cents", (long long)at, "usage", "memory") == 1,
+              "tinycur at 80 %% of the month: CPU and memory each projected at $0.005, 1 cent");
+        CHECK(projected("amount_nanodollars", (long long)at, "credit", "credit") == -10000000 &&
+                      projected("amount_cents", (long long)at, "credit", "credit") == -2,
+              "tinycur at 80 %% of the month: the credit projected at -$0.01 exact, held to -2 cents (got %lld)",
+              (long long)projected("amount_cents", (long long)at, "credit", "credit"));
+        CHECK(q_int("SELECT sum(amount_cents) FROM invoice_projection_lines_at('tinycur', to_timestamp(%lld))",
+                    (long long)at) == 0,
+              "tinycur at 80 %% of the month: a month the credit covers whole is projected at zero");
+        /* ... and now, whatever share of the month has passed: zero in the finance view. */
+        CHECK(q_int("SELECT total_cents FROM finance.invoice_projections WHERE account_id = 'tinycur'") == 0 &&
+                      q_int("SELECT total_nanodollars FROM finance.invoice_projections WHERE account_id = 'tinycur'") == 0,
+              "tinycur: the current month's estimate is zero (credit covers it whole)");
 
         check_finance_role();
         check_api(M1, CUR);
