@@ -374,7 +374,7 @@ AGG_PID=$!
 wait_log "$WORK/agg.freeze.log" "partition assigned" 30
 # The real tally-vmm carries the pause out (process sandboxes, its own cgroup parent).
 VMM_PARENT=tally-bench-aggregator-$$
-"$TALLY_BUILD/vmm/tally-vmm" --state-dir "$WORK/vmm" --kafka-brokers "$TALLY_TEST_BROKERS" --backend process \
+"$TALLY_BUILD/vmm/tally-vmm" --state-dir "$WORK/vmm" --host-id bench-host --kafka-brokers "$TALLY_TEST_BROKERS" --backend process \
   --cgroup-parent "$VMM_PARENT" --final-wait-ms 200 2>"$WORK/vmm.log" &
 VMM_PID=$!
 SOCK_END=$(( $(date +%s) + 30 ))
