@@ -200,7 +200,10 @@ enum fold_result fold_apply_at(struct fold_state *st, const struct usage_event *
                         peak(ev, at, emit, ctx);
                 struct fold_state prov = *st;
                 *st = (struct fold_state){ .known = true, .epoch = epoch, .seq = stop ? 0 : ev->seq,
-                                           .cpu_ns = ev->cpu_ns, .wall_ns = at,
+                                           .cpu_ns = ev->cpu_ns,
+                                           /* one not trusted for time leaves the
+                                            * wall time at the created moment */
+                                           .wall_ns = clock_bad && st->created_ns > 0 ? st->created_ns : at,
                                            .state = stop ? STATE_STOPPED : ev->state, .mem_size_bytes = mem,
                                            .disk_bytes = disk, .held = ev->held_known, .running_ns = run,
                                            .paused_ns = paused,

@@ -281,7 +281,12 @@ class Biller:
             s.epoch_max = max(s.epoch_max, m.get("epoch", 1))
             self.release(s)
         elif t == "restarted":
-            if s.created is not None and m.get("host", "") != s.created.get("host", ""):
+            if s.created is None:
+                # held for its `created` event like a reading (docs/events.md,
+                # "Provenance"): the host it must come from is not known yet
+                s.held.append((line, m, "no_created"))
+                return
+            if m.get("host", "") != s.created.get("host", ""):
                 raise Dead("host")
             known = max(s.epoch_max, s.st.epoch if s.st else 0)
             if m["epoch"] > known + JUMP:
@@ -295,7 +300,10 @@ class Biller:
         held, s.held = s.held, []
         for line, m, _ in held:
             try:
-                self.reading(s, line, m)
+                if m["type"] == "restarted":
+                    self.apply(line, m)
+                else:
+                    self.reading(s, line, m)
             except Dead as e:
                 self.dead.append((line, str(e)))
 
