@@ -505,6 +505,25 @@ def cmd_compare(a):
     for tag in want:
         if tag in got or any(x.startswith("late") for x in want[tag]):
             got[tag] = merge_late(want[tag], got.get(tag, []))
+    # a sandbox the model cannot place (refbill.py, `unmodelled SANDBOX KEY
+    # ACCOUNT`): its usage, its key's spend, limits and alerts, and its
+    # account's rating gaps are set aside on both sides, and counted
+    aside = 0
+    for tag, lines in want.items():
+        um = [x.split(" ")[1:] for x in lines if x.startswith("unmodelled ")]
+        if not um:
+            continue
+        aside += len(um)
+        ids = {w[0] for w in um} | {w[1] for w in um} | {w[2] for w in um}
+
+        def kept(x):
+            w = x.split(" ")
+            return w[0] != "unmodelled" and not (len(w) > 1 and w[1] in ids)
+        want[tag] = [x for x in lines if kept(x)]
+        got[tag] = [x for x in got.get(tag, []) if kept(x)]
+    if aside:
+        print(f"sandboxes set aside (a first reading not trusted for time with an hour or more held): {aside}",
+              file=sys.stderr)
     tags = set(want) | set(got)
     if a.tags:
         with open(a.tags, encoding="utf-8") as f:

@@ -230,6 +230,11 @@ class Biller:
         self.keys = {}          # (sandbox, hour) -> key
         self.accts = {}         # (sandbox, hour) -> account
         self.dead = []          # (line, class)
+        # (sandbox, key, account) of a first reading not trusted for time
+        # that carries an hour or more of held time: its span, ending at the
+        # aggregator's clock, may reach back past the `late` line's first
+        # hour, so the hours it lands in (and their rates) are not known
+        self.unmodelled = set()
 
     def sb(self, sid):
         return self.sandboxes.setdefault(sid, Sandbox())
@@ -354,17 +359,20 @@ class Biller:
             st.epoch = epoch
             st.held = held
         else:
+            if epoch < st.epoch:
+                return
+            if epoch > st.epoch + JUMP:
+                raise Dead("epoch_jump")
             if not st.stopped and stopped_ev and (
                     (epoch == st.epoch and cpu < st.cpu) or (not bad and wall < st.wall - HOUR)):
                 raise Dead("stopped_behind")
-            if epoch > st.epoch + JUMP:
-                raise Dead("epoch_jump")
-            if epoch < st.epoch:
-                return
-            if not stopped_ev and epoch == st.epoch:
-                if seq <= st.seq:
+            if not stopped_ev:
+                if epoch == st.epoch and seq <= st.seq:
                     return
-                if (seq >> 32) - (st.seq >> 32) > JUMP:
+                # a seq generation jump is judged whatever the epoch (the
+                # docs' "Jumps"), except against a state that has billed no
+                # seq yet: one made by a `stopped` event alone
+                if (seq >> 32) - (st.seq >> 32) > JUMP and not (st.stopped and st.seq == 0):
                     raise Dead("seq_jump")
             if st.stopped:
                 d_cpu = max(0, cpu - st.cpu)
@@ -396,6 +404,8 @@ class Biller:
         bill_mem, bill_disk = (st.mem, st.disk) if st_before is not None and not held else (mem, disk)
         if bad:
             self.late.add(m["sandbox"])
+            if st_before is None and span >= HOUR:
+                self.unmodelled.add((m["sandbox"], key, m["account"]))
             self.place(m["sandbox"], key, None, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
         else:
             self.place(m["sandbox"], key, wall, span, d_cpu, d_run, d_paused, bill_mem, bill_disk, m["account"])
@@ -602,6 +612,8 @@ def report(b, why, plans=None):
     out += limit_lines(spent, plans.get("limits", {}))
     for acct, plan, meter, h in sorted(gaps, key=lambda g: (g[0].encode(), g[1].encode(), g[2], g[3])):
         out.append(f"gap {acct} {plan} {meter} {h // NS}")
+    for sid, key, acct in sorted(b.unmodelled):
+        out.append(f"unmodelled {sid} {key} {acct}")
     out.append(f"dead {len(b.dead)}")
     classes = {}
     for _, cls in b.dead:
