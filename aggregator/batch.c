@@ -120,7 +120,7 @@ void batch_clear(struct batch *b)
         for (size_t i = 0; i < b->npieces; i++)
                 b->pieces[i].sb->piece = 0;
         for (size_t i = 0; i < b->ndirty; i++)
-                b->dirty[i]->dirty = false;
+                b->dirty[i]->dirty = b->dirty[i]->sampled = false;
         for (size_t i = 0; i < b->nevents; i++)
                 event_clear(&b->events[i]);
         for (size_t i = 0; i < b->ndead; i++)

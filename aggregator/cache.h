@@ -33,6 +33,7 @@ struct sandbox {
         uint64_t mem_size_bytes;
         struct fold_state fold;
         bool dirty;             /* listed in the batch's dirty list */
+        bool sampled;           /* a collector's sample of it was billed in the open batch */
         /* What the sandboxes table holds for it (state + 1; 0: unknown), and
          * its host there: the row is only written when they change. */
         int db_state;

@@ -254,6 +254,10 @@ static int fold_reading(struct intake *it, const struct raw *m, const struct usa
                 sb->net_unsaved = true;
         }
         sb->partition = partition;
+        /* (only a collector's sample says its host is metered: the vmm's
+         * lifecycle events and `stopped` event do not, docs/billing.md) */
+        if (ev.type == EVENT_SAMPLE)
+                sb->sampled = true;
         return mark_dirty(it->batch, sb);
 }
 

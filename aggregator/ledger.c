@@ -17,7 +17,7 @@ static const char *const session_sql =
         " ON COMMIT DELETE ROWS;"
         "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
         " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"
-        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint) ON COMMIT DELETE ROWS;";
+        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint, sampled boolean) ON COMMIT DELETE ROWS;";
 
 static int db_session(PGconn *db, char *err, size_t errlen)
 {

@@ -25,11 +25,13 @@ static const char *const fold_sql =
         "   WHERE f.version = EXCLUDED.version - 1 RETURNING 1)"
         " SELECT count(*) FROM w";
 
-/* Per host, when a sample of it was last committed (in host order, so that
- * aggregators sharing a host lock its row in one order). */
+/* Per host, when a collector's sample of it was last committed (in host
+ * order, so that aggregators sharing a host lock its row in one order):
+ * lifecycle events and the vmm's `stopped` event are not samples, and a host
+ * whose collector is down must not look metered because its vmm still talks. */
 static const char *const hosts_sql =
         "INSERT INTO hosts AS h (host, last_sample_at, last_sample_wall)"
-        " SELECT host, now(), max(wall) FROM stage_fold WHERE host <> '' GROUP BY host ORDER BY host"
+        " SELECT host, now(), max(wall) FROM stage_fold WHERE host <> '' AND sampled GROUP BY host ORDER BY host"
         " ON CONFLICT (host) DO UPDATE SET last_sample_at = EXCLUDED.last_sample_at,"
         "  last_sample_wall = greatest(h.last_sample_wall, EXCLUDED.last_sample_wall)";
 
@@ -167,10 +169,10 @@ static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
                                 *c = ' ';
                 format_ts(wall, sizeof(wall), f->wall_ns);
                 if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64
-                             "\t%" PRIu64 "\n", s->id, s->account, s->key,
+                             "\t%" PRIu64 "\t%s\n", s->id, s->account, s->key,
                              f->known ? s->host : "" /* no sample of its host yet */, s->vcpus, fold, s->version,
                              f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
-                             wall, sync ? "t" : "f", s->net_rx, s->net_tx) < 0)
+                             wall, sync ? "t" : "f", s->net_rx, s->net_tx, s->sampled ? "t" : "f") < 0)
                         return -ENOMEM;
         }
         return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);

@@ -2,7 +2,9 @@
  * hosts run a sandbox each; host B keeps sampling, host A falls silent. Within
  * the threshold (set to 3 s here by replacing metering_gap_threshold()) plus
  * a check interval, the metering_gaps view lists host A and not B, the
- * aggregator logs it at warning and /metrics shows one host in a gap. Once
+ * aggregator logs it at warning and /metrics shows one host in a gap; A's
+ * vmm sending a `stopped` event every second meanwhile (not a sample) does
+ * not hide the gap. Once
  * A's sandbox stops (its final sample arrives), the gap closes. */
 #include "aggtest.h"
 #include "storetest.h"
@@ -37,10 +39,17 @@ int main(void)
 
         int seq = 1;
         sample(&t, "host-mg-a", "sb_mg_a", 1, time_wall_ns(), STATE_RUNNING);
+        sample(&t, "host-mg-a", "sb_mg_a2", 1, time_wall_ns(), STATE_RUNNING);
         bool gap_a = false, gap_b = false, logged = false;
         int64_t gauge = -1;
-        for (int i = 0; i < 14; i++) { /* host B samples every second; A is silent */
+        for (int i = 0; i < 14; i++) { /* host B samples every second; A's collector is silent */
                 sample(&t, "host-mg-b", "sb_mg_b", seq++, time_wall_ns(), STATE_RUNNING);
+                /* ...while A's vmm still talks: a sandbox's `stopped` event (sent
+                 * again each second) is not a sample and must not refresh A */
+                struct usage_event st = aggtest_stopped("acct_mg", "key_mg", "sb_mg_a2", 1, time_wall_ns(),
+                                                        NS_PER_SEC / 10, 0, 0, 128 * MIB, 1);
+                snprintf(st.host, sizeof(st.host), "%s", "host-mg-a");
+                aggtest_produce(&t, &st);
                 aggtest_flush(&t);
                 time_sleep_ns(NS_PER_SEC);
                 if (i >= 9) {
