@@ -19,6 +19,9 @@ struct api_config {
         char *listen_address;
         int64_t port;
         char *vmm_sockets;
+        char *vmm_tls_cert;
+        char *vmm_tls_key;
+        char *vmm_tls_ca;
         int64_t threads;
         int64_t max_connections;
         int64_t per_ip_connections;

@@ -6,9 +6,11 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_HOSTS 64
 
@@ -22,9 +24,63 @@ struct vmm_hosts {
         atomic_uint next;
 };
 
-int vmm_hosts_new(const char *sockets, struct vmm_hosts **ret, char *err, size_t errlen)
+/* A host_id as tally-vmm's certificate names it: 1..63 of A-Z a-z 0-9 . _ - */
+static bool host_id_valid(const char *s, size_t n)
 {
-        static const struct vmm_client_options opt = { .connect_timeout_ms = VMM_CONNECT_TIMEOUT_MS };
+        if (n == 0 || n > 63)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-", s[i]) || !s[i])
+                        return false;
+        return true;
+}
+
+/* One entry's client: a unix socket path, or HOST_ID=https://ADDRESS:PORT
+ * over mutual TLS with tls's files. Returns 0, or -errno with err filled. */
+static int host_new(const char *entry, const struct vmm_hosts_tls *tls, struct vmm_client **ret, char *err,
+                    size_t errlen)
+{
+        struct vmm_client_options opt = { .connect_timeout_ms = VMM_CONNECT_TIMEOUT_MS };
+        const char *url = strstr(entry, "https://");
+        int r;
+        if (!url) {
+                if ((r = vmm_client_new(entry, &opt, ret)) < 0)
+                        snprintf(err, errlen, "could not make a client of tally-vmm at %s: %s", entry, strerror(-r));
+                return r;
+        }
+        const char *eq = url > entry ? url - 1 : NULL;
+        if (!eq || *eq != '=' || !host_id_valid(entry, (size_t)(eq - entry))) {
+                snprintf(err, errlen, "vmm_sockets entry %s is not HOST_ID=https://ADDRESS:PORT (HOST_ID: 1..63 of "
+                                      "A-Z a-z 0-9 . _ -, the name in the host's certificate)", entry);
+                return -EINVAL;
+        }
+        if (!tls || !tls->cert || !*tls->cert || !tls->key || !*tls->key || !tls->ca || !*tls->ca) {
+                snprintf(err, errlen, "vmm_sockets entry %s is https: vmm_tls_cert, vmm_tls_key and vmm_tls_ca are "
+                                      "required", entry);
+                return -EINVAL;
+        }
+        const char *files[][2] = { { "vmm_tls_cert", tls->cert }, { "vmm_tls_key", tls->key }, { "vmm_tls_ca", tls->ca } };
+        for (size_t i = 0; i < 3; i++)
+                if (access(files[i][1], R_OK) < 0) {
+                        r = -errno;
+                        snprintf(err, errlen, "could not read %s %s: %s", files[i][0], files[i][1], strerror(errno));
+                        return r;
+                }
+        char name[64];
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - entry), entry);
+        opt.tls_cert = tls->cert;
+        opt.tls_key = tls->key;
+        opt.tls_ca = tls->ca;
+        opt.tls_name = name;
+        if ((r = vmm_client_new(url, &opt, ret)) < 0)
+                snprintf(err, errlen, "vmm_sockets entry %s: %s", entry,
+                         r == -EINVAL ? "not HOST_ID=https://ADDRESS:PORT" : strerror(-r));
+        return r;
+}
+
+int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct vmm_hosts **ret, char *err,
+                  size_t errlen)
+{
         struct vmm_hosts *h = calloc(1, sizeof(*h));
         char *copy = strdup(sockets ? sockets : ""), *save = NULL;
         int r = 0;
@@ -36,10 +92,8 @@ int vmm_hosts_new(const char *sockets, struct vmm_hosts **ret, char *err, size_t
         for (char *t = strtok_r(copy, ",", &save); t && h->n < MAX_HOSTS; t = strtok_r(NULL, ",", &save)) {
                 if (!*t)
                         continue;
-                if ((r = vmm_client_new(t, &opt, &h->host[h->n])) < 0) {
-                        snprintf(err, errlen, "could not make a client of tally-vmm at %s: %s", t, strerror(-r));
+                if ((r = host_new(t, tls, &h->host[h->n], err, errlen)) < 0)
                         goto fail;
-                }
                 h->n++;
         }
         if (h->n == 0) {

@@ -1,10 +1,12 @@
 /* vmm_hosts.h — the hosts' tally-vmm daemons tally-api forwards the sandbox
- * lifecycle to (api/sandboxes.c): one vmm client (vmm/client.h) per socket of
- * the vmm_sockets setting, a create's turn among them, and the map from a
- * daemon's refusal to the API's error.
+ * lifecycle to (api/sandboxes.c): one vmm client (vmm/client.h) per entry of
+ * the vmm_sockets setting — a unix socket's path, or HOST_ID=https://ADDRESS:PORT
+ * for a daemon reached over mutual TLS, whose certificate must name HOST_ID —
+ * a create's turn among them, and the map from a daemon's refusal to the
+ * API's error.
  *
- * The daemons trust whoever opens their socket: nothing here checks tenancy,
- * the callers do (sandboxes.c). */
+ * The daemons trust whoever opens their socket or shows tally-api's
+ * certificate: nothing here checks tenancy, the callers do (sandboxes.c). */
 #pragma once
 
 #include "api.h"
@@ -14,9 +16,19 @@
 
 struct vmm_hosts;
 
-/* One host per name of the comma-separated socket list. Returns 0 and *ret,
- * or a negative errno with err filled (-EINVAL: the list names none). */
-int vmm_hosts_new(const char *sockets, struct vmm_hosts **ret, char *err, size_t errlen);
+/* tally-api's side of the TLS transport (settings vmm_tls_*): file paths,
+ * borrowed; needed only when an entry is https. */
+struct vmm_hosts_tls {
+        const char *cert;   /* tally-api's client certificate (PEM) */
+        const char *key;    /* ... its key */
+        const char *ca;     /* the CA that signs the hosts' certificates */
+};
+
+/* One host per entry of the comma-separated list. Returns 0 and *ret, or a
+ * negative errno with err filled (-EINVAL: the list names none, an entry is
+ * malformed, or an https entry lacks tls's files or cannot read them). */
+int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct vmm_hosts **ret, char *err,
+                  size_t errlen);
 /* Accepts NULL. */
 void vmm_hosts_free(struct vmm_hosts *h);
 int vmm_hosts_count(const struct vmm_hosts *h);

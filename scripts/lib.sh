@@ -13,7 +13,7 @@ PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 TALLY_DEB_PACKAGES=(
   build-essential meson ninja-build pkg-config
   libpq-dev librdkafka-dev libjansson-dev libmicrohttpd-dev libcmocka-dev libinih-dev
-  libssl-dev libcurl4-openssl-dev libcrypt-dev
+  libssl-dev libcurl4-openssl-dev libcrypt-dev libgnutls28-dev openssl
   postgresql-15 postgresql-client-15 valgrind iproute2
   qemu-system-x86 busybox-static cpio
   clang llvm bpftool libbpf-dev libclang-rt-14-dev

@@ -1,6 +1,6 @@
 /* client.h — the one client of a tally-vmm's HTTP API (docs/vmm.md), over the
- * daemon's unix socket: `tally-vmm COMMAND` (cli.c) and tally-api
- * (api/vmm_hosts.c) both speak to the daemon through it.
+ * daemon's unix socket or over TCP with mutual TLS: `tally-vmm COMMAND`
+ * (cli.c) and tally-api (api/vmm_hosts.c) both speak to the daemon through it.
  *
  * How a daemon is reached — its address, how long a connect may take — lives
  * here and only here: a client is made once per daemon with its options and
@@ -19,16 +19,28 @@ struct vmm_client_options {
          * (0: libcurl's own bound). An answer itself may take as long as the
          * command it runs: the daemon bounds an exec's time, not the client. */
         int64_t connect_timeout_ms;
+        /* An https:// address only (all three required there; paths, copied):
+         * the client's certificate and key, and the CA that signs the
+         * daemons' certificates — the only CA trusted, never the system's. */
+        const char *tls_cert;
+        const char *tls_key;
+        const char *tls_ca;
+        /* The name the daemon's certificate must carry (its host_id), copied;
+         * NULL: the address's host. The connection goes to the address all
+         * the same: the name is only checked. */
+        const char *tls_name;
 };
 
 struct vmm_client;
 
-/* A client of the daemon listening on socket_path (copied). Returns 0 and
- * *ret (vmm_client_free it), -EINVAL for an empty path, or -ENOMEM. */
-int vmm_client_new(const char *socket_path, const struct vmm_client_options *opt, struct vmm_client **ret);
+/* A client of the daemon at address (copied): a unix socket's path, or
+ * https://ADDRESS:PORT ([IPV6]:PORT) with opt's TLS files. Returns 0 and
+ * *ret (vmm_client_free it), -EINVAL for an empty path, a malformed https
+ * address or one without the TLS files, or -ENOMEM. */
+int vmm_client_new(const char *address, const struct vmm_client_options *opt, struct vmm_client **ret);
 /* Accepts NULL. */
 void vmm_client_free(struct vmm_client *c);
-/* The socket path the client was made with (for the caller's messages). */
+/* The address the client was made with (for the caller's messages). */
 const char *vmm_client_address(const struct vmm_client *c);
 
 /* One request: method, path from the root ("/v1/sandboxes?account=a") and a

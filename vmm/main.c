@@ -11,6 +11,7 @@
 #include "vmm.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +38,11 @@ struct vmm_config {
         int64_t api_idle_timeout_s;
         int64_t api_connections_max;
         int64_t api_connections_per_client;
+        char *tls_listen;
+        char *tls_cert;
+        char *tls_key;
+        char *tls_client_ca;
+        char *tls_client_name;
         struct capacity_settings capacity;
         char *egress_hosts_file;
         int64_t egress_connections_max;
@@ -92,6 +98,16 @@ static const struct setting settings[] = {
         { "api_connections_per_client", SETTING_INT, "16", false,
           offsetof(struct vmm_config, api_connections_per_client), 1, 4096,
           "Connections one client (a root process, or any other user id) may hold open" },
+        { "tls_listen", SETTING_STRING, "", false, offsetof(struct vmm_config, tls_listen), 0, 0,
+          "Also serve the API over TCP with mutual TLS on ADDRESS:PORT ([IPV6]:PORT) for tally-api (empty: off)" },
+        { "tls_cert", SETTING_STRING, "", false, offsetof(struct vmm_config, tls_cert), 0, 0,
+          "PEM certificate (chain) of the TLS listener, named by this host's host_id" },
+        { "tls_key", SETTING_STRING, "", false, offsetof(struct vmm_config, tls_key), 0, 0,
+          "PEM private key of tls_cert (keep it 0600)" },
+        { "tls_client_ca", SETTING_STRING, "", false, offsetof(struct vmm_config, tls_client_ca), 0, 0,
+          "PEM certificate of the CA that signs the TLS clients' certificates" },
+        { "tls_client_name", SETTING_STRING, "tally-api", false, offsetof(struct vmm_config, tls_client_name), 0, 0,
+          "The name (subjectAltName DNS) a TLS client's certificate must carry; any other is refused" },
         { "capacity_memory_mib", SETTING_INT, "0", false, offsetof(struct vmm_config, capacity.memory_mib), 0,
           INT64_C(1) << 40, "Memory this host gives sandboxes, MiB (0: the host's MemTotal)" },
         { "capacity_vcpus", SETTING_INT, "0", false, offsetof(struct vmm_config, capacity.vcpus), 0, 1 << 20,
@@ -142,6 +158,35 @@ static const struct program_info program = {
 };
 
 
+/* The most a certificate, key or CA file may hold. */
+#define PEM_MAX (1024 * 1024)
+
+/* The whole of the PEM file at path, NUL-terminated, in *ret (free it).
+ * Returns 0, or -errno with err filled (naming the setting). */
+static int read_pem(const char *setting, const char *path, char **ret, char *err, size_t errlen)
+{
+        FILE *f = fopen(path, "re");
+        char *buf = f ? malloc(PEM_MAX + 1) : NULL;
+        size_t n = buf ? fread(buf, 1, PEM_MAX + 1, f) : 0;
+        int r = 0;
+        if (!f || !buf || ferror(f)) {
+                r = errno ? -errno : -EIO;
+                snprintf(err, errlen, "could not read %s %s: %s", setting, path, strerror(-r));
+        } else if (n == 0 || n > PEM_MAX) {
+                r = -EINVAL;
+                snprintf(err, errlen, "%s %s is %s", setting, path, n ? "larger than 1 MiB" : "empty");
+        }
+        if (f)
+                fclose(f);
+        if (r < 0) {
+                free(buf);
+                return r;
+        }
+        buf[n] = '\0';
+        *ret = buf;
+        return 0;
+}
+
 /* The last resort of a stop: whatever is still running at the deadline is left. */
 static void *shutdown_watchdog(void *arg)
 {
@@ -188,6 +233,25 @@ int main(int argc, char **argv)
                 status = 2;
                 goto out;
         }
+        /* The TLS listener's files are read before anything starts: a missing or
+         * unreadable one refuses the start with its reason. */
+        char *tls_cert = NULL, *tls_key = NULL, *tls_client_ca = NULL;
+        if (*cfg.tls_listen) {
+                char terr[1024];
+                if (!*cfg.tls_cert || !*cfg.tls_key || !*cfg.tls_client_ca) {
+                        fprintf(stderr, "tally-vmm: tls_listen is set: tls_cert, tls_key and tls_client_ca are "
+                                        "required too\n");
+                        status = 2;
+                        goto out;
+                }
+                if (read_pem("tls_cert", cfg.tls_cert, &tls_cert, terr, sizeof(terr)) < 0 ||
+                    read_pem("tls_key", cfg.tls_key, &tls_key, terr, sizeof(terr)) < 0 ||
+                    read_pem("tls_client_ca", cfg.tls_client_ca, &tls_client_ca, terr, sizeof(terr)) < 0) {
+                        fprintf(stderr, "tally-vmm: %s\n", terr);
+                        status = 2;
+                        goto out_tls;
+                }
+        }
         if (*cfg.host_id)
                 snprintf(host, sizeof(host), "%s", cfg.host_id);
         else if (gethostname(host, sizeof(host) - 1) < 0)
@@ -212,14 +276,14 @@ int main(int argc, char **argv)
         struct metrics_http *ms = NULL;
         if ((r = vmm_open(&s, &v, err, sizeof(err))) < 0) {
                 log_error("could not start", "error=\"%s\"", err);
-                goto out;
+                goto out_tls;
         }
         if ((r = metrics_http_start(cfg.metrics_address, (int)cfg.metrics_port, vmm_metrics_page, v,
                                     METRICS_HTTP_PAGE_MAX, &ms)) < 0) {
                 log_error("could not serve /metrics", "address=%s port=%lld error=\"%s\"", cfg.metrics_address,
                           (long long)cfg.metrics_port, strerror(-r));
                 vmm_close(v, time_mono_ns() + SHUTDOWN_MS * NS_PER_MS);
-                goto out;
+                goto out_tls;
         }
         if (ms)
                 log_info("metrics served", "url=http://%s:%lld/metrics", cfg.metrics_address,
@@ -229,13 +293,20 @@ int main(int argc, char **argv)
                 .connections_max = (unsigned int)cfg.api_connections_max,
                 .connections_per_client = (unsigned int)cfg.api_connections_per_client,
                 .output_held_max = cfg.exec_output_held_max,
+                .tls_listen = cfg.tls_listen, .tls_cert_pem = tls_cert, .tls_key_pem = tls_key,
+                .tls_client_ca_pem = tls_client_ca, .tls_client_name = cfg.tls_client_name,
         };
         if ((r = vmm_api_start(v, socket_path, &as, &api, err, sizeof(err))) < 0) {
                 log_error("could not start the local API", "error=\"%s\"", err);
                 metrics_http_stop(ms);
                 vmm_close(v, time_mono_ns() + SHUTDOWN_MS * NS_PER_MS);
-                goto out;
+                goto out_tls;
         }
+        if (tls_key) /* the key is held by the TLS library now: not a copy more than needed */
+                explicit_bzero(tls_key, strlen(tls_key));
+        if (vmm_api_tls_port(api))
+                log_info("API served over mutual TLS", "listen=%s port=%d client_name=%s", cfg.tls_listen,
+                         vmm_api_tls_port(api), cfg.tls_client_name);
         log_info("tally-vmm ready", "socket=%s", socket_path);
         int sig = daemon_wait_stop();
         int64_t start = time_mono_ns();
@@ -259,6 +330,10 @@ int main(int argc, char **argv)
         metrics_http_stop(ms);
         vmm_close(v, deadline);
         status = 0;
+out_tls:
+        free(tls_cert);
+        free(tls_key);
+        free(tls_client_ca);
 out:
         curl_global_cleanup();
         config_free(settings, &cfg);
