@@ -20,6 +20,10 @@ static const struct setting settings[] = {
         { "port", SETTING_INT, "8080", false, C(port), 0, 65535, "TCP port (0: any free port, logged at start)" },
         { "vmm_sockets", SETTING_STRING, "./var/vmm.sock", false, C(vmm_sockets), 0, 0,
           "tally-vmm unix sockets, comma-separated: creates go to each in turn" },
+        { "vmm_calls_per_host", SETTING_INT, "8", false, C(vmm_calls_per_host), 1, 4096,
+          "Calls tally-api runs at once on one tally-vmm (keep it below tally-vmm's api_connections_per_client); "
+          "a call that finds none free within 0.5 s gets 503 host_busy, so a hung host holds at most this many "
+          "workers" },
         { "threads", SETTING_INT, "8", false, C(threads), 1, 256,
           "HTTP threads (each polls its connections with epoll; none ever waits on a tally-vmm)" },
         { "workers", SETTING_INT, "16", false, C(workers), 2, 1024,

@@ -19,6 +19,7 @@ struct api_config {
         char *listen_address;
         int64_t port;
         char *vmm_sockets;
+        int64_t vmm_calls_per_host;
         int64_t threads;
         int64_t max_connections;
         int64_t per_ip_connections;
