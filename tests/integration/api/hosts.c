@@ -12,6 +12,7 @@
 #include "support.h"
 #include "vmmtest.h"
 
+#include <curl/curl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -97,19 +98,24 @@ static bool wait_health(const char *status, int ms)
         return false;
 }
 
-/* Whether tally-vmm at s lists sandbox id. */
+/* Whether tally-vmm at s has sandbox id (asked on its own socket). */
 static bool on_host(const char *s, const char *id)
 {
-        json_t *l = test_vmm_cli(s, NULL, NULL, "list", NULL);
-        bool found = false;
-        size_t i;
-        json_t *sb;
-        json_array_foreach(json_object_get(l, "sandboxes"), i, sb) {
-                if (strcmp(test_jstr(sb, "id"), id) == 0)
-                        found = true;
-        }
-        json_decref(l);
-        return found;
+        CURL *c = curl_easy_init();
+        char url[256];
+        snprintf(url, sizeof(url), "http://vmm/v1/sandboxes/%s", id);
+        struct resp r = { 0 };
+        curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, s);
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+        long status = 0;
+        if (curl_easy_perform(c) == CURLE_OK)
+                curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(c);
+        free(r.body);
+        return status == 200;
 }
 
 /* The ledger's row for a sandbox, as the aggregator writes it from the
