@@ -2,6 +2,7 @@
  * hand them the request's connection, caller and parameters, and turn what
  * they made into the reply. */
 #include "builtin.h"
+#include "vmm_hosts.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,11 @@ int h_healthz(struct api_req *r, struct api_reply *out, struct api_error *err)
         PQclear(res);
         if (!ok)
                 return api_fail(err, 503, "database_unavailable", NULL, "the database does not answer");
-        return reply_json(out, 200, json_pack("{s:s}", "status", "ok"));
+        /* The hosts as the watch last saw them (vmm_hosts.h): no host is asked here. */
+        bool all_up;
+        json_t *hosts = vmm_hosts_health(req_vmm_hosts(r), &all_up);
+        return reply_json(out, 200, json_pack("{s:s, s:s, s:o}", "status", all_up ? "ok" : "degraded", "database", "ok",
+                                              "hosts", hosts));
 }
 
 int h_usage(struct api_req *r, struct api_reply *out, struct api_error *err)

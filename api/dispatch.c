@@ -162,6 +162,8 @@ void dispatch_back(struct api_req *r, size_t ri, struct api_reply *out)
         int rc = route_at(ri)->fn(r, out, &err);
         if (rc < 0)
                 dispatch_error(out, &err);
+        if (rc < 0 && strcmp(err.code, "host_busy") == 0)
+                snprintf(out->headers[1], sizeof(out->headers[1]), "Retry-After: 1");
         else if (out->status < 400 && query_unused(r, &err) < 0)
                 dispatch_error(out, &err);
         if (idem)

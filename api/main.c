@@ -26,6 +26,10 @@ static const struct setting settings[] = {
         { "vmm_tls_key", SETTING_STRING, "", false, C(vmm_tls_key), 0, 0, "The key of vmm_tls_cert (keep it 0600)" },
         { "vmm_tls_ca", SETTING_STRING, "", false, C(vmm_tls_ca), 0, 0,
           "The CA that signs the hosts' certificates: the only one trusted for https vmm_sockets entries" },
+        { "vmm_calls_per_host", SETTING_INT, "8", false, C(vmm_calls_per_host), 1, 4096,
+          "Calls tally-api runs at once on one tally-vmm (keep it below tally-vmm's api_connections_per_client); "
+          "a call that finds none free within 0.5 s gets 503 host_busy, so a hung host holds at most this many "
+          "workers" },
         { "threads", SETTING_INT, "8", false, C(threads), 1, 256,
           "HTTP threads (each polls its connections with epoll; none ever waits on a tally-vmm)" },
         { "workers", SETTING_INT, "16", false, C(workers), 2, 1024,

@@ -83,7 +83,7 @@ paths = {
         "A file of the dashboard (web/): its script and style, and the chart library npm installed.", [],
         {"200": resp("The file", {"type": "string"}, "application/octet-stream"),
          "404": {"$ref": "#/components/responses/NotFound"}}, opid="getDashboardFile")},
-    "/healthz": {"get": op("Liveness: the server answers and reaches PostgreSQL.", [],
+    "/healthz": {"get": op("Liveness: the server answers and reaches PostgreSQL; each tally-vmm host as the watch last saw it (status degraded while one is down).", [],
                            {"200": resp("Healthy", {"type": "object"}), "503": resp("Unhealthy", ref("Error"))},
                            opid="getHealthz")},
     "/metrics": {"get": op("Prometheus text: requests by route and status, latency histogram, pool use.", [],

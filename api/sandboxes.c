@@ -18,37 +18,82 @@
 
 #include <errno.h>
 #include <pthread.h>
+
+/* tally-vmm's exec_timeout_ms default (docs/vmm.md). */
+#define EXEC_TIMEOUT_DEFAULT_MS 60000
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Finds sandbox r->id among the hosts; it must belong to the caller's account.
- * Returns 0 with *ret_host and *ret (the sandbox), or an error. */
-static int find(struct api_req *r, int *ret_host, json_t **ret, struct api_error *err)
+/* Asks host h for sandbox r->id: 0 with *ret when it is there and the
+ * caller's, else the error (404 for another account's). */
+static int ask(struct api_req *r, int h, json_t **ret, struct api_error *err)
 {
         char path[128];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", r->id);
-        bool unreachable = false;
-        struct vmm_hosts *hosts = req_vmm_hosts(r);
-        for (int h = 0; h < vmm_hosts_count(hosts); h++) {
-                json_t *j = NULL;
-                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
-                if (st == 200 && j) {
-                        const char *acct = json_string_value(json_object_get(j, "account"));
-                        if (!acct || strcmp(acct, r->caller.account) != 0) {
-                                json_decref(j);
-                                break; /* another account's: not found, and no other host has it */
-                        }
-                        *ret_host = h;
+        json_t *j = NULL;
+        long st = vmm_hosts_call(req_vmm_hosts(r), h, "GET", path, NULL, VMM_CALL_SHORT_MS, &j);
+        if (st == 200 && j) {
+                const char *acct = json_string_value(json_object_get(j, "account"));
+                if (acct && strcmp(acct, r->caller.account) == 0) {
                         *ret = j;
                         return 0;
                 }
                 json_decref(j);
-                if (st < 0)
-                        unreachable = true;
+                return api_fail(err, 404, "not_found", "id", "no sandbox %s", r->id);
         }
-        if (unreachable)
-                return api_fail(err, 502, "vmm_unavailable", NULL, "a sandbox host does not answer");
+        int rc = st == 200 ? api_fail(err, 502, "vmm_error", NULL, "the sandbox host's answer is not JSON")
+                           : vmm_hosts_error(st, j, err);
+        json_decref(j);
+        return rc;
+}
+
+/* Finds sandbox r->id; it must belong to the caller's account. The ledger
+ * says which host made it (sandboxes.host, the aggregator writes it from the
+ * created event) and only that host is asked. Until the ledger has the
+ * sandbox (its created event not folded yet), the hosts not known down are
+ * asked in turn. So one host down costs only its own sandboxes: a missing id
+ * stays 404, and 502 means the ledger puts the sandbox on a host that does not
+ * answer. No database connection is held while a host is asked. Returns 0
+ * with *ret_host and *ret (the sandbox), or an error. */
+static int find(struct api_req *r, int *ret_host, json_t **ret, struct api_error *err)
+{
+        const char *p[] = { r->id };
+        PGresult *res = db_query(req_db(r), "find a sandbox's host", PGRES_TUPLES_OK,
+                                 "SELECT account_id, host FROM sandboxes WHERE id = $1", 1, p);
+        if (!res)
+                return api_fail(err, 503, "database_unavailable", NULL, "could not look the sandbox up");
+        char host[128] = "";
+        bool known = PQntuples(res) == 1;
+        bool theirs = known && strcmp(PQgetvalue(res, 0, 0), r->caller.account) == 0;
+        if (known)
+                snprintf(host, sizeof(host), "%s", PQgetvalue(res, 0, 1));
+        PQclear(res);
+        req_db_release(r);
+        if (known && !theirs)
+                return api_fail(err, 404, "not_found", "id", "no sandbox %s", r->id);
+        struct vmm_hosts *hosts = req_vmm_hosts(r);
+        int h = known ? vmm_hosts_find(hosts, host) : -1;
+        if (h >= 0) {
+                int rc = ask(r, h, ret, err);
+                if (rc == 0)
+                        *ret_host = h;
+                return rc;
+        }
+        for (h = 0; h < vmm_hosts_count(hosts); h++) {
+                if (!vmm_hosts_ready(hosts, h))
+                        continue;
+                json_t *sb = NULL;
+                struct api_error e = { 0 };
+                if (ask(r, h, &sb, &e) == 0) {
+                        *ret_host = h;
+                        *ret = sb;
+                        return 0;
+                }
+        }
+        /* The ledger names a host none of ours has answered as (down since we started). */
+        if (known && *host)
+                return api_fail(err, 502, "vmm_unavailable", NULL, "the sandbox's host (%s) does not answer", host);
         return api_fail(err, 404, "not_found", "id", "no sandbox %s", r->id);
 }
 
@@ -102,9 +147,11 @@ static int count_against_caps(struct api_req *r, const char *key, int64_t max_n,
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         for (int h = 0; h < vmm_hosts_count(hosts); h++) {
                 json_t *j = NULL, *sb;
-                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
+                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, VMM_CALL_SHORT_MS, &j);
                 if (st != 200) {
                         json_decref(j);
+                        if (st == -EBUSY)
+                                return vmm_hosts_error(st, NULL, err);
                         return api_fail(err, 502, "vmm_unavailable", NULL,
                                         "a sandbox host does not answer: the key's caps cannot be checked");
                 }
@@ -257,9 +304,24 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         json_t *spec = r->json ? json_deep_copy(r->json) : json_object();
         json_object_set_new(spec, "account", json_string(r->caller.account));
         json_object_set_new(spec, "key", json_string(r->caller.key));
+        /* A host known down is skipped; a create that failed before its sandbox
+         * could exist (nothing sent, or the host refused for capacity or
+         * readiness) goes once more to another ready host. */
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         json_t *j = NULL;
-        long st = vmm_hosts_call(hosts, vmm_hosts_next(hosts), "POST", "/v1/sandboxes", spec, &j);
+        int h = vmm_hosts_next(hosts, -1);
+        if (h < 0)
+                h = 0; /* none known ready: the first, whose failure says why */
+        long st = vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+        if (st == -EBUSY || st == -ENOTCONN || st == 503 || st == 507) {
+                int other = vmm_hosts_next(hosts, h);
+                if (other >= 0) {
+                        log_info("create retried on another host", "from=%d to=%d status=%ld", h, other, st);
+                        json_decref(j);
+                        j = NULL;
+                        st = vmm_hosts_call(hosts, other, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+                }
+        }
         if (lock)
                 pthread_mutex_unlock(lock);
         json_decref(spec);
@@ -313,16 +375,18 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
         req_db_release(r);
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", r->caller.account);
-        json_t *all = json_array();
+        /* A host down or not answering is left out and named in
+         * hosts_not_answering: the others' sandboxes are still listed. */
+        json_t *all = json_array(), *missing = json_array();
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         for (int h = 0; h < vmm_hosts_count(hosts); h++) {
                 json_t *j = NULL;
-                long st = vmm_hosts_call(hosts, h, "GET", path, NULL, &j);
+                long st = vmm_hosts_ready(hosts, h) ? vmm_hosts_call(hosts, h, "GET", path, NULL, VMM_CALL_SHORT_MS, &j)
+                                                    : -ENOTCONN;
                 if (st != 200) {
-                        json_decref(all);
-                        int rc = vmm_hosts_error(st, j, err);
                         json_decref(j);
-                        return rc;
+                        json_array_append_new(missing, vmm_hosts_describe(hosts, h));
+                        continue;
                 }
                 size_t i;
                 json_t *sb;
@@ -373,7 +437,8 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
                                          : json_null();
         free(items);
         json_decref(all);
-        return reply_json(out, 200, json_pack("{s:o, s:o}", "sandboxes", page, "next_cursor", next));
+        return reply_json(out, 200, json_pack("{s:o, s:o, s:o}", "sandboxes", page, "next_cursor", next,
+                                              "hosts_not_answering", missing));
 }
 
 int h_sandbox_get(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -442,8 +507,13 @@ static int act(struct api_req *r, const char *method, const char *action, json_t
         req_db_release(r);
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s%s%s", r->id, *action ? "/" : "", action);
+        int64_t bound = VMM_CALL_SHORT_MS;
+        if (strcmp(action, "exec") == 0)
+                bound = json_integer_value(json_object_get(body, "timeout_ms")) + VMM_CALL_EXEC_MARGIN_MS;
+        else if (strcmp(action, "fork") == 0)
+                bound = VMM_CALL_FORK_MS;
         json_t *j = NULL;
-        long st = vmm_hosts_call(req_vmm_hosts(r), h, method, path, body, &j);
+        long st = vmm_hosts_call(req_vmm_hosts(r), h, method, path, body, bound, &j);
         if (lock)
                 pthread_mutex_unlock(lock);
         return forward(st, j, ok, out, err);
@@ -484,6 +554,10 @@ int h_sandbox_exec(struct api_req *r, struct api_reply *out, struct api_error *e
         json_t *cmd = json_object_get(r->json, "command");
         if (!cmd || (!json_is_string(cmd) && !json_is_array(cmd)))
                 return api_fail(err, 400, "invalid_field", "command", "command must be a string or an array of strings");
+        /* tally-api bounds its wait by the exec's own timeout: one it does not
+         * give is the vmm's default exec_timeout_ms, said explicitly. */
+        if (!json_object_get(r->json, "timeout_ms"))
+                json_object_set_new(r->json, "timeout_ms", json_integer(EXEC_TIMEOUT_DEFAULT_MS));
         return act(r, "POST", "exec", r->json, 200, true, 0, out, err);
 }
 

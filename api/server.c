@@ -37,6 +37,11 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         struct vmm_hosts_tls tls = { cfg->vmm_tls_cert, cfg->vmm_tls_key, cfg->vmm_tls_ca };
         if ((r = vmm_hosts_new(cfg->vmm_sockets, &tls, &s->hosts, err, errlen)) < 0)
                 goto fail;
+        vmm_hosts_set_limit(s->hosts, (int)cfg->vmm_calls_per_host);
+        if ((r = vmm_hosts_watch(s->hosts)) < 0) {
+                snprintf(err, errlen, "could not start watching the tally-vmm hosts: %s", strerror(-r));
+                goto fail;
+        }
         if ((r = db_pool_new(cfg->database_url, (int)cfg->db_pool_size, cfg->statement_timeout_ms, &s->pool, err,
                              errlen)) < 0)
                 goto fail;

@@ -5,23 +5,49 @@
 #include "log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_HOSTS 64
 
-/* A host that does not accept within this is down; an answer may take as long
- * as the command it runs (the vmm bounds exec's timeout). */
+/* A host that does not accept within this is down; every call has its own
+ * total bound besides (vmm_hosts.h). */
 #define VMM_CONNECT_TIMEOUT_MS 5000
+/* The watch: GET /v1/status on each host this often, answered within this. */
+#define PROBE_PERIOD_MS  2000
+#define PROBE_TIMEOUT_MS 1500
+/* A call waits this long for one of its host's slots, then is refused. */
+#define SLOT_WAIT_MS 500
+
+/* What tally-api knows of one host: its calls in flight (at most limit: a
+ * hung host holds at most that many of the API's threads) and what the
+ * watch saw last. */
+struct host {
+        pthread_mutex_t lock;
+        pthread_cond_t freed;
+        int in_flight;
+        atomic_bool down;      /* the last probe or connect failed */
+        atomic_llong last_ok;  /* wall ns of the last answered probe; 0: none yet */
+        char host_id[128];     /* its /v1/status "host", "" until one answered; under lock */
+        pthread_t watch;
+        bool watching;
+};
 
 struct vmm_hosts {
         struct vmm_client *host[MAX_HOSTS];
+        struct host state[MAX_HOSTS];
         int n;
+        int limit; /* calls in flight per host */
         atomic_uint next;
+        pthread_mutex_t stop_lock;
+        pthread_cond_t stop_cond;
+        bool stopping;
 };
 
 /* A host_id as tally-vmm's certificate names it: 1..63 of A-Z a-z 0-9 . _ - */
@@ -96,6 +122,13 @@ int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct v
                         goto fail;
                 h->n++;
         }
+        h->limit = VMM_CALLS_PER_HOST_DEFAULT;
+        pthread_mutex_init(&h->stop_lock, NULL);
+        pthread_cond_init(&h->stop_cond, NULL);
+        for (int i = 0; i < MAX_HOSTS; i++) {
+                pthread_mutex_init(&h->state[i].lock, NULL);
+                pthread_cond_init(&h->state[i].freed, NULL);
+        }
         if (h->n == 0) {
                 r = -EINVAL;
                 snprintf(err, errlen, "vmm_sockets names no tally-vmm socket");
@@ -114,6 +147,15 @@ void vmm_hosts_free(struct vmm_hosts *h)
 {
         if (!h)
                 return;
+        if (h->limit) { /* made whole: its locks exist */
+                pthread_mutex_lock(&h->stop_lock);
+                h->stopping = true;
+                pthread_cond_broadcast(&h->stop_cond);
+                pthread_mutex_unlock(&h->stop_lock);
+                for (int i = 0; i < h->n; i++)
+                        if (h->state[i].watching)
+                                pthread_join(h->state[i].watch, NULL);
+        }
         for (int i = 0; i < h->n; i++)
                 vmm_client_free(h->host[i]);
         free(h);
@@ -124,22 +166,207 @@ int vmm_hosts_count(const struct vmm_hosts *h)
         return h->n;
 }
 
-int vmm_hosts_next(struct vmm_hosts *h)
+void vmm_hosts_set_limit(struct vmm_hosts *h, int calls_per_host)
 {
-        return (int)(atomic_fetch_add(&h->next, 1) % (unsigned)h->n);
+        h->limit = calls_per_host > 0 ? calls_per_host : VMM_CALLS_PER_HOST_DEFAULT;
 }
 
-long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *path, json_t *body, json_t **ret)
+bool vmm_hosts_ready(struct vmm_hosts *h, int i)
 {
+        return !atomic_load(&h->state[i].down);
+}
+
+int vmm_hosts_next(struct vmm_hosts *h, int skip)
+{
+        unsigned start = atomic_fetch_add(&h->next, 1);
+        for (int k = 0; k < h->n; k++) {
+                int i = (int)((start + (unsigned)k) % (unsigned)h->n);
+                if (i != skip && vmm_hosts_ready(h, i))
+                        return i;
+        }
+        return -1;
+}
+
+int vmm_hosts_find(struct vmm_hosts *h, const char *host_id)
+{
+        if (!host_id || !*host_id)
+                return -1;
+        for (int i = 0; i < h->n; i++) {
+                pthread_mutex_lock(&h->state[i].lock);
+                bool match = strcmp(h->state[i].host_id, host_id) == 0;
+                pthread_mutex_unlock(&h->state[i].lock);
+                if (match)
+                        return i;
+        }
+        return -1;
+}
+
+static int64_t wall_ns(void)
+{
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Takes one of host i's slots, waiting at most SLOT_WAIT_MS. */
+static bool slot_take(struct vmm_hosts *h, int i)
+{
+        struct host *s = &h->state[i];
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += (long)SLOT_WAIT_MS * 1000000;
+        until.tv_sec += until.tv_nsec / 1000000000;
+        until.tv_nsec %= 1000000000;
+        pthread_mutex_lock(&s->lock);
+        int r = 0;
+        while (s->in_flight >= h->limit && r != ETIMEDOUT)
+                r = pthread_cond_timedwait(&s->freed, &s->lock, &until);
+        bool ok = s->in_flight < h->limit;
+        if (ok)
+                s->in_flight++;
+        pthread_mutex_unlock(&s->lock);
+        return ok;
+}
+
+static void slot_give(struct vmm_hosts *h, int i)
+{
+        struct host *s = &h->state[i];
+        pthread_mutex_lock(&s->lock);
+        s->in_flight--;
+        pthread_cond_signal(&s->freed);
+        pthread_mutex_unlock(&s->lock);
+}
+
+long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *path, json_t *body, int64_t timeout_ms,
+                    json_t **ret)
+{
+        if (!slot_take(h, i)) {
+                log_warn("tally-vmm busy: call refused", "socket=%s in_flight=%d", vmm_client_address(h->host[i]),
+                         h->limit);
+                *ret = NULL;
+                return -EBUSY;
+        }
         json_t *empty = !body && strcmp(method, "POST") == 0 ? json_object() : NULL;
         char why[256] = "";
         json_t *j = NULL;
-        long status = vmm_client_call(h->host[i], method, path, body ? body : empty, &j, why, sizeof(why));
+        long status = vmm_client_call_within(h->host[i], timeout_ms, method, path, body ? body : empty, &j, why,
+                                             sizeof(why));
+        slot_give(h, i);
         json_decref(empty);
+        if (status == -ENOTCONN)
+                atomic_store(&h->state[i].down, true); /* the watch says when it is back */
         if (status < 0)
                 log_error("could not reach tally-vmm", "socket=%s error=\"%s\"", vmm_client_address(h->host[i]), why);
         *ret = j;
         return status;
+}
+
+struct watch_arg {
+        struct vmm_hosts *h;
+        int i;
+};
+
+/* One host's watch: a probe every PROBE_PERIOD_MS, outside the call slots
+ * (it is one connection more than the calls, never fewer answers). */
+static void *watch_main(void *arg)
+{
+        struct vmm_hosts *h = ((struct watch_arg *)arg)->h;
+        int i = ((struct watch_arg *)arg)->i;
+        free(arg);
+        struct host *s = &h->state[i];
+        pthread_mutex_lock(&h->stop_lock);
+        while (!h->stopping) {
+                pthread_mutex_unlock(&h->stop_lock);
+                char why[256] = "";
+                json_t *j = NULL;
+                long st = vmm_client_call_within(h->host[i], PROBE_TIMEOUT_MS, "GET", "/v1/status", NULL, &j, why,
+                                                 sizeof(why));
+                const char *id = json_string_value(json_object_get(j, "host"));
+                bool was_down = atomic_load(&s->down);
+                if (st == 200) {
+                        pthread_mutex_lock(&s->lock);
+                        if (id)
+                                snprintf(s->host_id, sizeof(s->host_id), "%s", id);
+                        pthread_mutex_unlock(&s->lock);
+                        atomic_store(&s->last_ok, wall_ns());
+                        atomic_store(&s->down, false);
+                        if (was_down)
+                                log_info("tally-vmm answers again", "socket=%s host=%s", vmm_client_address(h->host[i]),
+                                         id ? id : "");
+                } else {
+                        atomic_store(&s->down, true);
+                        if (!was_down)
+                                log_warn("tally-vmm down", "socket=%s status=%ld error=\"%s\"",
+                                         vmm_client_address(h->host[i]), st, why);
+                }
+                json_decref(j);
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_nsec += (long)PROBE_PERIOD_MS * 1000000;
+                until.tv_sec += until.tv_nsec / 1000000000;
+                until.tv_nsec %= 1000000000;
+                pthread_mutex_lock(&h->stop_lock);
+                if (!h->stopping)
+                        pthread_cond_timedwait(&h->stop_cond, &h->stop_lock, &until);
+        }
+        pthread_mutex_unlock(&h->stop_lock);
+        return NULL;
+}
+
+int vmm_hosts_watch(struct vmm_hosts *h)
+{
+        for (int i = 0; i < h->n; i++) {
+                struct watch_arg *a = malloc(sizeof(*a));
+                if (!a)
+                        return -ENOMEM;
+                a->h = h;
+                a->i = i;
+                int r = pthread_create(&h->state[i].watch, NULL, watch_main, a);
+                if (r != 0) {
+                        free(a);
+                        return -r;
+                }
+                h->state[i].watching = true;
+        }
+        return 0;
+}
+
+json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up)
+{
+        json_t *list = json_array();
+        bool all = true;
+        for (int i = 0; i < h->n; i++) {
+                struct host *s = &h->state[i];
+                pthread_mutex_lock(&s->lock);
+                json_t *id = s->host_id[0] ? json_string(s->host_id) : json_null();
+                int in_flight = s->in_flight;
+                pthread_mutex_unlock(&s->lock);
+                int64_t ok = atomic_load(&s->last_ok);
+                json_t *last = json_null();
+                if (ok) {
+                        char buf[32];
+                        time_t t = (time_t)(ok / 1000000000);
+                        struct tm tm;
+                        gmtime_r(&t, &tm);
+                        strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+                        json_decref(last);
+                        last = json_string(buf);
+                }
+                bool up = vmm_hosts_ready(h, i);
+                all = all && up;
+                json_array_append_new(list, json_pack("{s:i, s:o, s:b, s:o, s:i}", "index", i, "host", id, "reachable",
+                                                      up, "last_ok", last, "calls_in_flight", in_flight));
+        }
+        *ret_all_up = all;
+        return list;
+}
+
+json_t *vmm_hosts_describe(struct vmm_hosts *h, int i)
+{
+        pthread_mutex_lock(&h->state[i].lock);
+        json_t *id = h->state[i].host_id[0] ? json_string(h->state[i].host_id) : json_null();
+        pthread_mutex_unlock(&h->state[i].lock);
+        return json_pack("{s:i, s:o}", "index", i, "host", id);
 }
 
 int vmm_hosts_error(long status, const json_t *j, struct api_error *err)
@@ -148,6 +375,11 @@ int vmm_hosts_error(long status, const json_t *j, struct api_error *err)
         if (!why)
                 why = "tally-vmm refused";
         switch (status) {
+        case -EBUSY:
+                return api_fail(err, 503, "host_busy", NULL,
+                                "the sandbox host has as many calls in flight as tally-api allows it; retry shortly");
+        case -ETIMEDOUT:
+                return api_fail(err, 504, "vmm_timeout", NULL, "the sandbox host did not answer in time");
         case 400: return api_fail(err, 400, "invalid_field", NULL, "%s", why);
         case 403: return api_fail(err, 402, "limit_reached", NULL, "%s", why);
         case 404: return api_fail(err, 404, "not_found", "id", "no such sandbox");

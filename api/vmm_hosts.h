@@ -5,6 +5,12 @@
  * a create's turn among them, and the map from a daemon's refusal to the
  * API's error.
  *
+ * One host's trouble must never hold the API: every call has a total time
+ * bound (VMM_CALL_*), at most calls_per_host calls run on one host at once
+ * (a call that cannot get a slot soon is refused, -EBUSY), and a thread per
+ * host probes its GET /v1/status every 2 s, so creates and listing skip a
+ * host that does not answer and /healthz can say so.
+ *
  * The daemons trust whoever opens their socket or shows tally-api's
  * certificate: nothing here checks tenancy, the callers do (sandboxes.c). */
 #pragma once
@@ -12,7 +18,23 @@
 #include "api.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/* Total bounds of one call, connect included (docs/api.md "Sandbox hosts").
+ * Reads and the quick commands (pause, resume, stop, delete, timeout): */
+#define VMM_CALL_SHORT_MS 10000
+/* A create waits for its sandbox to be ready: the vmm bounds that at 60 s
+ * (process_spawn.c INIT_READY_TIMEOUT_MS; QEMU's boot is within it too). */
+#define VMM_CALL_CREATE_MS 90000
+/* A fork makes up to 10 copies. */
+#define VMM_CALL_FORK_MS 120000
+/* An exec: its own timeout_ms plus this. */
+#define VMM_CALL_EXEC_MARGIN_MS 10000
+/* Below tally-vmm's api_connections_per_client (16), leaving room for the
+ * watch's probe and a CLI. */
+#define VMM_CALLS_PER_HOST_DEFAULT 8
 
 struct vmm_hosts;
 
@@ -32,13 +54,33 @@ int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct v
 /* Accepts NULL. */
 void vmm_hosts_free(struct vmm_hosts *h);
 int vmm_hosts_count(const struct vmm_hosts *h);
-/* The host a create goes to: the next in turn. */
-int vmm_hosts_next(struct vmm_hosts *h);
-/* One call to host i's tally-vmm; a POST without a body sends {}. Returns the
- * HTTP status with *ret the parsed answer (the caller decrefs; NULL when
- * none), or a negative errno when the daemon cannot be reached (logged here,
- * once: "could not reach tally-vmm"). */
-long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *path, json_t *body, json_t **ret);
+/* Calls in flight on one host at most (before vmm_hosts_watch). */
+void vmm_hosts_set_limit(struct vmm_hosts *h, int calls_per_host);
+/* Starts the watch (one thread a host; vmm_hosts_free stops it). 0 or -errno. */
+int vmm_hosts_watch(struct vmm_hosts *h);
+/* Whether host i is not known down (the last probe or connect succeeded, or
+ * none ran yet). */
+bool vmm_hosts_ready(struct vmm_hosts *h, int i);
+/* The host a create goes to: the next in turn that is ready, other than skip
+ * (-1: none to skip); -1 when there is none. */
+int vmm_hosts_next(struct vmm_hosts *h, int skip);
+/* The index of the host whose tally-vmm said it is host_id, -1 when none
+ * has (yet). */
+int vmm_hosts_find(struct vmm_hosts *h, const char *host_id);
+/* One call to host i's tally-vmm, all of it within timeout_ms; a POST without
+ * a body sends {}. Returns the HTTP status with *ret the parsed answer (the
+ * caller decrefs; NULL when none), or a negative errno (logged here, once):
+ * -EBUSY, no slot on the host within a short wait (nothing was sent);
+ * -ENOTCONN, the daemon could not be reached (nothing was sent; the host is
+ * marked down until its probe answers); -ETIMEDOUT, no answer in time (the
+ * daemon may have acted); -EIO, another failure after sending. */
+long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *path, json_t *body, int64_t timeout_ms,
+                    json_t **ret);
+/* /healthz's "hosts": [{"index", "host", "reachable", "last_ok",
+ * "calls_in_flight"}] (new reference); *ret_all_up whether every host is ready. */
+json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up);
+/* {"index": i, "host": its host_id or null} (new reference). */
+json_t *vmm_hosts_describe(struct vmm_hosts *h, int i);
 /* Turns a daemon's refusal (status, its answer j, borrowed) — or a negative
  * status, an unreachable daemon — into the API's error. Returns api_fail's. */
 int vmm_hosts_error(long status, const json_t *j, struct api_error *err);

@@ -143,6 +143,12 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud)
 long vmm_client_call(struct vmm_client *c, const char *method, const char *path, const json_t *body, json_t **ret,
                      char *why, size_t whylen)
 {
+        return vmm_client_call_within(c, c->opt.timeout_ms, method, path, body, ret, why, whylen);
+}
+
+long vmm_client_call_within(struct vmm_client *c, int64_t timeout_ms, const char *method, const char *path,
+                            const json_t *body, json_t **ret, char *why, size_t whylen)
+{
         CURL *curl = curl_easy_init();
         char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
         struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
@@ -178,12 +184,17 @@ long vmm_client_call(struct vmm_client *c, const char *method, const char *path,
         curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); /* callers' threads: no SIGALRM for timeouts */
         if (c->opt.connect_timeout_ms > 0)
                 curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)c->opt.connect_timeout_ms);
+        if (timeout_ms > 0)
+                curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
         if (text)
                 curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
         CURLcode cr = curl_easy_perform(curl);
         if (cr != CURLE_OK) {
+                /* Nothing sent: the daemon cannot have acted on the request. */
+                long sent = 0;
+                curl_easy_getinfo(curl, CURLINFO_REQUEST_SIZE, &sent);
                 snprintf(why, whylen, "%s", curl_easy_strerror(cr));
-                status = -EIO;
+                status = sent == 0 ? -ENOTCONN : cr == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT : -EIO;
                 goto out;
         }
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);

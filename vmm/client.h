@@ -29,6 +29,9 @@ struct vmm_client_options {
          * NULL: the address's host. The connection goes to the address all
          * the same: the name is only checked. */
         const char *tls_name;
+        /* The whole call — connect, request, answer — within this (0: no
+         * bound); vmm_client_call_within sets it per call. */
+        int64_t timeout_ms;
 };
 
 struct vmm_client;
@@ -47,7 +50,14 @@ const char *vmm_client_address(const struct vmm_client *c);
  * JSON body (borrowed; NULL sends none). Returns the daemon's HTTP status
  * with *ret its decoded JSON answer — NULL when the answer is empty or not
  * JSON; strings may hold NUL (an exec's output) — yours to json_decref. When
- * the daemon cannot be reached, returns -EIO with why filled (libcurl's
- * reason), or -ENOMEM; *ret is then not written. */
+ * the call fails, returns with why filled (libcurl's reason) -ENOTCONN when
+ * nothing was sent (the daemon refused or did not accept: it did nothing),
+ * -ETIMEDOUT when the request went but no answer came within the total
+ * bound, -EIO for another failure after sending, or -ENOMEM; *ret is then
+ * not written. */
 long vmm_client_call(struct vmm_client *c, const char *method, const char *path, const json_t *body, json_t **ret,
                      char *why, size_t whylen);
+/* The same with the whole call bounded by timeout_ms (0: none) instead of
+ * the client's timeout_ms option. */
+long vmm_client_call_within(struct vmm_client *c, int64_t timeout_ms, const char *method, const char *path,
+                            const json_t *body, json_t **ret, char *why, size_t whylen);

@@ -17,6 +17,7 @@ extern int port;
 extern __thread const char *source_ip; /* this thread's client address on loopback (127.0.0.0/8), NULL: default */
 extern __thread long http_timeout_s;    /* this thread's bound on one request (60 s unless set) */
 extern PGconn *db;
+extern char *api_vmm_sockets; /* tally-api's --vmm-sockets (NULL: sock alone) */
 
 /* keys: id and secret */
 struct key {
@@ -61,3 +62,10 @@ int vmm_count(const char *acct);
 /* hostile.c: each way one tenant tried to hurt the others, as an attack */
 extern const struct test_case hostile_cases[];
 extern const size_t hostile_ncases;
+
+/* hosts.c: two tally-vmm hosts, one of which hangs. hosts_prepare starts
+ * host B (after test_api.c's host A, before tally-api) and sets
+ * api_vmm_sockets; hosts_cases then run. */
+void hosts_prepare(void);
+extern const struct test_case hosts_cases[];
+extern const size_t hosts_ncases;

@@ -34,6 +34,7 @@ int port;
 __thread const char *source_ip;
 __thread long http_timeout_s = 60;
 PGconn *db;
+char *api_vmm_sockets;
 struct key key_a, key_a2, key_b, key_rate;
 
 /* ---- cleaning up ---- */
@@ -282,7 +283,7 @@ static void start_api(void)
         char log[1024];
         snprintf(log, sizeof(log), "%s/api.log", work);
         char *argv[] = { (char *)test_env("TALLY_API_BIN"), "--database-url", db_url, "--port", "0",
-                         "--vmm-sockets", sock, "--cookie-secure=false", "--threads", "8",
+                         "--vmm-sockets", api_vmm_sockets ? api_vmm_sockets : sock, "--cookie-secure=false", "--threads", "8",
                          "--body-max-bytes", "65536", "--rate-per-s", "20", "--rate-burst", "400",
                          "--signin-max-failures", "5", "--signin-window-s", "600",
                          "--connection-timeout-s", (char *)conn_timeout_s, NULL };
@@ -1316,7 +1317,8 @@ static int finish(void)
 
 /* No argument: the API's contract. "hostile": hostile.c's attacks, on a
  * tally-api with small worker queues (set through its TALLY_ variables, so
- * that a tally-api without them still starts and shows what it does). */
+ * that a tally-api without them still starts and shows what it does).
+ * "hosts": hosts.c, two tally-vmm hosts of which one hangs. */
 /* tally-admin's key commands, as an operator at a terminal (its own role,
  * tally_admin): key limit sets and audits what PUT /v1/keys/{id}/limit does,
  * key list shows it, spend --day shows the limit of that day, and each
@@ -1397,6 +1399,7 @@ static void test_admin_keys(void)
 int main(int argc, char **argv)
 {
         bool hostile = argc > 1 && strcmp(argv[1], "hostile") == 0;
+        bool hosts = argc > 1 && strcmp(argv[1], "hosts") == 0;
         int pid = (int)getpid();
         snprintf(parent, sizeof(parent), "tally-test-api-%d", pid);
         snprintf(acct_a, sizeof(acct_a), "acct-api-a-%d", pid);
@@ -1429,6 +1432,12 @@ int main(int argc, char **argv)
                 conn_timeout_s = "30";
                 start_api();
                 test_run_cases(hostile_cases, hostile_ncases);
+                return finish();
+        }
+        if (hosts) {
+                hosts_prepare();
+                start_api();
+                test_run_cases(hosts_cases, hosts_ncases);
                 return finish();
         }
         start_api();

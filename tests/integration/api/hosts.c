@@ -1,0 +1,324 @@
+/* hosts.c — tally-api in front of two real tally-vmm (process backend, each
+ * with its own --host-id, state folder, socket and cgroup parent) when one of
+ * them hangs: host B is SIGSTOPped, as a hung host looks, and 20 requests
+ * routed to it wait. What must hold (issue 30): /healthz and a GET of a
+ * sandbox on host A still answer fast (p99 measured and printed), /healthz
+ * says degraded naming B, creates all land on A, the list answers with A's
+ * sandboxes and names B as not answering, a missing id is 404, and the
+ * requests stuck on B are bounded (503 host_busy past vmm_calls_per_host,
+ * 504 past the read bound). B is thawed at the end; every process and
+ * cgroup it made is removed, also when a check failed. */
+#include "apitest.h"
+#include "support.h"
+#include "vmmtest.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HOST_A "test-api-host" /* test_api.c's start_vmm */
+#define HOST_B "test-api-host-b"
+#define CALLS_PER_HOST 4 /* small, so that 20 requests on B pass it */
+#define STUCK 20
+#define P99_BOUND_MS 1000
+
+static char parent_b[64], *state_b, *sock_b;
+static struct key key_b2, key_b3; /* account B's: a key runs 4 requests at once, its account 8 */
+static pid_t vmm_b = -1;
+static bool b_stopped;
+
+static void hosts_cleanup(void)
+{
+        if (vmm_b > 0 && b_stopped)
+                kill(vmm_b, SIGCONT);
+        test_stop_process(&vmm_b, SIGKILL);
+        if (*parent_b)
+                test_cgroup_remove(parent_b, 0);
+}
+
+void hosts_prepare(void)
+{
+        snprintf(parent_b, sizeof(parent_b), "tally-test-api-b-%d", (int)getpid());
+        if (asprintf(&state_b, "%s/state-b", work) < 0 || asprintf(&sock_b, "%s/vmm-b.sock", work) < 0 ||
+            asprintf(&api_vmm_sockets, "%s,%s", sock, sock_b) < 0)
+                exit(1);
+        atexit(hosts_cleanup); /* runs before test_api.c's cleanup: B goes first */
+        char log[1024];
+        snprintf(log, sizeof(log), "%s/vmm-b.log", work);
+        char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state_b, "--socket", sock_b,
+                         "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent_b,
+                         "--host-id", HOST_B, "--backend", "process", "--final-wait-ms", "500",
+                         "--limits-database-url", db_url, NULL };
+        vmm_b = test_spawn(argv, NULL, log);
+        struct stat st;
+        int64_t until = test_now_ms() + 20000;
+        while (stat(sock_b, &st) != 0 && test_now_ms() < until)
+                test_sleep_ms(20);
+        CHECK(stat(sock_b, &st) == 0, "host B's tally-vmm socket did not appear");
+        test_sleep_ms(200);
+        make_key(acct_b, "agent-b2", &key_b2);
+        make_key(acct_b, "agent-b3", &key_b3);
+        char n[16];
+        snprintf(n, sizeof(n), "%d", CALLS_PER_HOST);
+        setenv("TALLY_VMM_CALLS_PER_HOST", n, 1);
+}
+
+/* ---- helpers ---- */
+
+/* The entry of /healthz's hosts for host_id, NULL when none (borrowed from j). */
+static json_t *health_host(json_t *j, const char *host_id)
+{
+        size_t i;
+        json_t *h;
+        json_array_foreach(json_object_get(j, "hosts"), i, h) {
+                if (strcmp(test_jstr(h, "host"), host_id) == 0)
+                        return h;
+        }
+        return NULL;
+}
+
+/* Waits up to ms for /healthz to say status (and both hosts known). */
+static bool wait_health(const char *status, int ms)
+{
+        int64_t until = test_now_ms() + ms;
+        do {
+                struct resp r = http("GET", "/healthz", NULL, NULL, NULL);
+                bool ok = r.status == 200 && strcmp(test_jstr(r.json, "status"), status) == 0 &&
+                          health_host(r.json, HOST_A) && health_host(r.json, HOST_B);
+                resp_free(&r);
+                if (ok)
+                        return true;
+                test_sleep_ms(100);
+        } while (test_now_ms() < until);
+        return false;
+}
+
+/* Whether tally-vmm at s has sandbox id (asked on its own socket). */
+static bool on_host(const char *s, const char *id)
+{
+        CURL *c = curl_easy_init();
+        char url[256];
+        snprintf(url, sizeof(url), "http://vmm/v1/sandboxes/%s", id);
+        struct resp r = { 0 };
+        curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, s);
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+        long status = 0;
+        if (curl_easy_perform(c) == CURLE_OK)
+                curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(c);
+        free(r.body);
+        return status == 200;
+}
+
+/* The ledger's row for a sandbox, as the aggregator writes it from the
+ * created event (no aggregator runs here). */
+static void ledger_row(const char *id, const char *account, const struct key *k, const char *host)
+{
+        const char *p[] = { id, account, k->id, host };
+        PGresult *res = PQexecParams(db,
+                                     "INSERT INTO sandboxes (id, account_id, key_id, host, vcpus, mem_size_bytes, state, "
+                                     "created_at) VALUES ($1, $2, $3, $4, 1, 67108864, 'running', now())",
+                                     4, NULL, p, NULL, NULL, 0);
+        CHECK(PQresultStatus(res) == PGRES_COMMAND_OK, "ledger row for %s: %s", id, PQerrorMessage(db));
+        PQclear(res);
+}
+
+static int cmp_long(const void *a, const void *b)
+{
+        long x = *(const long *)a, y = *(const long *)b;
+        return (x > y) - (x < y);
+}
+
+static long p99(long *ms, int n)
+{
+        qsort(ms, (size_t)n, sizeof(long), cmp_long);
+        int i = (n * 99 + 99) / 100 - 1;
+        return n ? ms[i < 0 ? 0 : i] : -1;
+}
+
+/* ---- the case ---- */
+
+struct stuck {
+        char path[512];
+        const char *secret;
+        struct resp r;
+};
+
+static void *stuck_main(void *arg)
+{
+        struct stuck *s = arg;
+        http_timeout_s = 60;
+        s->r = http("GET", s->path, s->secret, NULL, NULL);
+        return NULL;
+}
+
+static void test_one_host_hangs(void)
+{
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok with both hosts named (host_id from /v1/status)");
+
+        /* Creates go to the hosts in turn: key A's on each, and key B's on each. */
+        char a_ids[4][64], b_ids[2][64];
+        for (int i = 0; i < 4; i++)
+                create_sandbox(&key_a, a_ids[i], sizeof(a_ids[i]));
+        for (int i = 0; i < 2; i++)
+                create_sandbox(&key_b, b_ids[i], sizeof(b_ids[i]));
+        const char *a_on_a = NULL, *a_on_a_unfolded = NULL, *b_on_b = NULL;
+        int a_on_b = 0;
+        for (int i = 0; i < 4; i++) {
+                if (on_host(sock, a_ids[i])) {
+                        if (!a_on_a)
+                                a_on_a = a_ids[i];
+                        else if (!a_on_a_unfolded)
+                                a_on_a_unfolded = a_ids[i];
+                } else {
+                        CHECK(on_host(sock_b, a_ids[i]), "sandbox %s is on neither host", a_ids[i]);
+                        a_on_b++;
+                }
+        }
+        for (int i = 0; i < 2; i++)
+                if (on_host(sock_b, b_ids[i]))
+                        b_on_b = b_ids[i];
+        CHECK(a_on_a && a_on_a_unfolded && a_on_b == 2 && b_on_b,
+              "the creates were not spread over both hosts (A's on B: %d)", a_on_b);
+        if (!a_on_a || !a_on_a_unfolded || !b_on_b)
+                return;
+        /* One of A's sandboxes and B's sandbox folded into the ledger; the other of A's not yet. */
+        ledger_row(a_on_a, acct_a, &key_a, HOST_A);
+        ledger_row(b_on_b, acct_b, &key_b, HOST_B);
+
+        struct resp r = http("GET", "/v1/sandboxes", key_a.secret, NULL, NULL);
+        CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "sandboxes")) == 4,
+              "list before the hang: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+
+        /* Host B hangs; 20 requests routed to it (the ledger says so) wait on it. */
+        CHECK(kill(vmm_b, SIGSTOP) == 0, "SIGSTOP host B");
+        b_stopped = true;
+        int64_t stopped_at = test_now_ms();
+        struct stuck stuck[STUCK];
+        pthread_t th[STUCK];
+        for (int i = 0; i < STUCK; i++) {
+                snprintf(stuck[i].path, sizeof(stuck[i].path), "/v1/sandboxes/%s", b_on_b);
+                stuck[i].secret = i % 3 == 0 ? key_b.secret : i % 3 == 1 ? key_b2.secret : key_b3.secret;
+                pthread_create(&th[i], NULL, stuck_main, &stuck[i]);
+        }
+        test_sleep_ms(300);
+
+        /* Meanwhile /healthz and host A's sandboxes answer fast. */
+        enum { N = 60 };
+        long health_ms[N], get_ms[N], fall_ms[N];
+        int nh = 0, ng = 0, nf = 0;
+        for (int i = 0; i < N; i++) {
+                r = http("GET", "/healthz", NULL, NULL, NULL);
+                CHECK(r.status == 200, "healthz during the hang: %ld %s", r.status, r.body ? r.body : "");
+                health_ms[nh++] = r.status ? r.ms : 60000;
+                resp_free(&r);
+                char path[512];
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s", a_on_a);
+                r = http("GET", path, key_a.secret, NULL, NULL);
+                CHECK(r.status == 200, "GET of a sandbox on host A during the hang: %ld %s", r.status,
+                      r.body ? r.body : "");
+                get_ms[ng++] = r.status ? r.ms : 60000;
+                resp_free(&r);
+                test_sleep_ms(50);
+        }
+        /* Once B is known down, a sandbox the ledger does not know yet is found on A alone. */
+        CHECK(wait_health("degraded", 8000), "/healthz did not say degraded with host B stopped");
+        for (int i = 0; i < N / 2; i++) {
+                char path[512];
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s", a_on_a_unfolded);
+                r = http("GET", path, key_a.secret, NULL, NULL);
+                CHECK(r.status == 200, "GET of an unfolded sandbox on host A during the hang: %ld %s", r.status,
+                      r.body ? r.body : "");
+                fall_ms[nf++] = r.status ? r.ms : 60000;
+                resp_free(&r);
+        }
+        long hp = p99(health_ms, nh), gp = p99(get_ms, ng), fp = p99(fall_ms, nf);
+        fprintf(stderr, "host B stopped, %d requests on it: p99 /healthz %ld ms, GET on A (ledger) %ld ms, "
+                        "GET on A (not in the ledger) %ld ms (max %ld, %ld, %ld)\n",
+                STUCK, hp, gp, fp, health_ms[nh - 1], get_ms[ng - 1], fall_ms[nf - 1]);
+        CHECK(hp <= P99_BOUND_MS, "/healthz p99 %ld ms with host B hung", hp);
+        CHECK(gp <= P99_BOUND_MS, "GET on host A p99 %ld ms with host B hung", gp);
+        CHECK(fp <= P99_BOUND_MS, "GET on host A (ledger not folded) p99 %ld ms with host B hung", fp);
+
+        r = http("GET", "/healthz", NULL, NULL, NULL);
+        json_t *hb = health_host(r.json, HOST_B), *ha = health_host(r.json, HOST_A);
+        CHECK(r.status == 200 && strcmp(test_jstr(r.json, "status"), "degraded") == 0 && hb &&
+                      json_is_false(json_object_get(hb, "reachable")) && ha &&
+                      json_is_true(json_object_get(ha, "reachable")) && json_is_string(json_object_get(ha, "last_ok")),
+              "healthz: %s", r.body ? r.body : "");
+        resp_free(&r);
+
+        /* Creates all land on A. */
+        for (int i = 0; i < 4; i++) {
+                char id[64];
+                r = http("POST", "/v1/sandboxes", key_a.secret, NULL,
+                         "{\"vcpus\":1,\"memory_mib\":64,\"timeout_s\":600}");
+                CHECK(r.status == 201, "create with host B down: %ld %s", r.status, r.body ? r.body : "");
+                snprintf(id, sizeof(id), "%s", test_jstr(r.json, "id"));
+                CHECK(r.status != 201 || on_host(sock, id), "create %s did not land on host A", id);
+                resp_free(&r);
+        }
+
+        /* The list answers with A's sandboxes and names B. */
+        r = http("GET", "/v1/sandboxes", key_a.secret, NULL, NULL);
+        json_t *missing = json_object_get(r.json, "hosts_not_answering");
+        CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "sandboxes")) == 6 &&
+                      json_array_size(missing) == 1 &&
+                      strcmp(test_jstr(json_array_get(missing, 0), "host"), HOST_B) == 0,
+              "list with host B down: %ld %s", r.status, r.body ? r.body : "");
+        CHECK(r.ms <= P99_BOUND_MS, "list with host B down took %ld ms", r.ms);
+        resp_free(&r);
+
+        /* A missing id is 404, not 502. */
+        r = http("GET", "/v1/sandboxes/no-such-sandbox", key_a.secret, NULL, NULL);
+        CHECK(r.status == 404 && strcmp(err_code(&r), "not_found") == 0, "missing id with host B down: %ld %s",
+              r.status, r.body ? r.body : "");
+        CHECK(r.ms <= P99_BOUND_MS, "missing id took %ld ms", r.ms);
+        resp_free(&r);
+
+        /* What waited on B ended, bounded: past the host's slots 503 host_busy
+         * with Retry-After, the rest 504 at the read bound (10 s). */
+        int busy = 0, timed_out = 0;
+        long slowest = 0;
+        for (int i = 0; i < STUCK; i++) {
+                pthread_join(th[i], NULL);
+                struct resp *s = &stuck[i].r;
+                if (s->status == 503 && strcmp(err_code(s), "host_busy") == 0 && s->retry_after[0])
+                        busy++;
+                else if (s->status == 504 && strcmp(err_code(s), "vmm_timeout") == 0)
+                        timed_out++;
+                else
+                        CHECK(false, "request on stopped host B: %ld %s", s->status, s->body ? s->body : "");
+                if (s->ms > slowest)
+                        slowest = s->ms;
+                resp_free(s);
+        }
+        fprintf(stderr, "requests on host B: %d host_busy, %d vmm_timeout, slowest %ld ms (%lld ms after SIGSTOP)\n",
+                busy, timed_out, slowest, (long long)(test_now_ms() - stopped_at));
+        CHECK(busy > 0 && timed_out > 0 && timed_out <= STUCK - busy, "busy %d timed out %d", busy, timed_out);
+        CHECK(slowest <= 30000, "a request on host B waited %ld ms", slowest);
+
+        /* B thaws: the watch sees it again. */
+        kill(vmm_b, SIGCONT);
+        b_stopped = false;
+        CHECK(wait_health("ok", 8000), "/healthz did not say ok again after SIGCONT");
+        char path[512];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", b_on_b);
+        r = http("GET", path, key_b.secret, NULL, NULL);
+        CHECK(r.status == 200, "GET of B's sandbox after SIGCONT: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+}
+
+const struct test_case hosts_cases[] = {
+        { "one_host_hangs", test_one_host_hangs },
+};
+const size_t hosts_ncases = sizeof(hosts_cases) / sizeof(hosts_cases[0]);
