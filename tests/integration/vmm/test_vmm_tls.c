@@ -273,7 +273,7 @@ static void test_api_hosts(void)
         CHECK(r == 0 && h && vmm_hosts_count(h) == 2, "vmm_hosts_new(%s): %d %s", list, r, err);
         for (int i = 0; h && i < vmm_hosts_count(h); i++) {
                 json_t *j = NULL;
-                long st = vmm_hosts_call(h, i, "GET", "/v1/status", NULL, &j);
+                long st = vmm_hosts_call(h, i, "GET", "/v1/status", NULL, VMM_CALL_SHORT_MS, &j);
                 CHECK(st == 200 && strcmp(test_jstr(j, "host"), HOST_ID) == 0, "host %d: GET /v1/status: %ld", i,
                       st);
                 json_decref(j);
@@ -286,7 +286,7 @@ static void test_api_hosts(void)
         CHECK(r == 0, "vmm_hosts_new(%s): %s", entry, err);
         if (h) {
                 json_t *j = NULL;
-                long st = vmm_hosts_call(h, 0, "GET", "/v1/status", NULL, &j);
+                long st = vmm_hosts_call(h, 0, "GET", "/v1/status", NULL, VMM_CALL_SHORT_MS, &j);
                 CHECK(st < 0, "another-host=... reached a host named %s: %ld", HOST_ID, st);
                 json_decref(j);
         }
