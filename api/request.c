@@ -6,6 +6,7 @@
 #include "utf8.h"
 
 #include <microhttpd.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,19 @@ void req_db_release(struct api_req *r)
 const char *req_header(struct api_req *r, const char *name)
 {
         return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+bool req_client_gone(struct api_req *r)
+{
+        if (!r->conn)
+                return false;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci)
+                return false;
+        /* (the request's body is read whole before a worker runs it: what is
+         * left to read is a next request's, or the hang-up) */
+        struct pollfd p = { .fd = ci->connect_fd, .events = POLLRDHUP };
+        return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 const char *req_cookie(struct api_req *r, const char *name)

@@ -1,7 +1,7 @@
 /* sandboxes.c — the sandbox lifecycle an agent drives, forwarded to the
- * hosts' tally-vmm over their unix sockets (HTTP, docs/vmm.md).
+ * hosts' tally-vmm (HTTP on a unix socket or over mutual TLS, docs/vmm.md).
  *
- * The vmm trusts whoever opens its socket, so tenancy is checked here: the
+ * The vmm trusts tally-api whole, so tenancy is checked here: the
  * account and key of a create come from the caller, never the body, and a
  * sandbox of another account answers 404 exactly like one that does not
  * exist. What spends — create, exec, fork, resume, and timeout (which may
@@ -10,8 +10,9 @@
  * when an API key acts on a sibling's sandbox. Pause and delete always run:
  * they stop spending. Create and fork are refused with 409 past the key's
  * caps (key_caps.c), and 507 when the host's capacity is short (its tally-vmm
- * says). vmm_sockets is a list: a create goes to the next host in turn, a
- * sandbox is found by asking the hosts in order (vmm_hosts.h). */
+ * says). A create goes to the next ready host in turn, a sandbox is found
+ * through the ledger's sandboxes.host (vmm_hosts.h), and a create whose
+ * caller hung up is stopped. */
 #include "log.h"
 #include "server.h"
 #include "vmm_hosts.h"
@@ -264,6 +265,25 @@ static int check_type(json_t *body, const char *name, json_type t, struct api_er
         return 0;
 }
 
+/* A create whose caller hung up while it ran (a client that gave up on a
+ * slow host) made a sandbox whose id nobody received: it is stopped at once,
+ * never left running and billed. With an Idempotency-Key the answer is kept
+ * for the caller's retry (idempotency.c), which gets this very sandbox: it
+ * stays. */
+static void stop_if_abandoned(struct api_req *r, struct vmm_hosts *hosts, int h, json_t *created)
+{
+        const char *id = json_string_value(json_object_get(created, "id"));
+        if (!id || req_header(r, "Idempotency-Key") || !req_client_gone(r))
+                return;
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+        json_t *j = NULL;
+        long st = vmm_hosts_call(hosts, h, "DELETE", path, NULL, VMM_CALL_SHORT_MS, &j);
+        json_decref(j);
+        log_warn("create abandoned by its client: its sandbox is stopped", "sandbox=%s account=%s key=%s status=%ld",
+                 id, r->caller.account, r->caller.key, st);
+}
+
 int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err)
 {
         static const char *const allowed[] = { "vcpus", "memory_mib", "disk_mib", "labels", "timeout_s", "network",
@@ -320,6 +340,7 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
                         json_decref(j);
                         j = NULL;
                         st = vmm_hosts_call(hosts, other, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+                        h = other;
                 }
         }
         if (lock)
@@ -328,6 +349,8 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         if (st == 201)
                 log_info("sandbox created", "sandbox=%s account=%s key=%s",
                          json_string_value(json_object_get(j, "id")), r->caller.account, r->caller.key);
+        if (st == 201)
+                stop_if_abandoned(r, hosts, h, j);
         return forward(st, j, 201, out, err);
 }
 

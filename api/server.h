@@ -142,6 +142,9 @@ PGconn *req_db(struct api_req *r);
 void req_db_release(struct api_req *r);
 /* A request header, NULL when absent. */
 const char *req_header(struct api_req *r, const char *name);
+/* Whether the caller hung up while its request ran (a worker runs it with
+ * the connection suspended): nobody will read the answer. */
+bool req_client_gone(struct api_req *r);
 /* A cookie sent with the request, NULL when absent. */
 const char *req_cookie(struct api_req *r, const char *name);
 /* One query parameter, repeated ones joined with commas; NULL when absent. */

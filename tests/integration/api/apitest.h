@@ -14,6 +14,7 @@
 extern char parent[64], acct_a[64], acct_b[64], email_a[128], email_b[128], email_c[128];
 extern char *work, *state, *sock, *db_url, *pwfile;
 extern int port;
+extern pid_t vmm_pid; /* the tally-vmm at sock (host A) */
 extern __thread const char *source_ip; /* this thread's client address on loopback (127.0.0.0/8), NULL: default */
 extern __thread long http_timeout_s;    /* this thread's bound on one request (60 s unless set) */
 extern PGconn *db;

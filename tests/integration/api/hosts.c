@@ -30,10 +30,12 @@
 static char parent_b[64], *state_b, *sock_b;
 static struct key key_b2, key_b3; /* account B's: a key runs 4 requests at once, its account 8 */
 static pid_t vmm_b = -1;
-static bool b_stopped;
+static bool b_stopped, a_stopped;
 
 static void hosts_cleanup(void)
 {
+        if (vmm_pid > 0 && a_stopped)
+                kill(vmm_pid, SIGCONT);
         if (vmm_b > 0 && b_stopped)
                 kill(vmm_b, SIGCONT);
         test_stop_process(&vmm_b, SIGKILL);
@@ -318,7 +320,64 @@ static void test_one_host_hangs(void)
         resp_free(&r);
 }
 
+/* Account B's sandboxes as tally-api lists them: all, and those running. */
+static void count_b(int *all, int *running)
+{
+        struct resp r = http("GET", "/v1/sandboxes", key_b2.secret, NULL, NULL);
+        CHECK(r.status == 200, "list: %ld %s", r.status, r.body ? r.body : "");
+        json_t *a = json_object_get(r.json, "sandboxes"), *v;
+        size_t i;
+        *all = (int)json_array_size(a);
+        *running = 0;
+        json_array_foreach(a, i, v)
+                *running += strcmp(test_jstr(v, "state"), "running") == 0;
+        resp_free(&r);
+}
+
+/* A create whose client gave up before its host answered (both hosts
+ * frozen; the client's bound 1 s): once the host thaws and makes the
+ * sandbox, tally-api finds its caller gone and stops it, so no running,
+ * billed sandbox is left whose id no client received. */
+static void test_abandoned_create(void)
+{
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok with both hosts");
+        int all0, run0, all, run;
+        count_b(&all0, &run0);
+        kill(vmm_pid, SIGSTOP);
+        a_stopped = true;
+        kill(vmm_b, SIGSTOP);
+        b_stopped = true;
+        http_timeout_s = 1;
+        struct resp r = http("POST", "/v1/sandboxes", key_b2.secret, NULL,
+                             "{\"vcpus\":1,\"memory_mib\":64,\"timeout_s\":600,\"labels\":{\"case\":\"abandoned\"}}");
+        http_timeout_s = 60;
+        CHECK(r.status == 0, "the create answered %ld while both hosts were stopped", r.status);
+        resp_free(&r);
+        test_sleep_ms(1000);
+        kill(vmm_pid, SIGCONT);
+        a_stopped = false;
+        kill(vmm_b, SIGCONT);
+        b_stopped = false;
+        /* The create goes on once its host thaws; then its sandbox is stopped. */
+        char log[1024];
+        snprintf(log, sizeof(log), "%s/api.log", work);
+        bool said = false;
+        for (int64_t until = test_now_ms() + 30000; !said && test_now_ms() < until;) {
+                char *text = test_read_file(log);
+                said = text && strstr(text, "create abandoned by its client");
+                free(text);
+                if (!said)
+                        test_sleep_ms(200);
+        }
+        CHECK(said, "tally-api did not stop the sandbox of the abandoned create (no log line in 30 s)");
+        count_b(&all, &run);
+        fprintf(stderr, "abandoned create: account B had %d sandboxes (%d running), now %d (%d running)\n", all0,
+                run0, all, run);
+        CHECK(run == run0, "a sandbox of the abandoned create is running: %d running, %d before", run, run0);
+}
+
 const struct test_case hosts_cases[] = {
         { "one_host_hangs", test_one_host_hangs },
+        { "abandoned_create", test_abandoned_create },
 };
 const size_t hosts_ncases = sizeof(hosts_cases) / sizeof(hosts_cases[0]);

@@ -29,7 +29,8 @@
 
 char parent[64], acct_a[64], acct_b[64], email_a[128], email_b[128], email_c[128];
 char *work, *state, *sock, *db_url, *pwfile;
-static pid_t vmm_pid = -1, api_pid = -1;
+pid_t vmm_pid = -1; /* host A's tally-vmm */
+static pid_t api_pid = -1;
 int port;
 __thread const char *source_ip;
 __thread long http_timeout_s = 60;
