@@ -35,6 +35,7 @@ struct host {
         atomic_bool down;      /* the last probe or connect failed */
         atomic_llong last_ok;  /* wall ns of the last answered probe; 0: none yet */
         char host_id[128];     /* its /v1/status "host", "" until one answered; under lock */
+        char named[64];        /* the HOST_ID of an https entry (its certificate's name), "" for a socket */
         pthread_t watch;
         bool watching;
 };
@@ -120,6 +121,9 @@ int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct v
                         continue;
                 if ((r = host_new(t, tls, &h->host[h->n], err, errlen)) < 0)
                         goto fail;
+                const char *eq = strchr(t, '=');
+                if (eq && (size_t)(eq - t) < sizeof(h->state[h->n].named))
+                        memcpy(h->state[h->n].named, t, (size_t)(eq - t));
                 h->n++;
         }
         h->limit = VMM_CALLS_PER_HOST_DEFAULT;
@@ -283,6 +287,13 @@ static void *watch_main(void *arg)
                                                  sizeof(why));
                 const char *id = json_string_value(json_object_get(j, "host"));
                 bool was_down = atomic_load(&s->down);
+                if (st == 200 && s->named[0] && (!id || strcmp(id, s->named) != 0)) {
+                        /* sandboxes are routed by host id: a host answers for
+                         * the one its certificate names, never another's */
+                        snprintf(why, sizeof(why), "it says it is host %s, its certificate names %s", id ? id : "(none)",
+                                 s->named);
+                        st = -EPERM;
+                }
                 if (st == 200) {
                         pthread_mutex_lock(&s->lock);
                         if (id)
