@@ -329,12 +329,15 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
          * readiness) goes once more to another ready host. */
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         json_t *j = NULL;
-        int h = vmm_hosts_next(hosts, -1);
+        json_t *vc = json_object_get(r->json, "vcpus"), *dm = json_object_get(r->json, "disk_mib");
+        const struct vmm_want want = { vc ? json_integer_value(vc) : 1, m ? json_integer_value(m) : 512,
+                                       dm ? json_integer_value(dm) : 1024 };
+        int h = vmm_hosts_next(hosts, -1, &want);
         if (h < 0)
                 h = 0; /* none known ready: the first, whose failure says why */
         long st = vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
         if (st == -EBUSY || st == -ENOTCONN || st == 503 || st == 507) {
-                int other = vmm_hosts_next(hosts, h);
+                int other = vmm_hosts_next(hosts, h, &want);
                 if (other >= 0) {
                         log_info("create retried on another host", "from=%d to=%d status=%ld", h, other, st);
                         json_decref(j);
@@ -346,6 +349,8 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         if (lock)
                 pthread_mutex_unlock(lock);
         json_decref(spec);
+        if (st == 201)
+                vmm_hosts_promise(hosts, h, &want);
         if (st == 201)
                 log_info("sandbox created", "sandbox=%s account=%s key=%s",
                          json_string_value(json_object_get(j, "id")), r->caller.account, r->caller.key);

@@ -24,6 +24,15 @@
 #define PROBE_TIMEOUT_MS 1500
 /* A call waits this long for one of its host's slots, then is refused. */
 #define SLOT_WAIT_MS 500
+/* Placement scores this many ready hosts in turn (all of them when fewer). */
+#define PLACE_SAMPLE 3
+
+/* A host's room as its last probe said (MiB): what it may promise and what
+ * it has; known once a probe carried them. */
+struct room {
+        int64_t cap[3], promised[3];
+        bool known;
+};
 
 /* What tally-api knows of one host: its calls in flight (at most limit: a
  * hung host holds at most that many of the API's threads) and what the
@@ -36,6 +45,7 @@ struct host {
         atomic_llong last_ok;  /* wall ns of the last answered probe; 0: none yet */
         char host_id[128];     /* its /v1/status "host", "" until one answered; under lock */
         char named[64];        /* the HOST_ID of an https entry (its certificate's name), "" for a socket */
+        struct room room;      /* under lock */
         pthread_t watch;
         bool watching;
 };
@@ -180,15 +190,75 @@ bool vmm_hosts_ready(struct vmm_hosts *h, int i)
         return !atomic_load(&h->state[i].down);
 }
 
-int vmm_hosts_next(struct vmm_hosts *h, int skip)
+/* Host i's fullness with want added, per mille of what it may promise (its
+ * fullest resource), and whether want fits; unknown room: fits, scored last. */
+static int64_t place_score(struct vmm_hosts *h, int i, const struct vmm_want *want, bool *fits)
+{
+        const int64_t w[3] = { want->vcpus, want->memory_mib, want->disk_mib };
+        pthread_mutex_lock(&h->state[i].lock);
+        struct room r = h->state[i].room;
+        pthread_mutex_unlock(&h->state[i].lock);
+        *fits = true;
+        if (!r.known)
+                return 1000;
+        int64_t worst = 0;
+        for (int k = 0; k < 3; k++) {
+                int64_t after = r.promised[k] + w[k];
+                if (after > r.cap[k])
+                        *fits = false;
+                int64_t pm = r.cap[k] > 0 ? after * 1000 / r.cap[k] : (after > 0 ? INT64_MAX / 2 : 0);
+                worst = pm > worst ? pm : worst;
+        }
+        return worst;
+}
+
+int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want)
 {
         unsigned start = atomic_fetch_add(&h->next, 1);
+        int best = -1, least = -1;
+        int64_t best_score = 0, least_score = 0;
         for (int k = 0; k < h->n; k++) {
                 int i = (int)((start + (unsigned)k) % (unsigned)h->n);
-                if (i != skip && vmm_hosts_ready(h, i))
-                        return i;
+                if (k == PLACE_SAMPLE && best >= 0)
+                        break; /* the sample had room: the rest are not scored */
+                if (i == skip || !vmm_hosts_ready(h, i))
+                        continue;
+                bool fits;
+                int64_t s = place_score(h, i, want, &fits);
+                if (fits && (best < 0 || s < best_score)) {
+                        best = i;
+                        best_score = s;
+                }
+                if (least < 0 || s < least_score) {
+                        least = i;
+                        least_score = s;
+                }
         }
-        return -1;
+        return best >= 0 ? best : least;
+}
+
+void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want)
+{
+        pthread_mutex_lock(&h->state[i].lock);
+        h->state[i].room.promised[0] += want->vcpus;
+        h->state[i].room.promised[1] += want->memory_mib;
+        h->state[i].room.promised[2] += want->disk_mib;
+        pthread_mutex_unlock(&h->state[i].lock);
+}
+
+/* The room a /v1/status answer gives, if it gives it. */
+static struct room room_of(const json_t *status)
+{
+        static const char *const names[3] = { "vcpus", "memory_mib", "disk_mib" };
+        const json_t *cap = json_object_get(status, "capacity"), *pr = json_object_get(status, "promised");
+        struct room r = { .known = json_is_object(cap) && json_is_object(pr) };
+        for (int k = 0; r.known && k < 3; k++) {
+                const json_t *c = json_object_get(cap, names[k]), *p = json_object_get(pr, names[k]);
+                r.known = json_is_integer(c) && json_is_integer(p);
+                r.cap[k] = json_integer_value(c);
+                r.promised[k] = json_integer_value(p);
+        }
+        return r;
 }
 
 int vmm_hosts_find(struct vmm_hosts *h, const char *host_id)
@@ -298,6 +368,7 @@ static void *watch_main(void *arg)
                         pthread_mutex_lock(&s->lock);
                         if (id)
                                 snprintf(s->host_id, sizeof(s->host_id), "%s", id);
+                        s->room = room_of(j);
                         pthread_mutex_unlock(&s->lock);
                         atomic_store(&s->last_ok, wall_ns());
                         atomic_store(&s->down, false);

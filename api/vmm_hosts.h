@@ -61,9 +61,20 @@ int vmm_hosts_watch(struct vmm_hosts *h);
 /* Whether host i is not known down (the last probe or connect succeeded, or
  * none ran yet). */
 bool vmm_hosts_ready(struct vmm_hosts *h, int i);
-/* The host a create goes to: the next in turn that is ready, other than skip
- * (-1: none to skip); -1 when there is none. */
-int vmm_hosts_next(struct vmm_hosts *h, int skip);
+/* What a create asks of a host (MiB; the vmm's defaults when it says none). */
+struct vmm_want {
+        int64_t vcpus, memory_mib, disk_mib;
+};
+/* The host a create goes to (docs/api.md, "Placement"): among the ready
+ * hosts other than skip (-1: none to skip), the one with room for want whose
+ * fullest resource (promised + want, per mille of what it may promise) is
+ * lowest, of PLACE_SAMPLE taken in turn, else of all; with room for it on
+ * none, the least full (its tally-vmm refuses with 507 if it must). -1 when
+ * no host is ready. */
+int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want);
+/* Counts want as promised on host i until its next probe says what it has
+ * promised (so creates between two probes do not all pick one host). */
+void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want);
 /* The index of the host whose tally-vmm said it is host_id, -1 when none
  * has (yet). */
 int vmm_hosts_find(struct vmm_hosts *h, const char *host_id);

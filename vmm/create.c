@@ -12,6 +12,31 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* What this host has promised (under v->table.lock): memory and disk of the
+ * running and paused sandboxes, vCPUs of the running ones, and the
+ * reservations of creates under way. */
+static struct capacity_use promised_locked(struct vmm *v)
+{
+        struct capacity_use promised = v->reserved;
+        for (struct sandbox *sb = v->table.list; sb; sb = sb->next) {
+                if (sb->rec.state == STATE_STOPPED)
+                        continue;
+                promised.mem_bytes += sb->rec.mem_size_bytes;
+                promised.disk_bytes += sb->rec.disk_size_bytes;
+                if (sb->rec.state == STATE_RUNNING)
+                        promised.vcpus += sb->rec.vcpus;
+        }
+        return promised;
+}
+
+struct capacity_use vmm_promised(struct vmm *v)
+{
+        pthread_mutex_lock(&v->table.lock);
+        struct capacity_use p = promised_locked(v);
+        pthread_mutex_unlock(&v->table.lock);
+        return p;
+}
+
 /* Reserves what req asks of this host's capacity, or refuses it (-ENOSPC,
  * why names what is short). Promised = the live sandboxes' (memory and disk of
  * running and paused ones, vCPUs of running ones) + the reservations of
@@ -28,15 +53,7 @@ static int admit(struct vmm *v, const struct create_request *req, char *why, siz
         }
         struct capacity_use want = { req->mem_bytes, req->vcpus, req->disk_bytes };
         pthread_mutex_lock(&v->table.lock);
-        struct capacity_use promised = v->reserved;
-        for (struct sandbox *sb = v->table.list; sb; sb = sb->next) {
-                if (sb->rec.state == STATE_STOPPED)
-                        continue;
-                promised.mem_bytes += sb->rec.mem_size_bytes;
-                promised.disk_bytes += sb->rec.disk_size_bytes;
-                if (sb->rec.state == STATE_RUNNING)
-                        promised.vcpus += sb->rec.vcpus;
-        }
+        struct capacity_use promised = promised_locked(v);
         r = capacity_check(&v->capacity, &promised, &want, why, whylen);
         if (r == 0) {
                 v->reserved.mem_bytes += want.mem_bytes;

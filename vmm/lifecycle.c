@@ -389,10 +389,16 @@ json_t *vmm_status(struct vmm *v)
 {
         int n = records_count(&v->table);
         bool ready = atomic_load(&v->events.control_ready);
-        return json_pack("{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:b}", "host", v->s.host_id, "cgroup_version",
-                         v->cgroups.version, "cgroup_parent", v->cgroups.parent, "backend_default",
-                         v->default_backend->name, "backend_reason", v->default_reason, "control_ready", ready,
-                         "sandboxes", n, "spend_limit_check", spend_limits_enabled(&v->spend));
+        struct capacity_use p = vmm_promised(v);
+        const struct capacity_use *lim = &v->capacity.limit;
+        /* (what tally-api places creates by: the most that may be promised, and what is) */
+        return json_pack("{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:b, s:{s:I, s:I, s:I}, s:{s:I, s:I, s:I}}", "host",
+                         v->s.host_id, "cgroup_version", v->cgroups.version, "cgroup_parent", v->cgroups.parent,
+                         "backend_default", v->default_backend->name, "backend_reason", v->default_reason,
+                         "control_ready", ready, "sandboxes", n, "spend_limit_check", spend_limits_enabled(&v->spend),
+                         "capacity", "vcpus", (json_int_t)lim->vcpus, "memory_mib", (json_int_t)(lim->mem_bytes >> 20),
+                         "disk_mib", (json_int_t)(lim->disk_bytes >> 20), "promised", "vcpus", (json_int_t)p.vcpus,
+                         "memory_mib", (json_int_t)(p.mem_bytes >> 20), "disk_mib", (json_int_t)(p.disk_bytes >> 20));
 }
 
 int vmm_apply_control(struct vmm *v, const struct control_command *c)

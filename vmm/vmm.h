@@ -87,6 +87,9 @@ int vmm_show(struct vmm *v, const char *id, json_t **ret, char *why, size_t whyl
 json_t *vmm_list(struct vmm *v, const char *account);
 /* {"host":..., "cgroup_version":..., "backend_default":..., "control_ready": bool, ...} */
 json_t *vmm_status(struct vmm *v);
+/* What the host has promised now: live sandboxes' memory and disk, running
+ * ones' vCPUs, creates under way (create.c's admission counts the same). */
+struct capacity_use vmm_promised(struct vmm *v);
 
 /* Carries out a control-topic command for the matching sandboxes. Returns how many it changed. */
 int vmm_apply_control(struct vmm *v, const struct control_command *c);

@@ -100,12 +100,12 @@ static bool wait_health(const char *status, int ms)
         return false;
 }
 
-/* Whether tally-vmm at s has sandbox id (asked on its own socket). */
-static bool on_host(const char *s, const char *id)
+/* GET path of tally-vmm at s on its own socket: the status, *body (malloc'd) if asked. */
+static long vmm_get(const char *s, const char *path, char **body)
 {
         CURL *c = curl_easy_init();
-        char url[256];
-        snprintf(url, sizeof(url), "http://vmm/v1/sandboxes/%s", id);
+        char url[512];
+        snprintf(url, sizeof(url), "http://vmm%s", path);
         struct resp r = { 0 };
         curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, s);
         curl_easy_setopt(c, CURLOPT_URL, url);
@@ -116,8 +116,35 @@ static bool on_host(const char *s, const char *id)
         if (curl_easy_perform(c) == CURLE_OK)
                 curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
         curl_easy_cleanup(c);
-        free(r.body);
-        return status == 200;
+        if (body)
+                *body = r.body;
+        else
+                free(r.body);
+        return status;
+}
+
+/* Whether tally-vmm at s has sandbox id (asked on its own socket). */
+static bool on_host(const char *s, const char *id)
+{
+        char path[300];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+        return vmm_get(s, path, NULL) == 200;
+}
+
+/* The memory (MiB) tally-vmm at s has promised and may promise, from its /v1/status; -1 if unread. */
+static int64_t promised_mib(const char *s, int64_t *cap)
+{
+        char *body = NULL;
+        int64_t p = -1;
+        *cap = -1;
+        if (vmm_get(s, "/v1/status", &body) == 200) {
+                json_t *j = json_loads(body, 0, NULL);
+                p = json_integer_value(json_object_get(json_object_get(j, "promised"), "memory_mib"));
+                *cap = json_integer_value(json_object_get(json_object_get(j, "capacity"), "memory_mib"));
+                json_decref(j);
+        }
+        free(body);
+        return p;
 }
 
 /* The ledger's row for a sandbox, as the aggregator writes it from the
@@ -376,7 +403,87 @@ static void test_abandoned_create(void)
         CHECK(run == run0, "a sandbox of the abandoned create is running: %d running, %d before", run, run0);
 }
 
+/* A create of memory_mib for key_b2: its status, and its id in id. */
+static long create_mib(int mib, char *id, size_t size)
+{
+        char body[160];
+        snprintf(body, sizeof(body), "{\"vcpus\":1,\"memory_mib\":%d,\"disk_mib\":16,\"timeout_s\":600}", mib);
+        struct resp r = http("POST", "/v1/sandboxes", key_b2.secret, NULL, body);
+        long st = r.status;
+        snprintf(id, size, "%s", st == 201 ? test_jstr(r.json, "id") : "");
+        if (st != 201 && st != 507)
+                fprintf(stderr, "create of %d MiB: %ld %s\n", mib, st, r.body ? r.body : "");
+        resp_free(&r);
+        return st;
+}
+
+/* Creates are placed by room (docs/api.md, "Placement"): each host may
+ * promise 4,096 MiB here (TALLY_CAPACITY_MEMORY_MIB, main()). 3,000 MiB goes
+ * to one host (H1), 1,000 to the other (H2, the emptier), then 2,000 fits
+ * only H2: blind turns sent it to H1, which refused it (507). A fourth of
+ * 2,000 fits neither: 507, and no host promised more than it may. Then with
+ * H2 stopped, a create still lands on H1. */
+static void test_placement(void)
+{
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok with both hosts");
+        int64_t cap_a = -1, cap_b = -1;
+        CHECK(promised_mib(sock, &cap_a) == 0 && promised_mib(sock_b, &cap_b) == 0 && cap_a == 4096 &&
+                      cap_b == 4096,
+              "the hosts are not empty with 4096 MiB each (A %lld, B %lld)", (long long)cap_a, (long long)cap_b);
+        char x[64], y[64], z[64], w[64], v[64];
+        CHECK(create_mib(3000, x, sizeof(x)) == 201, "3,000 MiB on two empty hosts of 4,096");
+        const char *h1 = on_host(sock, x) ? sock : sock_b, *h2 = h1 == sock ? sock_b : sock;
+        pid_t pid2 = h1 == sock ? vmm_b : vmm_pid;
+        test_sleep_ms(2500); /* the watch's next probe has what H1 promised */
+        CHECK(create_mib(1000, y, sizeof(y)) == 201 && on_host(h2, y), "1,000 MiB did not go to the emptier host");
+        test_sleep_ms(2500);
+        CHECK(create_mib(2000, z, sizeof(z)) == 201 && on_host(h2, z),
+              "2,000 MiB, which fits only the second host, did not go there");
+        /* ...straight there: H1 was never asked (it would have refused it) */
+        char log1[1024];
+        snprintf(log1, sizeof(log1), "%s/%s", work, h1 == sock ? "vmm.log" : "vmm-b.log");
+        char *text = test_read_file(log1);
+        CHECK(text && !strstr(text, "sandbox refused"), "the first host was asked for a create it had no room for");
+        free(text);
+        test_sleep_ms(2500);
+        long st = create_mib(2000, w, sizeof(w));
+        CHECK(st == 507, "2,000 MiB more, which fits no host, answered %ld", st);
+        int64_t c1, c2, p1 = promised_mib(h1, &c1), p2 = promised_mib(h2, &c2);
+        fprintf(stderr, "placement: host 1 promised %lld of %lld MiB, host 2 %lld of %lld\n", (long long)p1,
+                (long long)c1, (long long)p2, (long long)c2);
+        CHECK(p1 >= 0 && p1 <= c1 && p2 >= 0 && p2 <= c2, "a host promised more than it may");
+        /* H2 stopped: the create goes to H1, which has room, at once. */
+        kill(pid2, SIGSTOP);
+        if (pid2 == vmm_b)
+                b_stopped = true;
+        else
+                a_stopped = true;
+        CHECK(wait_health("degraded", 10000), "/healthz did not say degraded with a host stopped");
+        int64_t t0 = test_now_ms();
+        CHECK(create_mib(500, v, sizeof(v)) == 201 && on_host(h1, v), "a create with one host stopped failed");
+        fprintf(stderr, "placement: create with a host stopped answered in %lld ms\n", (long long)(test_now_ms() - t0));
+        kill(pid2, SIGCONT);
+        b_stopped = a_stopped = false;
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok again");
+        /* leave the hosts as they were for the next case */
+        const char *ids[] = { x, y, z, v };
+        for (int i = 0; i < 4; i++) {
+                if (!*ids[i])
+                        continue;
+                char path[128];
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s", ids[i]);
+                struct resp r = http("DELETE", path, key_b2.secret, NULL, NULL);
+                resp_free(&r);
+        }
+        int64_t ca, cb;
+        for (int64_t until = test_now_ms() + 10000;
+             (promised_mib(sock, &ca) != 0 || promised_mib(sock_b, &cb) != 0) && test_now_ms() < until;)
+                test_sleep_ms(100);
+        test_sleep_ms(2500); /* and tally-api's watch has seen them empty */
+}
+
 const struct test_case hosts_cases[] = {
+        { "placement", test_placement },
         { "one_host_hangs", test_one_host_hangs },
         { "abandoned_create", test_abandoned_create },
 };
