@@ -97,6 +97,12 @@ int vmm_apply_control(struct vmm *v, const struct control_command *c);
  * failures. Safe on any thread. Returns the length or -ENOBUFS. */
 int vmm_metrics_page(const void *arg, char *buf, size_t size);
 
+/* What this host may promise (its capacity and ratios), what it has promised
+ * now (admission's sum: live sandboxes and creates under way) and how many
+ * sandboxes are live (running or paused): the host registry's heartbeat. */
+void vmm_capacity_report(struct vmm *v, struct capacity *ret_capacity, struct capacity_use *ret_promised,
+                         int *ret_live);
+
 const struct vmm_settings *vmm_get_settings(const struct vmm *v);
 /* What a create request may ask for on this host. */
 const struct vmm_limits *vmm_get_limits(const struct vmm *v);
