@@ -227,7 +227,7 @@ static void test_drain_resume(void)
         CHECK(rc == 0 && strstr(out, "state=draining") && strstr(out, "changed=true"), "host drain: rc=%d %s %s", rc,
               out, err);
         free(out), free(err);
-        char *st = row(a, "SELECT effective_state || '/' || state_changed_by LIKE 'admin:%' FROM host_states"
+        char *st = row(a, "SELECT effective_state || '/' || (state_changed_by LIKE 'admin:%') FROM host_states"
                           " WHERE host_id = '$HOST'");
         CHECK(strcmp(st, "draining/true") == 0, "after drain: %s", st);
         free(st);
@@ -313,6 +313,7 @@ int main(void)
                 h->pid = -1;
         }
         test_cleanup_at_exit(cleanup);
+        setenv("COLUMNS", "300", 1); /* tally-admin's tables: whole host ids */
         db_url = test_db_create("vmmreg");
         char *migrate[] = { (char *)test_env("TALLY_MIGRATE_BIN"), "--database-url", db_url, NULL };
         char *merr = NULL;
