@@ -231,7 +231,7 @@ static void test_drain_resume(void)
                           " WHERE host_id = '$HOST'");
         CHECK(strcmp(st, "draining/true") == 0, "after drain: %s", st);
         free(st);
-        /* Two beats later the host's heartbeats have not undone it. */
+        /* A beat after the drain has not undone it. */
         char *before = row(a, "SELECT heartbeat_at FROM host_registry WHERE host_id = '$HOST'");
         char sql[512];
         snprintf(sql, sizeof(sql),
