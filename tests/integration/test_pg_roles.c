@@ -16,7 +16,10 @@
  *   - the forbidden writes of a real attack (UPDATE usage_hourly and
  *     spend_daily as tally-api, DELETE of ledger rows) leave the rows as they
  *     were; the row-level policies let tally-api lift only a block whose key
- *     is under its limit, and tally-notifier prune only past days. */
+ *     is under its limit, and tally-notifier prune only past days;
+ *   - the host registry (sql/021): tally-vmm registers and beats but never
+ *     sets a host's state nor dates its heartbeat, a host of another login
+ *     cannot touch the row, tally-api only reads, tally-admin drains. */
 #include "support.h"
 
 #include <libpq-fe.h>
