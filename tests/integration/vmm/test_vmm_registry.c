@@ -12,7 +12,9 @@
  *   - `tally-admin host drain` makes it draining, audited, and the host's own
  *     heartbeats do not undo it; `host resume` makes it ready; an unknown host
  *     is an error; `host list --json` shows both;
- *   - tally_vmm's role cannot set the state (a real UPDATE refused, 42501). */
+ *   - tally_vmm's role cannot set the state (a real UPDATE refused, 42501),
+ *     and a host of another login (a member of tally_vmm) cannot touch or
+ *     take over a row another login registered. */
 #include "support.h"
 #include "vmmtest.h"
 
@@ -288,13 +290,42 @@ static void test_vmm_role(void)
         PGconn *c = PQconnectdb(url);
         free(url);
         CHECK(PQstatus(c) == CONNECTION_OK, "connect as tally_vmm: %s", PQerrorMessage(c));
-        char sql[256];
+        char sql[512];
         snprintf(sql, sizeof(sql), "UPDATE host_registry SET state = 'draining' WHERE host_id = '%s'", hosts[0].id);
         PGresult *r = PQexec(c, sql);
         const char *code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
         CHECK(code && strcmp(code, "42501") == 0, "tally_vmm may set the state: %s (SQLSTATE %s)", sql,
               code ? code : "none");
         PQclear(r);
+        PQfinish(c);
+        /* Another host's login (a member of tally_vmm) can neither change host A's row nor take it over,
+         * nor see it; tally_admin's and tally_api's rights are pg-roles'. */
+        c = PQconnectdb(db_url); /* the cluster's superuser: it may make the role and SET ROLE to it */
+        char role[64];
+        snprintf(role, sizeof(role), "vmmreg_other_%d", (int)getpid());
+        snprintf(sql, sizeof(sql), "CREATE ROLE %s NOLOGIN IN ROLE tally_vmm; SET ROLE %s", role, role);
+        PQclear(PQexec(c, sql));
+        snprintf(sql, sizeof(sql), "UPDATE host_registry SET promised_vcpus = 99 WHERE host_id = '%s'", hosts[0].id);
+        r = PQexec(c, sql);
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdTuples(r), "0") == 0,
+              "another host's login changed %s's row: %s %s", hosts[0].id, PQcmdTuples(r), PQerrorMessage(c));
+        PQclear(r);
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO host_registry (host_id, capacity_vcpus, capacity_memory_mib, capacity_disk_mib,"
+                 " vcpu_overcommit_percent, memory_overcommit_percent, disk_overcommit_percent)"
+                 " VALUES ('%s', 1, 1, 1, 1, 1, 1) ON CONFLICT (host_id) DO UPDATE SET heartbeat_at = now()",
+                 hosts[0].id);
+        r = PQexec(c, sql);
+        code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        CHECK(code && strcmp(code, "42501") == 0, "another host's login took over %s's row (SQLSTATE %s)", hosts[0].id,
+              code ? code : "none");
+        PQclear(r);
+        r = PQexec(c, "SELECT count(*) FROM host_registry");
+        CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "0") == 0,
+              "another host's login sees rows of the registry: %s", PQerrorMessage(c));
+        PQclear(r);
+        snprintf(sql, sizeof(sql), "RESET ROLE; DROP ROLE %s", role);
+        PQclear(PQexec(c, sql));
         PQfinish(c);
 }
 
