@@ -344,8 +344,7 @@ static void never(PGconn *c, const char *role)
         }
 }
 
-/* The host registry (sql/021): a host registers and beats (dated by the database), never
- * setting the state; tally-api only reads (its writes: forbidden_writes; other logins: vmm-registry). */
+/* sql/021: a host beats (dated by the database), never sets the state; tally-api reads (other logins: vmm-registry). */
 static const char REGISTER[] =
         "INSERT INTO host_registry (host_id, address, capacity_vcpus, capacity_memory_mib, capacity_disk_mib, vcpu_overcommit_percent,"
         " memory_overcommit_percent, disk_overcommit_percent) VALUES ('host-r', 'https://10.0.0.1:7443', 4, 8192, 10240, 1600, 100,"
