@@ -52,6 +52,14 @@ static const struct program_info program = {
                    "          spend again; prints the key and its spend today)\n"
                    "  plan assign --account ID --plan PLAN\n"
                    "  status [URL...]     the pipeline's health (groups, hosts, dead letters); probes each URL\n"
+                   "  host list [--json]  every host: its state (ready, draining, or down: no heartbeat for\n"
+                   "         host_heartbeat_bound(), 15 s), heartbeat age, address, promised/may promise, live\n"
+                   "         sandboxes, last sample and metering gap\n"
+                   "  host drain HOST_ID [--json]    tally-api places no new sandbox there (its own keep running);\n"
+                   "         audited as admin\n"
+                   "  host resume HOST_ID [--json]   ready again; audited as admin\n"
+                   "  host forget HOST_ID            removes its row (a retired host; a host still running\n"
+                   "         registers again, ready); audited as admin\n"
                    "  spend [--account ID] [--day YYYY-MM-DD] [--json]\n"
                    "         (spend per key on a day of its account (its time zone) against the limit it had that day)\n"
                    "  usage [--account ID] [--from DAY] [--to DAY] [--by key|meter|day|sandbox|label:NAME] [--json]\n"
@@ -347,6 +355,8 @@ static int command(PGconn *db, const struct admin_config *cfg, int argc, char **
                 return argc == 2 ? close_month(db, argv[1]) : -EINVAL;
         if (argc >= 1 && strcmp(argv[0], "close-due") == 0)
                 return argc == 1 ? close_due(db, cfg->close_grace_hours) : -EINVAL;
+        if (argc >= 1 && strcmp(argv[0], "host") == 0)
+                return admin_host(db, argc - 1, argv + 1);
         if (argc >= 2 && strcmp(argv[0], "account") == 0 && strcmp(argv[1], "timezone") == 0)
                 return admin_account_timezone(db, argc - 2, argv + 2);
         if (argc < 2)

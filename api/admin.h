@@ -16,6 +16,11 @@ int admin_view(PGconn *db, int argc, char **argv);
  * "account timezone"): shows, or sets and shows, the account's time zone. */
 int admin_account_timezone(PGconn *db, int argc, char **argv);
 
+/* admin_hosts.c: `host list [--json]`, `host drain|resume HOST_ID [--json]`,
+ * `host forget HOST_ID` (argv after "host"): the host registry (sql/021).
+ * -ENOENT for a host it does not hold; -EINVAL for no such verb. */
+int admin_host(PGconn *db, int argc, char **argv);
+
 /* nano-dollars (bigint or numeric SQL expression) → SQL text "$1.234567" (half
  * away from zero, micro-dollars): how the terminal views show money. */
 #define DOLLARS(x) "'$' || to_char(round((" x ")::numeric / 1000000000, 6), 'FM999999990.000000')"

@@ -289,18 +289,25 @@ static int status(PGconn *db, int argc, char **argv)
         print_result(res, groups);
         PQclear(res);
 
-        printf("\nHosts (collectors: the last sample the aggregator committed, by its own clock)\n");
-        static const char *const hosts[] = { "host", ">running", ">last sample", ">lag", "metering" };
+        printf("\nHosts (collectors: the last sample the aggregator committed, by its own clock; registry: "
+               "tally-admin host list)\n");
+        static const char *const hosts[] = { "host", ">running", ">last sample", ">lag", "metering", "registry",
+                                             ">heartbeat" };
         res = query(db, "read hosts",
-                    "SELECT coalesce(h.host, s.host), coalesce(s.running, 0), "
+                    "SELECT x.host, coalesce(s.running, 0), "
                     "       coalesce(floor(extract(epoch FROM now() - h.last_sample_at))::bigint || ' s ago', 'never'), "
                     "       coalesce(to_char(h.last_sample_at - h.last_sample_wall, 'FMSS.MS\"s\"'), '—'), "
                     "       CASE WHEN g.host IS NOT NULL THEN 'GAP: silent ' || floor(extract(epoch FROM g.silent_for))::bigint || ' s' "
-                    "            ELSE 'ok' END "
-                    "  FROM hosts h "
-                    "  FULL JOIN (SELECT host, count(*) AS running FROM sandboxes WHERE state = 'running' "
-                    "             AND host <> '' GROUP BY host) s ON s.host = h.host "
-                    "  LEFT JOIN metering_gaps g ON g.host = coalesce(h.host, s.host) "
+                    "            ELSE 'ok' END, "
+                    "       coalesce(upper(nullif(r.effective_state, 'ready')), r.effective_state, 'unregistered'), "
+                    "       floor(extract(epoch FROM r.heartbeat_age))::bigint || ' s ago' "
+                    "  FROM (SELECT host FROM hosts UNION SELECT host_id FROM host_registry "
+                    "        UNION SELECT host FROM sandboxes WHERE state = 'running' AND host <> '') x "
+                    "  LEFT JOIN hosts h ON h.host = x.host "
+                    "  LEFT JOIN (SELECT host, count(*) AS running FROM sandboxes WHERE state = 'running' "
+                    "             AND host <> '' GROUP BY host) s ON s.host = x.host "
+                    "  LEFT JOIN metering_gaps g ON g.host = x.host "
+                    "  LEFT JOIN host_states r ON r.host_id = x.host "
                     " ORDER BY 1",
                     0, NULL);
         if (!res)

@@ -12,29 +12,34 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* What this host has promised (under v->table.lock): memory and disk of the
- * running and paused sandboxes, vCPUs of the running ones, and the
- * reservations of creates under way. */
-static struct capacity_use promised_locked(struct vmm *v)
+/* What this host has promised (table lock held): the live sandboxes' (memory
+ * and disk of running and paused ones, vCPUs of running ones) and the
+ * reservations of creates under way; with ret_live, how many are live. */
+static struct capacity_use promised_locked(struct vmm *v, int *ret_live)
 {
         struct capacity_use promised = v->reserved;
+        int live = 0;
         for (struct sandbox *sb = v->table.list; sb; sb = sb->next) {
                 if (sb->rec.state == STATE_STOPPED)
                         continue;
+                live++;
                 promised.mem_bytes += sb->rec.mem_size_bytes;
                 promised.disk_bytes += sb->rec.disk_size_bytes;
                 if (sb->rec.state == STATE_RUNNING)
                         promised.vcpus += sb->rec.vcpus;
         }
+        if (ret_live)
+                *ret_live = live;
         return promised;
 }
 
-struct capacity_use vmm_promised(struct vmm *v)
+void vmm_capacity_report(struct vmm *v, struct capacity *ret_capacity, struct capacity_use *ret_promised,
+                         int *ret_live)
 {
         pthread_mutex_lock(&v->table.lock);
-        struct capacity_use p = promised_locked(v);
+        *ret_promised = promised_locked(v, ret_live);
         pthread_mutex_unlock(&v->table.lock);
-        return p;
+        *ret_capacity = v->capacity; /* set once by vmm_open */
 }
 
 /* Reserves what req asks of this host's capacity, or refuses it (-ENOSPC,
@@ -53,7 +58,7 @@ static int admit(struct vmm *v, const struct create_request *req, char *why, siz
         }
         struct capacity_use want = { req->mem_bytes, req->vcpus, req->disk_bytes };
         pthread_mutex_lock(&v->table.lock);
-        struct capacity_use promised = promised_locked(v);
+        struct capacity_use promised = promised_locked(v, NULL);
         r = capacity_check(&v->capacity, &promised, &want, why, whylen);
         if (r == 0) {
                 v->reserved.mem_bytes += want.mem_bytes;

@@ -389,8 +389,10 @@ json_t *vmm_status(struct vmm *v)
 {
         int n = records_count(&v->table);
         bool ready = atomic_load(&v->events.control_ready);
-        struct capacity_use p = vmm_promised(v);
-        const struct capacity_use *lim = &v->capacity.limit;
+        struct capacity cap;
+        struct capacity_use p;
+        vmm_capacity_report(v, &cap, &p, NULL);
+        const struct capacity_use *lim = &cap.limit;
         /* (what tally-api places creates by: the most that may be promised, and what is) */
         return json_pack("{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:b, s:{s:I, s:I, s:I}, s:{s:I, s:I, s:I}}", "host",
                          v->s.host_id, "cgroup_version", v->cgroups.version, "cgroup_parent", v->cgroups.parent,

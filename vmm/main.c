@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "config.h"
 #include "daemon.h"
+#include "host_registry.h"
 #include "log.h"
 #include "metrics_http.h"
 #include "spend_limits.h"
@@ -30,6 +31,8 @@ struct vmm_config {
         struct kafka_client_settings kafka;
         char *limits_database_url;
         char *blocked_key_query;
+        char *host_registry_database_url;
+        char *host_registry_address;
         int64_t timeout_max_s;
         int64_t final_wait_ms;
         int64_t exec_timeout_ms;
@@ -58,6 +61,8 @@ struct vmm_config {
 #define SHUTDOWN_MS          4500
 /* ... of which requests being answered get this to finish. */
 #define SHUTDOWN_REQUESTS_MS 3000
+/* ... and the host registry's heartbeat this to end its beat (it marks nothing). */
+#define SHUTDOWN_REGISTRY_MS 500
 
 
 static const struct setting settings[] = {
@@ -80,6 +85,13 @@ static const struct setting settings[] = {
         { "blocked_key_query", SETTING_STRING, SPEND_LIMITS_DEFAULT_QUERY, false,
           offsetof(struct vmm_config, blocked_key_query), 0, 0,
           "Query run with $1 account and $2 key: any row means blocked for today" },
+        { "host_registry_database_url", SETTING_STRING, "", false,
+          offsetof(struct vmm_config, host_registry_database_url), 0, 0,
+          "PostgreSQL URL of the host registry this host beats into every 5 s: its address, capacity and what it "
+          "has promised (empty: off)" },
+        { "host_registry_address", SETTING_STRING, "", false, offsetof(struct vmm_config, host_registry_address), 0,
+          0, "What tally-api dials to reach this host, as the registry records it (default: https://TLS_LISTEN when "
+          "tls_listen names an address)" },
         { "timeout_max_s", SETTING_INT, "3600", false, offsetof(struct vmm_config, timeout_max_s), 1, 31536000,
           "Longest lease one create or extension may ask for, seconds" },
         { "final_wait_ms", SETTING_INT, "30000", false, offsetof(struct vmm_config, final_wait_ms), 0, 86400000,
@@ -185,6 +197,12 @@ static int read_pem(const char *setting, const char *path, char **ret, char *err
         buf[n] = '\0';
         *ret = buf;
         return 0;
+}
+
+/* The heartbeat's figures (host_registry.h): the vmm's. */
+static void registry_sample(void *arg, struct host_registry_report *ret)
+{
+        vmm_capacity_report(arg, &ret->capacity, &ret->promised, &ret->live);
 }
 
 /* The last resort of a stop: whatever is still running at the deadline is left. */
@@ -307,6 +325,19 @@ int main(int argc, char **argv)
         if (vmm_api_tls_port(api))
                 log_info("API served over mutual TLS", "listen=%s port=%d client_name=%s", cfg.tls_listen,
                          vmm_api_tls_port(api), cfg.tls_client_name);
+        struct host_registry *registry = NULL;
+        if (*cfg.host_registry_database_url) {
+                char address[600];
+                host_registry_address(cfg.host_registry_address, cfg.tls_listen, address, sizeof(address));
+                if (!*address)
+                        log_warn("the host registry gets no address for this host: tally-api cannot find it there",
+                                 "host=%s hint=\"set host_registry_address, or tls_listen to an address\"", host);
+                struct host_registry_settings hs = { .database_url = cfg.host_registry_database_url, .host_id = host,
+                                                     .address = address };
+                /* Not fatal: sandboxes run without it; the host reads down until it beats. */
+                if ((r = host_registry_start(&hs, registry_sample, v, &registry)) < 0)
+                        log_error("could not start the host registry's heartbeat", "error=\"%s\"", strerror(-r));
+        }
         log_info("tally-vmm ready", "socket=%s", socket_path);
         int sig = daemon_wait_stop();
         int64_t start = time_mono_ns();
@@ -316,6 +347,7 @@ int main(int argc, char **argv)
         pthread_t watchdog;
         if (pthread_create(&watchdog, NULL, shutdown_watchdog, &deadline) == 0)
                 pthread_detach(watchdog);
+        host_registry_stop(registry, start + SHUTDOWN_REGISTRY_MS * NS_PER_MS); /* it reads the vmm: first */
         vmm_begin_shutdown(v); /* running execs end */
         if (vmm_api_stop(api, start + SHUTDOWN_REQUESTS_MS * NS_PER_MS) < 0) {
                 /* A request is stuck in a call that does not return (a backend waiting on a

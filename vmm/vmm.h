@@ -87,9 +87,6 @@ int vmm_show(struct vmm *v, const char *id, json_t **ret, char *why, size_t whyl
 json_t *vmm_list(struct vmm *v, const char *account);
 /* {"host":..., "cgroup_version":..., "backend_default":..., "control_ready": bool, ...} */
 json_t *vmm_status(struct vmm *v);
-/* What the host has promised now: live sandboxes' memory and disk, running
- * ones' vCPUs, creates under way (create.c's admission counts the same). */
-struct capacity_use vmm_promised(struct vmm *v);
 
 /* Carries out a control-topic command for the matching sandboxes. Returns how many it changed. */
 int vmm_apply_control(struct vmm *v, const struct control_command *c);
@@ -99,6 +96,12 @@ int vmm_apply_control(struct vmm *v, const struct control_command *c);
  * their latency, control commands and what they changed, registry write
  * failures. Safe on any thread. Returns the length or -ENOBUFS. */
 int vmm_metrics_page(const void *arg, char *buf, size_t size);
+
+/* What this host may promise (its capacity and ratios), what it has promised
+ * now (admission's sum: live sandboxes and creates under way) and how many
+ * sandboxes are live (running or paused): the host registry's heartbeat. */
+void vmm_capacity_report(struct vmm *v, struct capacity *ret_capacity, struct capacity_use *ret_promised,
+                         int *ret_live);
 
 const struct vmm_settings *vmm_get_settings(const struct vmm *v);
 /* What a create request may ask for on this host. */

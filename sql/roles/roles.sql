@@ -10,7 +10,8 @@
 --   tally_aggregator  tally-aggregator: the ledger's writer
 --   tally_api         tally-api: people, keys, limits, sessions, reads
 --   tally_admin       tally-admin: accounts, people, keys, plans, closing months
---   tally_vmm         tally-vmm's spend-limit check (limits_database_url): reads key_blocks
+--   tally_vmm         tally-vmm's spend-limit check (limits_database_url): reads key_blocks;
+--                     its heartbeat (host_registry_database_url): its row of host_registry (sql/021)
 --   tally_notifier    tally-notifier: the alert outbox
 --   tally_close_due   tally-admin close-due (the timer): close_due() and nothing else
 --   finance           NOLOGIN: the finance views; people log in as members of it

@@ -16,7 +16,9 @@
  *   - the forbidden writes of a real attack (UPDATE usage_hourly and
  *     spend_daily as tally-api, DELETE of ledger rows) leave the rows as they
  *     were; the row-level policies let tally-api lift only a block whose key
- *     is under its limit, and tally-notifier prune only past days. */
+ *     is under its limit, and tally-notifier prune only past days;
+ *   - the host registry (sql/021): tally-vmm registers and beats but never
+ *     sets a host's state nor dates its heartbeat; tally-api only reads. */
 #include "support.h"
 
 #include <libpq-fe.h>
@@ -55,8 +57,14 @@ static const struct {
             "people:DELETE", "people:UPDATE(password_hash)",
             "api_keys:INSERT(id,account_id,name,key_hash,prefix,daily_limit_nanodollars,limit_policy,created_by)",
             "api_keys:UPDATE(daily_limit_nanodollars,limit_policy)", "key_blocks:DELETE",
-            "audit_log:INSERT(account_id,actor,action,object_id,old_value,new_value)", NULL } },
-        { "tally_vmm", { NULL } },
+            "audit_log:INSERT(account_id,actor,action,object_id,old_value,new_value)",
+            "host_registry:UPDATE(state,state_changed_by)", "host_registry:DELETE", NULL } },
+        { "tally_vmm",
+          { "host_registry:INSERT(host_id,address,capacity_vcpus,capacity_memory_mib,capacity_disk_mib,vcpu_overcommit_percent,"
+            "memory_overcommit_percent,disk_overcommit_percent,promised_vcpus,promised_memory_mib,promised_disk_mib,live_sandboxes)",
+            "host_registry:UPDATE(address,capacity_vcpus,capacity_memory_mib,capacity_disk_mib,vcpu_overcommit_percent,"
+            "memory_overcommit_percent,disk_overcommit_percent,promised_vcpus,promised_memory_mib,promised_disk_mib,"
+            "live_sandboxes,heartbeat_at)", NULL } },
         { "tally_notifier",
           { "alert_deliveries:UPDATE(state,attempts,last_error,next_attempt_at,delivered_at)",
             "alerts:UPDATE(delivered_at)", "spend_rate_points:DELETE", NULL } },
@@ -336,6 +344,30 @@ static void never(PGconn *c, const char *role)
         }
 }
 
+/* sql/021: a host beats (dated by the database), never sets the state; tally-api reads (other logins: vmm-registry). */
+static const char REGISTER[] =
+        "INSERT INTO host_registry (host_id, address, capacity_vcpus, capacity_memory_mib, capacity_disk_mib, vcpu_overcommit_percent,"
+        " memory_overcommit_percent, disk_overcommit_percent) VALUES ('host-r', 'https://10.0.0.1:7443', 4, 8192, 10240, 1600, 100,"
+        " 100) ON CONFLICT (host_id) DO UPDATE SET promised_vcpus = 2, heartbeat_at = now()";
+
+static void host_registry_rights(PGconn *admin, PGconn *vmm)
+{
+        exec_ok(vmm, REGISTER), exec_ok(vmm, REGISTER); /* registers, then beats: the same upsert */
+        char *v = one(admin, "SELECT registered_by || '/' || state || '/' || promised_vcpus FROM host_registry");
+        CHECK(strcmp(v, "tally_vmm/ready/2") == 0, "host-r registered as %s, want tally_vmm/ready/2", v);
+        free(v);
+        refused(vmm, "tally_vmm", "UPDATE host_registry SET state = 'draining' WHERE host_id = 'host-r'");
+        exec_ok(vmm, "UPDATE host_registry SET heartbeat_at = now() + interval '1 year' WHERE host_id = 'host-r'");
+        v = one(admin, "SELECT heartbeat_at <= now() + interval '5 seconds' FROM host_registry WHERE host_id = 'host-r'");
+        CHECK(strcmp(v, "t") == 0, "tally_vmm dated its heartbeat in the future");
+        free(v);
+        PGconn *api = connect_as("tally_api");
+        v = one(api, "SELECT effective_state || '/' || free_vcpus FROM host_states WHERE host_id = 'host-r'");
+        CHECK(strcmp(v, "ready/62") == 0, "tally_api reads host-r as %s, want ready/62", v);
+        free(v);
+        PQfinish(api);
+}
+
 /* DDL on tally's tables and CREATE anywhere: only the owner. */
 static void no_ddl(PGconn *c, const char *role)
 {
@@ -541,6 +573,7 @@ int main(void)
         free(seen);
         refused(vmm, "tally_vmm", "SELECT key_hash FROM api_keys");
         refused(vmm, "tally_vmm", "SELECT * FROM usage_hourly");
+        host_registry_rights(admin, vmm);
         PQfinish(vmm);
         PGconn *agg = connect_as("tally_aggregator");
         refused(agg, "tally_aggregator", "SELECT key_hash FROM api_keys");
