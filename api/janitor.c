@@ -2,6 +2,8 @@
 #include "janitor.h"
 
 #include "destinations.h"
+#include "log.h"
+#include "vmm_hosts.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -11,10 +13,13 @@
 #include <time.h>
 
 #define JANITOR_PERIOD_S 60
+/* The host registry's states are read this often (host_states). */
+#define HOST_STATES_PERIOD_S 2
 
 struct janitor {
         const struct api_config *cfg;
         struct db_pool *pool;
+        struct vmm_hosts *hosts;
         pthread_t thread;
         bool stopping;
         pthread_mutex_t lock;
@@ -39,32 +44,57 @@ static void janitor_round(struct janitor *j)
         db_pool_put(j->pool, db);
 }
 
+/* The operator's state of each registered host (sql/021: draining, or down
+ * by its heartbeat) onto tally-api's hosts: a draining host takes no create. */
+static void host_states_round(struct janitor *j)
+{
+        PGconn *db = db_pool_get(j->pool);
+        PGresult *res = db_query(db, "read the host registry", PGRES_TUPLES_OK,
+                                 "SELECT host_id, effective_state FROM host_states", 0, NULL);
+        int n = res ? PQntuples(res) : 0;
+        const char **ids = calloc((size_t)n + 1, sizeof(*ids)), **states = calloc((size_t)n + 1, sizeof(*states));
+        for (int i = 0; ids && states && i < n; i++) {
+                ids[i] = PQgetvalue(res, i, 0);
+                states[i] = PQgetvalue(res, i, 1);
+        }
+        if (res && ids && states) /* (a failed read leaves the states as they were) */
+                vmm_hosts_set_states(j->hosts, n, ids, states);
+        free(ids);
+        free(states);
+        PQclear(res);
+        db_pool_put(j->pool, db);
+}
+
 static void *janitor_main(void *arg)
 {
         struct janitor *j = arg;
         pthread_mutex_lock(&j->lock);
-        while (!j->stopping) {
+        for (int tick = 1; !j->stopping; tick++) {
                 struct timespec until;
                 clock_gettime(CLOCK_REALTIME, &until);
-                until.tv_sec += JANITOR_PERIOD_S;
+                until.tv_sec += HOST_STATES_PERIOD_S;
                 pthread_cond_timedwait(&j->wake, &j->lock, &until);
                 if (j->stopping)
                         break;
                 pthread_mutex_unlock(&j->lock);
-                janitor_round(j);
+                if (j->hosts)
+                        host_states_round(j);
+                if (tick % (JANITOR_PERIOD_S / HOST_STATES_PERIOD_S) == 0)
+                        janitor_round(j);
                 pthread_mutex_lock(&j->lock);
         }
         pthread_mutex_unlock(&j->lock);
         return NULL;
 }
 
-int janitor_start(const struct api_config *cfg, struct db_pool *pool, struct janitor **ret)
+int janitor_start(const struct api_config *cfg, struct db_pool *pool, struct vmm_hosts *hosts, struct janitor **ret)
 {
         struct janitor *j = calloc(1, sizeof(*j));
         if (!j)
                 return -ENOMEM;
         j->cfg = cfg;
         j->pool = pool;
+        j->hosts = hosts;
         pthread_mutex_init(&j->lock, NULL);
         pthread_cond_init(&j->wake, NULL);
         int r = pthread_create(&j->thread, NULL, janitor_main, j);

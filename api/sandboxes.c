@@ -333,10 +333,8 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         const struct vmm_want want = { vc ? json_integer_value(vc) : 1, m ? json_integer_value(m) : 512,
                                        dm ? json_integer_value(dm) : 1024 };
         int h = vmm_hosts_next(hosts, -1, &want);
-        if (h < 0)
-                h = 0; /* none known ready: the first, whose failure says why */
-        long st = vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
-        if (st == -EBUSY || st == -ENOTCONN || st == 503 || st == 507) {
+        long st = h < 0 ? -EHOSTDOWN : vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+        if (h >= 0 && (st == -EBUSY || st == -ENOTCONN || st == 503 || st == 507)) {
                 int other = vmm_hosts_next(hosts, h, &want);
                 if (other >= 0) {
                         log_info("create retried on another host", "from=%d to=%d status=%ld", h, other, st);
@@ -349,6 +347,9 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         if (lock)
                 pthread_mutex_unlock(lock);
         json_decref(spec);
+        if (st == -EHOSTDOWN)
+                return api_fail(err, 503, "no_host", NULL,
+                                "no sandbox host takes creates now (each is down or draining); retry later");
         if (st == 201)
                 vmm_hosts_promise(hosts, h, &want);
         if (st == 201)

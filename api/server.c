@@ -56,7 +56,7 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
                 alert_metrics_refresh(db);
                 db_pool_put(s->pool, db);
         }
-        if ((r = janitor_start(cfg, s->pool, &s->janitor)) < 0)
+        if ((r = janitor_start(cfg, s->pool, s->hosts, &s->janitor)) < 0)
                 log_warn("could not start the janitor: expired sessions stay until restart", "error=\"%s\"",
                          strerror(-r));
         *ret = s;

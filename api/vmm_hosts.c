@@ -46,6 +46,9 @@ struct host {
         char host_id[128];     /* its /v1/status "host", "" until one answered; under lock */
         char named[64];        /* the HOST_ID of an https entry (its certificate's name), "" for a socket */
         struct room room;      /* under lock */
+        /* the host registry's state of it (host_states; "" when the registry
+         * has no row of it, as when hosts do not register), under lock */
+        char registry[16];
         pthread_t watch;
         bool watching;
 };
@@ -190,6 +193,34 @@ bool vmm_hosts_ready(struct vmm_hosts *h, int i)
         return !atomic_load(&h->state[i].down);
 }
 
+/* Whether the host registry lets host i take a create: it is `ready` there,
+ * or has no row (a draining host, or one whose heartbeat stopped, does not). */
+static bool registry_ready(struct vmm_hosts *h, int i)
+{
+        pthread_mutex_lock(&h->state[i].lock);
+        bool ok = !h->state[i].registry[0] || strcmp(h->state[i].registry, "ready") == 0;
+        pthread_mutex_unlock(&h->state[i].lock);
+        return ok;
+}
+
+void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_ids, const char *const *states)
+{
+        for (int i = 0; i < h->n; i++) {
+                struct host *s = &h->state[i];
+                pthread_mutex_lock(&s->lock);
+                const char *id = s->named[0] ? s->named : s->host_id, *state = "";
+                for (int k = 0; k < n && *id; k++)
+                        if (strcmp(host_ids[k], id) == 0)
+                                state = states[k];
+                if (strcmp(s->registry, state) != 0) {
+                        log_info("host state in the registry", "host=%s state=%s was=%s", *id ? id : "(unknown)",
+                                 *state ? state : "(none)", s->registry[0] ? s->registry : "(none)");
+                        snprintf(s->registry, sizeof(s->registry), "%s", state);
+                }
+                pthread_mutex_unlock(&s->lock);
+        }
+}
+
 /* Host i's fullness with want added, per mille of what it may promise (its
  * fullest resource), and whether want fits; unknown room: fits, scored last. */
 static int64_t place_score(struct vmm_hosts *h, int i, const struct vmm_want *want, bool *fits)
@@ -221,7 +252,7 @@ int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want)
                 int i = (int)((start + (unsigned)k) % (unsigned)h->n);
                 if (k == PLACE_SAMPLE && best >= 0)
                         break; /* the sample had room: the rest are not scored */
-                if (i == skip || !vmm_hosts_ready(h, i))
+                if (i == skip || !vmm_hosts_ready(h, i) || !registry_ready(h, i))
                         continue;
                 bool fits;
                 int64_t s = place_score(h, i, want, &fits);
@@ -422,6 +453,7 @@ json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up)
                 pthread_mutex_lock(&s->lock);
                 json_t *id = s->host_id[0] ? json_string(s->host_id) : json_null();
                 int in_flight = s->in_flight;
+                json_t *reg = s->registry[0] ? json_string(s->registry) : json_null();
                 pthread_mutex_unlock(&s->lock);
                 int64_t ok = atomic_load(&s->last_ok);
                 json_t *last = json_null();
@@ -436,8 +468,9 @@ json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up)
                 }
                 bool up = vmm_hosts_ready(h, i);
                 all = all && up;
-                json_array_append_new(list, json_pack("{s:i, s:o, s:b, s:o, s:i}", "index", i, "host", id, "reachable",
-                                                      up, "last_ok", last, "calls_in_flight", in_flight));
+                json_array_append_new(list, json_pack("{s:i, s:o, s:b, s:o, s:i, s:o}", "index", i, "host", id,
+                                                      "reachable", up, "last_ok", last, "calls_in_flight", in_flight,
+                                                      "registry", reg));
         }
         *ret_all_up = all;
         return list;

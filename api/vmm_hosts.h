@@ -72,6 +72,10 @@ struct vmm_want {
  * none, the least full (its tally-vmm refuses with 507 if it must). -1 when
  * no host is ready. */
 int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want);
+/* The host registry's states (host_states: n rows of host_id and
+ * effective_state): a create goes only to a host that is `ready` there or
+ * has no row. */
+void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_ids, const char *const *states);
 /* Counts want as promised on host i until its next probe says what it has
  * promised (so creates between two probes do not all pick one host). */
 void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want);

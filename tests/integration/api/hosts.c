@@ -55,7 +55,7 @@ void hosts_prepare(void)
         char *argv[] = { (char *)test_env("TALLY_VMM_BIN"), "--state-dir", state_b, "--socket", sock_b,
                          "--kafka-brokers", (char *)test_env("TALLY_TEST_BROKERS"), "--cgroup-parent", parent_b,
                          "--host-id", HOST_B, "--backend", "process", "--final-wait-ms", "500",
-                         "--limits-database-url", db_url, NULL };
+                         "--limits-database-url", db_url, "--host-registry-database-url", db_url, NULL };
         vmm_b = test_spawn(argv, NULL, log);
         struct stat st;
         int64_t until = test_now_ms() + 20000;
@@ -417,6 +417,27 @@ static long create_mib(int mib, char *id, size_t size)
         return st;
 }
 
+/* Leaves the hosts as a case found them: account B's sandboxes deleted, both
+ * hosts promising nothing, and tally-api's watch having seen it. */
+static void empty_hosts(void)
+{
+        struct resp r = http("GET", "/v1/sandboxes", key_b2.secret, NULL, NULL);
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(r.json, "sandboxes"), i, v) {
+                char path[160];
+                snprintf(path, sizeof(path), "/v1/sandboxes/%s", test_jstr(v, "id"));
+                struct resp d = http("DELETE", path, key_b2.secret, NULL, NULL);
+                resp_free(&d);
+        }
+        resp_free(&r);
+        int64_t ca, cb;
+        for (int64_t until = test_now_ms() + 10000;
+             (promised_mib(sock, &ca) != 0 || promised_mib(sock_b, &cb) != 0) && test_now_ms() < until;)
+                test_sleep_ms(100);
+        test_sleep_ms(2500); /* and tally-api's watch has seen them empty */
+}
+
 /* Creates are placed by room (docs/api.md, "Placement"): each host may
  * promise 4,096 MiB here (TALLY_CAPACITY_MEMORY_MIB, main()). 3,000 MiB goes
  * to one host (H1), 1,000 to the other (H2, the emptier), then 2,000 fits
@@ -465,25 +486,88 @@ static void test_placement(void)
         kill(pid2, SIGCONT);
         b_stopped = a_stopped = false;
         CHECK(wait_health("ok", 10000), "/healthz did not say ok again");
-        /* leave the hosts as they were for the next case */
-        const char *ids[] = { x, y, z, v };
-        for (int i = 0; i < 4; i++) {
-                if (!*ids[i])
-                        continue;
-                char path[128];
-                snprintf(path, sizeof(path), "/v1/sandboxes/%s", ids[i]);
-                struct resp r = http("DELETE", path, key_b2.secret, NULL, NULL);
+        empty_hosts();
+}
+
+/* Host B's state as tally-api's /healthz says the registry has it ("" for none). */
+static bool b_registry_is(const char *want, int ms)
+{
+        int64_t until = test_now_ms() + ms;
+        do {
+                struct resp r = http("GET", "/healthz", NULL, NULL, NULL);
+                json_t *v;
+                size_t i;
+                bool seen = false;
+                json_array_foreach(json_object_get(r.json, "hosts"), i, v)
+                        seen |= strcmp(test_jstr(v, "host"), HOST_B) == 0 &&
+                                strcmp(json_string_value(json_object_get(v, "registry")) ?: "", want) == 0;
                 resp_free(&r);
+                if (seen)
+                        return true;
+                test_sleep_ms(200);
+        } while (test_now_ms() < until);
+        return false;
+}
+
+/* Draining host B for maintenance (docs/operations.md): `tally-admin host
+ * drain` in the registry B heartbeats into; tally-api sends it no create,
+ * while its sandbox stays visible and controllable; with every host draining
+ * a create is 503 no_host; `host resume` and creates reach B again. */
+static void test_drain(void)
+{
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok with both hosts");
+        CHECK(b_registry_is("ready", 20000), "host B did not appear ready in the registry through tally-api");
+        char on_b[300] = "", ids[4][64] = { "" };
+        for (int i = 0; i < 4 && !*on_b; i++) { /* one sandbox on B first */
+                CHECK(create_mib(64, ids[i], sizeof(ids[i])) == 201, "create before the drain");
+                if (on_host(sock_b, ids[i]))
+                        snprintf(on_b, sizeof(on_b), "%s", ids[i]);
         }
-        int64_t ca, cb;
-        for (int64_t until = test_now_ms() + 10000;
-             (promised_mib(sock, &ca) != 0 || promised_mib(sock_b, &cb) != 0) && test_now_ms() < until;)
-                test_sleep_ms(100);
-        test_sleep_ms(2500); /* and tally-api's watch has seen them empty */
+        CHECK(*on_b, "no create went to host B before the drain");
+        char *out = NULL;
+        CHECK(admin(&out, "host", "drain", HOST_B, NULL) == 0, "tally-admin host drain");
+        free(out);
+        CHECK(b_registry_is("draining", 10000), "tally-api did not see host B draining");
+        int on_a = 0;
+        char made[4][64];
+        for (int i = 0; i < 4; i++)
+                on_a += create_mib(64, made[i], sizeof(made[i])) == 201 && on_host(sock, made[i]);
+        CHECK(on_a == 4, "%d of 4 creates went to host A while B drained", on_a);
+        char path[160];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", on_b);
+        struct resp r = http("GET", path, key_b2.secret, NULL, NULL);
+        CHECK(r.status == 200, "B's sandbox while draining: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", on_b);
+        r = http("POST", path, key_b2.secret, NULL, NULL);
+        CHECK(r.status == 200, "pausing B's sandbox while draining: %ld %s", r.status, r.body ? r.body : "");
+        resp_free(&r);
+        /* A draining too: nowhere to create. */
+        sql_exec("INSERT INTO host_registry (host_id, capacity_vcpus, capacity_memory_mib, capacity_disk_mib,"
+                 " vcpu_overcommit_percent, memory_overcommit_percent, disk_overcommit_percent, state)"
+                 " VALUES ($1, 2, 4096, 4096, 100, 100, 100, $2)", HOST_A, "draining");
+        long st = 0;
+        for (int64_t until = test_now_ms() + 10000; st != 503 && test_now_ms() < until; test_sleep_ms(300)) {
+                struct resp c = http("POST", "/v1/sandboxes", key_b2.secret, NULL, "{\"memory_mib\":64}");
+                st = c.status;
+                CHECK(st == 201 || (st == 503 && strcmp(err_code(&c), "no_host") == 0), "create with A draining: %ld %s",
+                      st, c.body ? c.body : "");
+                resp_free(&c);
+        }
+        CHECK(st == 503, "with every host draining a create still ran");
+        sql_exec("DELETE FROM host_registry WHERE host_id = $1", HOST_A, NULL);
+        CHECK(admin(&out, "host", "resume", HOST_B, NULL) == 0, "tally-admin host resume");
+        free(out);
+        CHECK(b_registry_is("ready", 10000), "tally-api did not see host B ready again");
+        char back[64];
+        CHECK(create_mib(64, back, sizeof(back)) == 201 && on_host(sock_b, back),
+              "after resume the create did not go to B, the emptier host");
+        empty_hosts();
 }
 
 const struct test_case hosts_cases[] = {
         { "placement", test_placement },
+        { "drain", test_drain },
         { "one_host_hangs", test_one_host_hangs },
         { "abandoned_create", test_abandoned_create },
 };
