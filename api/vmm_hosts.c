@@ -313,15 +313,22 @@ static int64_t wall_ns(void)
         return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait. */
+static struct timespec deadline_in(long ms)
+{
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += ms % 1000 * 1000000;
+        t.tv_sec += ms / 1000 + t.tv_nsec / 1000000000;
+        t.tv_nsec %= 1000000000;
+        return t;
+}
+
 /* Takes one of host i's slots, waiting at most SLOT_WAIT_MS. */
 static bool slot_take(struct vmm_hosts *h, int i)
 {
         struct host *s = &h->state[i];
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += (long)SLOT_WAIT_MS * 1000000;
-        until.tv_sec += until.tv_nsec / 1000000000;
-        until.tv_nsec %= 1000000000;
+        struct timespec until = deadline_in(SLOT_WAIT_MS);
         pthread_mutex_lock(&s->lock);
         int r = 0;
         while (s->in_flight >= h->limit && r != ETIMEDOUT)
@@ -413,11 +420,7 @@ static void *watch_main(void *arg)
                                          vmm_client_address(h->host[i]), st, why);
                 }
                 json_decref(j);
-                struct timespec until;
-                clock_gettime(CLOCK_REALTIME, &until);
-                until.tv_nsec += (long)PROBE_PERIOD_MS * 1000000;
-                until.tv_sec += until.tv_nsec / 1000000000;
-                until.tv_nsec %= 1000000000;
+                struct timespec until = deadline_in(PROBE_PERIOD_MS);
                 pthread_mutex_lock(&h->stop_lock);
                 if (!h->stopping)
                         pthread_cond_timedwait(&h->stop_cond, &h->stop_lock, &until);

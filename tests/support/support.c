@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libpq-fe.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -531,4 +532,18 @@ char *test_db_value(const char *url, const char *sql)
         PQclear(r);
         PQfinish(c);
         return v;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+        (void)st;
+        (void)flag;
+        (void)ftw;
+        remove(path);
+        return 0;
+}
+
+void test_remove_tree(const char *path)
+{
+        nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

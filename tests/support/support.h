@@ -64,6 +64,8 @@ int test_log_port(const char *path, const char *needle, int timeout_ms);
 
 /* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
 char *test_read_file(const char *path);
+/* Removes path and everything below it (best effort; links are not followed). */
+void test_remove_tree(const char *path);
 
 /* The process runs: it exists and is not a zombie (one that ended and waits
  * for its parent — PID 1, for a daemon a script started — to reap it, which

@@ -19,7 +19,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -52,15 +51,6 @@ static int64_t wall_ns(void) { return test_clock_ns(CLOCK_REALTIME); }
 
 /* ---- cleaning up whatever the test made ---- */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
 static void cleanup(void)
 {
         test_stop_process(&daemon_pid, SIGKILL);
@@ -75,7 +65,7 @@ static void cleanup(void)
                 if (l && test_failures)
                         fprintf(stderr, "---- tally-vmm's log ----\n%s\n", l);
                 free(l);
-                nftw(base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                test_remove_tree(base);
                 *base = '\0';
         }
         if (db_url) {

@@ -19,7 +19,6 @@
 #include "vmmtest.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <signal.h>
@@ -45,13 +44,6 @@ struct host {
 static struct host hosts[2];
 static char *db_url;
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st, (void)flag, (void)ftw;
-        remove(path);
-        return 0;
-}
-
 static void cleanup(void)
 {
         for (int i = 0; i < 2; i++) {
@@ -68,7 +60,7 @@ static void cleanup(void)
                         if (l && test_failures)
                                 fprintf(stderr, "---- %s's log ----\n%s\n", h->id, l);
                         free(l);
-                        nftw(h->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                        test_remove_tree(h->dir);
                         *h->dir = '\0';
                 }
         }

@@ -16,7 +16,6 @@
 
 #include <curl/curl.h>
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,15 +34,6 @@ static char *state, *sock, *log_path, *ca, *other_ca;
 static pid_t daemon_pid = -1;
 static int port, cgroup_version;
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-        (void)st;
-        (void)flag;
-        (void)ftw;
-        remove(path);
-        return 0;
-}
-
 static void cleanup(void)
 {
         test_stop_process(&daemon_pid, SIGKILL);
@@ -58,7 +48,7 @@ static void cleanup(void)
                 if (l && test_failures)
                         fprintf(stderr, "---- tally-vmm's log ----\n%s\n", l);
                 free(l);
-                nftw(base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+                test_remove_tree(base);
                 *base = '\0';
         }
 }
