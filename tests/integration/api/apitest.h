@@ -68,5 +68,7 @@ extern const size_t hostile_ncases;
  * host B (after test_api.c's host A, before tally-api) and sets
  * api_vmm_sockets; hosts_cases then run. */
 void hosts_prepare(void);
+/* Before test_api.c starts host A: certificates (scripts/ca) and A's TLS settings. */
+void hosts_tls_prepare(void);
 extern const struct test_case hosts_cases[];
 extern const size_t hosts_ncases;

@@ -1426,8 +1426,10 @@ int main(int argc, char **argv)
         free(merr);
         db = PQconnectdb(db_url);
         setup_accounts();
-        if (hosts) /* (hosts.c's placement: each tally-vmm may promise 4,096 MiB) */
+        if (hosts) { /* (hosts.c's placement: each tally-vmm may promise 4,096 MiB) */
                 setenv("TALLY_CAPACITY_MEMORY_MIB", "4096", 1);
+                hosts_tls_prepare();
+        }
         start_vmm();
         if (hostile) {
                 /* a key runs 4 sandbox requests at once (the default); its account may have 8 waiting */
