@@ -547,3 +547,16 @@ void test_remove_tree(const char *path)
 {
         nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
+
+void test_ca(const char *cmd, const char *dir, const char *name)
+{
+        char *argv[] = { (char *)test_env("TALLY_CA_SCRIPT"), (char *)cmd, (char *)dir, (char *)name, NULL };
+        char *err = NULL;
+        int rc = test_run(argv, NULL, &err);
+        if (rc != 0) {
+                fprintf(stderr, "FAIL: scripts/ca %s %s %s: %s\n", cmd, dir, name ? name : "", err ? err : "");
+                test_failures++;
+                exit(test_result());
+        }
+        free(err);
+}

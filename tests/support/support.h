@@ -64,6 +64,9 @@ int test_log_port(const char *path, const char *needle, int timeout_ms);
 
 /* Reads a whole small file (malloc'd), trailing newline removed; NULL on error. */
 char *test_read_file(const char *path);
+/* scripts/ca CMD DIR [NAME] (TALLY_CA_SCRIPT: `init` a CA in DIR, `issue` a
+ * certificate named NAME); a failure fails the test and exits. */
+void test_ca(const char *cmd, const char *dir, const char *name);
 /* Removes path and everything below it (best effort; links are not followed). */
 void test_remove_tree(const char *path);
 

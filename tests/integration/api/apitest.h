@@ -59,6 +59,9 @@ struct session sign_in(const char *email, const char *password, long *ret_status
 void create_sandbox(const struct key *k, char *id, size_t size);
 /* sandboxes of acct not stopped, as tally-vmm itself lists them */
 int vmm_count(const char *acct);
+/* GET path of the tally-vmm at socket s, on the socket itself: the HTTP status
+ * (0: no answer in 10 s), and the body (malloc'd) in *body when body is not NULL. */
+long vmm_get(const char *s, const char *path, char **body);
 
 /* hostile.c: each way one tenant tried to hurt the others, as an attack */
 extern const struct test_case hostile_cases[];

@@ -926,26 +926,41 @@ static void *race(void *arg)
         return NULL;
 }
 
-/* Count account A's sandboxes as tally-vmm itself lists them. */
-int vmm_count(const char *acct)
+long vmm_get(const char *s, const char *path, char **body)
 {
         CURL *c = curl_easy_init();
-        char url[256];
-        snprintf(url, sizeof(url), "http://vmm/v1/sandboxes?account=%s", acct);
+        char url[512];
+        snprintf(url, sizeof(url), "http://vmm%s", path);
         struct resp r = { 0 };
-        curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, sock);
+        curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, s);
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-        curl_easy_perform(c);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+        long status = 0;
+        if (curl_easy_perform(c) == CURLE_OK)
+                curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
         curl_easy_cleanup(c);
-        json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+        if (body)
+                *body = r.body;
+        else
+                free(r.body);
+        return status;
+}
+
+/* Count account A's sandboxes as tally-vmm itself lists them. */
+int vmm_count(const char *acct)
+{
+        char path[256], *body = NULL;
+        snprintf(path, sizeof(path), "/v1/sandboxes?account=%s", acct);
+        vmm_get(sock, path, &body);
+        json_t *j = body ? json_loads(body, 0, NULL) : NULL;
         int n = 0;
         size_t i;
         json_t *sb;
         json_array_foreach(json_object_get(j, "sandboxes"), i, sb) n += strcmp(test_jstr(sb, "state"), "stopped") != 0;
         json_decref(j);
-        free(r.body);
+        free(body);
         return n;
 }
 

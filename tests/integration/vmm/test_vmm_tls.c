@@ -53,20 +53,6 @@ static void cleanup(void)
         }
 }
 
-/* scripts/ca ARGS..., which must succeed. */
-static void run_ca(const char *cmd, const char *dir, const char *name)
-{
-        char *argv[] = { (char *)test_env("TALLY_CA_SCRIPT"), (char *)cmd, (char *)dir, (char *)name, NULL };
-        char *err = NULL;
-        int rc = test_run(argv, NULL, &err);
-        if (rc != 0) {
-                fprintf(stderr, "FAIL: scripts/ca %s %s %s: %s\n", cmd, dir, name ? name : "", err ? err : "");
-                test_failures++;
-                exit(test_result());
-        }
-        free(err);
-}
-
 struct answer {
         char *data;
         size_t len;
@@ -337,12 +323,12 @@ int main(void)
                 return 1;
         test_cleanup_at_exit(cleanup);
         curl_global_init(CURL_GLOBAL_DEFAULT);
-        run_ca("init", ca, NULL);
-        run_ca("issue", ca, HOST_ID);
-        run_ca("issue", ca, "tally-api");
-        run_ca("issue", ca, "intruder");
-        run_ca("init", other_ca, NULL);
-        run_ca("issue", other_ca, "tally-api");
+        test_ca("init", ca, NULL);
+        test_ca("issue", ca, HOST_ID);
+        test_ca("issue", ca, "tally-api");
+        test_ca("issue", ca, "intruder");
+        test_ca("init", other_ca, NULL);
+        test_ca("issue", other_ca, "tally-api");
         port = test_free_port();
         char listen[64], cert[600], key[600], client_ca[600];
         snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
