@@ -269,12 +269,12 @@ static int check_type(json_t *body, const char *name, json_type t, struct api_er
  * slow host) made a sandbox whose id nobody received: it is stopped at once,
  * never left running and billed. With an Idempotency-Key the answer is kept
  * for the caller's retry (idempotency.c), which gets this very sandbox: it
- * stays. */
-static void stop_if_abandoned(struct api_req *r, struct vmm_hosts *hosts, int h, json_t *created)
+ * stays. Returns whether it was stopped. */
+static bool stop_if_abandoned(struct api_req *r, struct vmm_hosts *hosts, int h, json_t *created)
 {
         const char *id = json_string_value(json_object_get(created, "id"));
         if (!id || req_header(r, "Idempotency-Key") || !req_client_gone(r))
-                return;
+                return false;
         char path[160];
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
         json_t *j = NULL;
@@ -282,6 +282,7 @@ static void stop_if_abandoned(struct api_req *r, struct vmm_hosts *hosts, int h,
         json_decref(j);
         log_warn("create abandoned by its client: its sandbox is stopped", "sandbox=%s account=%s key=%s status=%ld",
                  id, r->caller.account, r->caller.key, st);
+        return true;
 }
 
 int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_error *err)
@@ -355,8 +356,12 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         if (st == 201)
                 log_info("sandbox created", "sandbox=%s account=%s key=%s",
                          json_string_value(json_object_get(j, "id")), r->caller.account, r->caller.key);
-        if (st == 201)
-                stop_if_abandoned(r, hosts, h, j);
+        if (st == 201 && stop_if_abandoned(r, hosts, h, j)) {
+                /* (a client that only half-closed still reads this: never a 201 for a stopped sandbox) */
+                json_decref(j);
+                return api_fail(err, 409, "abandoned", NULL,
+                                "the caller hung up before the sandbox was ready: it was stopped");
+        }
         return forward(st, j, 201, out, err);
 }
 
