@@ -223,9 +223,18 @@ void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_id
 
 /* Host i's fullness with want added, per mille of what it may promise (its
  * fullest resource), and whether want fits; unknown room: fits, scored last. */
+/* Sizes as placement counts them: 0 to ROOM_MAX (a caller's body may say
+ * any integer; the vmm refuses what no host has, but the score must not
+ * overflow first). ROOM_MAX x 1000 x 2 fits int64_t. */
+#define ROOM_MAX (INT64_C(1) << 40)
+static int64_t room_clamp(int64_t v)
+{
+        return v < 0 ? 0 : v > ROOM_MAX ? ROOM_MAX : v;
+}
+
 static int64_t place_score(struct vmm_hosts *h, int i, const struct vmm_want *want, bool *fits)
 {
-        const int64_t w[3] = { want->vcpus, want->memory_mib, want->disk_mib };
+        const int64_t w[3] = { room_clamp(want->vcpus), room_clamp(want->memory_mib), room_clamp(want->disk_mib) };
         pthread_mutex_lock(&h->state[i].lock);
         struct room r = h->state[i].room;
         pthread_mutex_unlock(&h->state[i].lock);
@@ -271,9 +280,9 @@ int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want)
 void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want)
 {
         pthread_mutex_lock(&h->state[i].lock);
-        h->state[i].room.promised[0] += want->vcpus;
-        h->state[i].room.promised[1] += want->memory_mib;
-        h->state[i].room.promised[2] += want->disk_mib;
+        const int64_t w[3] = { want->vcpus, want->memory_mib, want->disk_mib };
+        for (int k = 0; k < 3; k++)
+                h->state[i].room.promised[k] = room_clamp(h->state[i].room.promised[k] + room_clamp(w[k]));
         pthread_mutex_unlock(&h->state[i].lock);
 }
 
@@ -286,8 +295,8 @@ static struct room room_of(const json_t *status)
         for (int k = 0; r.known && k < 3; k++) {
                 const json_t *c = json_object_get(cap, names[k]), *p = json_object_get(pr, names[k]);
                 r.known = json_is_integer(c) && json_is_integer(p);
-                r.cap[k] = json_integer_value(c);
-                r.promised[k] = json_integer_value(p);
+                r.cap[k] = room_clamp(json_integer_value(c));
+                r.promised[k] = room_clamp(json_integer_value(p));
         }
         return r;
 }
