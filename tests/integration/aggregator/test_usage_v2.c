@@ -15,6 +15,8 @@
  *      it: the first waits in held_readings and is billed when its event
  *      comes; the second cannot wait there too (one row a message) and is a
  *      dead letter; its sandbox's next sample bills the truth.
+ *   5. A host sending usage batches only is metered (hosts.last_sample_at):
+ *      a batch's samples count for the metering gap as v1 samples do.
  *
  * Expected totals are worked out by hand from the counters the messages
  * carry (1 GiB = 1073741824 bytes of memory, running all along: memory is
@@ -143,6 +145,18 @@ int main(void)
         aggtest_produce(&t, &c1);
         aggtest_produce(&t, &c2);
         aggtest_produce(&t, &h2b);
+
+        /* 5. A host whose collector sends usage batches only: its samples
+         * say it is metered (hosts.last_sample_at), as v1 samples do. */
+        struct usage_event k1 = tick("sb-v2-k", 1, base + 10 * SEC, 1 * SEC, 10 * SEC);
+        strcpy(k1.host, "host-v2-only");
+        o.wall = base + 10 * SEC;
+        o.mono = 1000;
+        int hn = sample_batch_begin(o.buf, sizeof(o.buf), "host-v2-only", o.wall, o.mono);
+        CHECK(hn > 0, "batch header: %d", hn);
+        o.len = hn > 0 ? (size_t)hn : 0;
+        add(&t, &o, k1);
+        send_batch(&t, &o);
         aggtest_flush(&t);
 
         pid_t agg = aggtest_spawn(&t, NULL);
@@ -162,6 +176,12 @@ int main(void)
         /* 4: h1 from held_readings once created; h2 from its next sample. */
         aggtest_expect_billed(&t, "sb-v2-h1", "1000000000/10737418240000000000/0", "held from a batch");
         aggtest_expect_billed(&t, "sb-v2-h2", "2000000000/21474836480000000000/0", "held second in a batch");
+        /* 5: the batch-only host is in hosts, with its sample's time. */
+        char *metered = aggtest_query(&t, "SELECT count(*) FROM hosts WHERE host = 'host-v2-only'"
+                                          " AND last_sample_at > now() - interval '10 minutes'");
+        CHECK(metered && strcmp(metered, "1") == 0, "a host sending usage batches only has no last sample (%s)",
+              metered ? metered : "?");
+        free(metered);
         char *held = aggtest_query(&t, "SELECT count(*) FROM held_readings");
         CHECK(held && strcmp(held, "0") == 0, "held readings left: %s", held ? held : "?");
         free(held);
