@@ -98,8 +98,11 @@ int main(void)
         /* While it runs: frozen (SIGSTOP) behind the broker's limit, its
          * fetch position goes out of range; the consumer reports it and the
          * same rule applies. */
-        int64_t stored2 = store_int(&t, "SELECT next_offset FROM consumer_offsets WHERE partition = 1");
         kill(agg, SIGSTOP);
+        /* read once it is frozen, and any commit it had sent has landed (a
+         * full run once read 77 here, before a commit of offsets up to 81) */
+        time_sleep_ns(NS_PER_SEC);
+        int64_t stored2 = store_int(&t, "SELECT next_offset FROM consumer_offsets WHERE partition = 1");
         for (int seq = 7; seq <= 8; seq++) {
                 struct usage_event ev = sample(seq, t0);
                 store_produce_to(&t, PART, &ev);
