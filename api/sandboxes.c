@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 /* Asks host h for sandbox r->id: 0 with *ret when it is there and the
  * caller's, else the error (404 for another account's). */
@@ -325,6 +326,16 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         json_t *spec = r->json ? json_deep_copy(r->json) : json_object();
         json_object_set_new(spec, "account", json_string(r->caller.account));
         json_object_set_new(spec, "key", json_string(r->caller.key));
+        /* The create's id on its host: a call that ends with no answer is
+         * cancelled there by it (vmm_hosts_cancel_create). */
+        char rid[40] = "";
+        unsigned char raw[16];
+        if (getrandom(raw, sizeof(raw), 0) == (ssize_t)sizeof(raw)) {
+                for (size_t i = 0; i < sizeof(raw); i++)
+                        snprintf(rid + 2 * i, 3, "%02x", raw[i]);
+                json_object_set_new(spec, "request_id", json_string(rid));
+        }
+        const int64_t bound_ms = req_config(r)->vmm_create_timeout_s * 1000;
         /* A host known down is skipped; a create that failed before its sandbox
          * could exist (nothing sent, or the host refused for capacity or
          * readiness) goes once more to another ready host. */
@@ -334,20 +345,22 @@ int h_sandboxes_create(struct api_req *r, struct api_reply *out, struct api_erro
         const struct vmm_want want = { vc ? json_integer_value(vc) : 1, m ? json_integer_value(m) : 512,
                                        dm ? json_integer_value(dm) : 1024 };
         int h = vmm_hosts_next(hosts, -1, &want);
-        long st = h < 0 ? -EHOSTDOWN : vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+        long st = h < 0 ? -EHOSTDOWN : vmm_hosts_call(hosts, h, "POST", "/v1/sandboxes", spec, bound_ms, &j);
         if (h >= 0 && (st == -EBUSY || st == -ENOTCONN || st == 503 || st == 507)) {
                 int other = vmm_hosts_next(hosts, h, &want);
                 if (other >= 0) {
                         log_info("create retried on another host", "from=%d to=%d status=%ld", h, other, st);
                         json_decref(j);
                         j = NULL;
-                        st = vmm_hosts_call(hosts, other, "POST", "/v1/sandboxes", spec, VMM_CALL_CREATE_MS, &j);
+                        st = vmm_hosts_call(hosts, other, "POST", "/v1/sandboxes", spec, bound_ms, &j);
                         h = other;
                 }
         }
         if (lock)
                 pthread_mutex_unlock(lock);
         json_decref(spec);
+        if ((st == -ETIMEDOUT || st == -EIO) && *rid)
+                vmm_hosts_cancel_create(hosts, h, rid);
         if (st == -EHOSTDOWN)
                 return api_fail(err, 503, "no_host", NULL,
                                 "no sandbox host takes creates now (each is down or draining); retry later");

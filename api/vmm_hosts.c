@@ -26,6 +26,8 @@
 #define SLOT_WAIT_MS 500
 /* Placement scores this many ready hosts in turn (all of them when fewer). */
 #define PLACE_SAMPLE 3
+/* Cancels of creates that ended unanswered, kept per host until it answers. */
+#define CANCELS_MAX 64
 
 /* A host's room as its last probe said (MiB): what it may promise and what
  * it has; known once a probe carried them. */
@@ -49,6 +51,10 @@ struct host {
         /* the host registry's state of it (host_states; "" when the registry
          * has no row of it, as when hosts do not register), under lock */
         char registry[16];
+        /* request ids of creates whose call ended with no answer: the watch
+         * sends each a POST /v1/creates/cancel once the host answers */
+        char cancels[CANCELS_MAX][65];
+        int ncancels;          /* under lock */
         pthread_t watch;
         bool watching;
 };
@@ -382,6 +388,61 @@ long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *
         return status;
 }
 
+void vmm_hosts_cancel_create(struct vmm_hosts *h, int i, const char *request_id)
+{
+        struct host *s = &h->state[i];
+        pthread_mutex_lock(&s->lock);
+        if (s->ncancels == CANCELS_MAX) {
+                log_error("too many creates to cancel on one host: the oldest is dropped", "socket=%s request_id=%s",
+                          vmm_client_address(h->host[i]), s->cancels[0]);
+                memmove(s->cancels[0], s->cancels[1], sizeof(s->cancels[0]) * (CANCELS_MAX - 1));
+                s->ncancels--;
+        }
+        snprintf(s->cancels[s->ncancels++], sizeof(s->cancels[0]), "%s", request_id);
+        pthread_mutex_unlock(&s->lock);
+        log_warn("a create ended with no answer: it is cancelled on its host", "socket=%s request_id=%s",
+                 vmm_client_address(h->host[i]), request_id);
+}
+
+/* Sends host i's pending cancels (its probe just answered); each stays until
+ * the host answers it. */
+static void send_cancels(struct vmm_hosts *h, int i)
+{
+        struct host *s = &h->state[i];
+        for (;;) {
+                char rid[65];
+                pthread_mutex_lock(&s->lock);
+                bool any = s->ncancels > 0;
+                if (any)
+                        snprintf(rid, sizeof(rid), "%s", s->cancels[0]);
+                pthread_mutex_unlock(&s->lock);
+                if (!any)
+                        return;
+                char why[256] = "";
+                json_t *j = NULL, *body = json_pack("{s:s}", "request_id", rid);
+                long st = vmm_client_call_within(h->host[i], PROBE_TIMEOUT_MS, "POST", "/v1/creates/cancel", body, &j,
+                                                 why, sizeof(why));
+                json_decref(body);
+                if (st == 200 || st == 400)
+                        log_info("create cancelled on its host", "socket=%s request_id=%s status=%ld stopped=%s",
+                                 vmm_client_address(h->host[i]), rid, st,
+                                 json_is_string(json_object_get(j, "stopped"))
+                                         ? json_string_value(json_object_get(j, "stopped"))
+                                         : "none");
+                json_decref(j);
+                if (st != 200 && st != 400)
+                        return; /* the next probe tries again */
+                pthread_mutex_lock(&s->lock);
+                for (int k = 0; k < s->ncancels; k++)
+                        if (strcmp(s->cancels[k], rid) == 0) {
+                                memmove(s->cancels[k], s->cancels[k + 1], sizeof(s->cancels[0]) * (s->ncancels - k - 1));
+                                s->ncancels--;
+                                break;
+                        }
+                pthread_mutex_unlock(&s->lock);
+        }
+}
+
 struct watch_arg {
         struct vmm_hosts *h;
         int i;
@@ -422,6 +483,7 @@ static void *watch_main(void *arg)
                         if (was_down)
                                 log_info("tally-vmm answers again", "socket=%s host=%s", vmm_client_address(h->host[i]),
                                          id ? id : "");
+                        send_cancels(h, i);
                 } else {
                         atomic_store(&s->down, true);
                         if (!was_down)

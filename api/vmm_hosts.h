@@ -25,9 +25,9 @@
 /* Total bounds of one call, connect included (docs/api.md "Sandbox hosts").
  * Reads and the quick commands (pause, resume, stop, delete, timeout): */
 #define VMM_CALL_SHORT_MS 10000
-/* A create waits for its sandbox to be ready: the vmm bounds that at 60 s
- * (process_spawn.c INIT_READY_TIMEOUT_MS; QEMU's boot is within it too). */
-#define VMM_CALL_CREATE_MS 90000
+/* A create's bound is the setting vmm_create_timeout_s (90 s: the vmm bounds
+ * a sandbox's start at 60 s, process_spawn.c INIT_READY_TIMEOUT_MS; QEMU's
+ * boot is within it too). */
 /* A fork makes up to 10 copies. */
 #define VMM_CALL_FORK_MS 120000
 /* An exec: its own timeout_ms plus this. */
@@ -91,6 +91,12 @@ int vmm_hosts_find(struct vmm_hosts *h, const char *host_id);
  * daemon may have acted); -EIO, another failure after sending. */
 long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *path, json_t *body, int64_t timeout_ms,
                     json_t **ret);
+/* Queues a cancel of the create sent to host i with request_id whose call
+ * ended with no answer (-ETIMEDOUT, -EIO: the host may make it yet): host i's
+ * watch sends POST /v1/creates/cancel at its next answered probe, and again
+ * until the host answers it, so the sandbox is stopped, or the create refused
+ * when it comes (vmm/api_create.h). At most 64 wait per host. */
+void vmm_hosts_cancel_create(struct vmm_hosts *h, int i, const char *request_id);
 /* /healthz's "hosts": [{"index", "host", "reachable", "last_ok",
  * "calls_in_flight"}] (new reference); *ret_all_up whether every host is ready. */
 json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up);

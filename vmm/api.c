@@ -16,6 +16,7 @@
  * any other, is closed unanswered. libmicrohttpd only *requests* a client
  * certificate and verifies nothing itself: that check is the whole guard. */
 #include "api.h"
+#include "api_create.h"
 #include "api_exec.h"
 #include "api_reply.h"
 #include "log.h"
@@ -62,6 +63,7 @@ struct vmm_api {
         int tls_fd;                      /* as fd, for tls_mhd */
         int tls_port;
         char *tls_client_name;
+        struct create_calls creates;     /* creates' request ids, and the cancelled ones (api_create.h) */
 };
 
 /* What NOTIFY_CONNECTION keeps per connection. */
@@ -92,13 +94,11 @@ static enum MHD_Result route(struct vmm_api *a, struct MHD_Connection *c, const 
                 }
                 if (!post)
                         return vmm_reply_error(c, 405, "use GET or POST on /v1/sandboxes");
-                struct create_request req;
-                if ((r = create_request_parse(body, vmm_get_limits(a->vmm), &req, why, sizeof(why))) < 0)
-                        return vmm_reply_result(c, r, why, NULL, 201);
-                r = vmm_create(a->vmm, &req, &out, why, sizeof(why));
-                create_request_clear(&req);
-                return vmm_reply_result(c, r, why, out, 201);
+                return vmm_api_create(c, a->vmm, &a->creates, body);
         }
+        if (strcmp(url, "/v1/creates/cancel") == 0)
+                return post ? vmm_api_create_cancel(c, a->vmm, &a->creates, body)
+                            : vmm_reply_error(c, 405, "use POST on /v1/creates/cancel");
         if (strncmp(url, "/v1/sandboxes/", 14) != 0)
                 return vmm_reply_error(c, 404, "no such route");
         char id[EVENT_ID_MAX + 1];
@@ -466,6 +466,7 @@ int vmm_api_start(struct vmm *v, const char *path, const struct vmm_api_settings
         a->fd = -1;
         a->tls_fd = -1;
         pthread_mutex_init(&a->lock, NULL);
+        create_calls_init(&a->creates);
         if (strlen(path) >= sizeof(addr.sun_path)) {
                 snprintf(err, errlen, "socket path %s is longer than %zu bytes", path, sizeof(addr.sun_path) - 1);
                 r = -ENAMETOOLONG;
@@ -509,6 +510,7 @@ fail:
                 unlink(path);
         }
         pthread_mutex_destroy(&a->lock);
+        create_calls_destroy(&a->creates);
         free(a->tls_client_name);
         free(a);
         return r;
@@ -537,6 +539,7 @@ int vmm_api_stop(struct vmm_api *a, int64_t deadline_mono_ns)
         if (a->tls_mhd)
                 MHD_stop_daemon(a->tls_mhd);
         pthread_mutex_destroy(&a->lock);
+        create_calls_destroy(&a->creates);
         free(a->clients);
         free(a->tls_client_name);
         free(a);

@@ -172,6 +172,20 @@ void test_cgroup_remove(const char *rel, int cgroup_version)
         }
 }
 
+bool test_cgroup_freeze(const char *rel, int cgroup_version, bool on)
+{
+        char path[512];
+        if (cgroup_version == 1)
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/freezer/%s/freezer.state", rel);
+        else
+                snprintf(path, sizeof(path), "/sys/fs/cgroup/%s/cgroup.freeze", rel);
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return false;
+        bool ok = fputs(cgroup_version == 1 ? (on ? "FROZEN" : "THAWED") : (on ? "1" : "0"), f) >= 0;
+        return fclose(f) == 0 && ok;
+}
+
 int test_vmm_cli_raw_v(const char *sock, char **out, char **err, const char *first, va_list ap)
 {
         char *argv[64];

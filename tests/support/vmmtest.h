@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -45,6 +46,11 @@ void test_cgroup_kill_and_remove(const char *dir);
  * freezer first (frozen processes cannot die until thawed); 0 (not known):
  * both. */
 void test_cgroup_remove(const char *rel, int cgroup_version);
+
+/* Freezes (on) or thaws cgroup `rel` under /sys/fs/cgroup, version 1 (its
+ * freezer folder) or 2: a sandbox made under a frozen parent is frozen too,
+ * so its start never finishes until the thaw. Whether the write held. */
+bool test_cgroup_freeze(const char *rel, int cgroup_version, bool on);
 
 /* Runs tally-vmm's own client, `$TALLY_VMM_BIN --socket sock ARGS...`, ARGS the
  * NULL-terminated list from first on (at most 59). */

@@ -105,14 +105,20 @@ static int connect_api(void)
         return fd;
 }
 
+/* Sends one HTTP request with body (NULL: none) on connection fd. */
+static void send_request(int fd, const char *method, const char *path, const char *body)
+{
+        dprintf(fd, "%s /v1%s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                method, path, body ? strlen(body) : 0, body ? body : "");
+}
+
 /* One HTTP request on a connection of its own; returns the status (or -1) and the whole answer. */
-static int http(const char *method, const char *path, char **ret_answer)
+static int http_body(const char *method, const char *path, const char *body, char **ret_answer)
 {
         int fd = connect_api();
         if (fd < 0)
                 return -1;
-        dprintf(fd, "%s /v1%s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", method,
-                path);
+        send_request(fd, method, path, body);
         size_t len = 0, cap = 65536;
         char *buf = malloc(cap);
         ssize_t n;
@@ -132,6 +138,18 @@ static int http(const char *method, const char *path, char **ret_answer)
                 status = atoi(buf + 9);
         *ret_answer = buf;
         return status;
+}
+
+static int http(const char *method, const char *path, char **ret_answer)
+{
+        return http_body(method, path, NULL, ret_answer);
+}
+
+/* The JSON body of a whole answer (NULL when none). */
+static json_t *answer_json(const char *answer)
+{
+        const char *b = answer ? strstr(answer, "\r\n\r\n") : NULL;
+        return b ? json_loads(b + 4, 0, NULL) : NULL;
 }
 
 static json_t *create(const char *key, const char *mem)
@@ -807,6 +825,117 @@ static void test_stop_in_flight(void)
         json_decref(sb);
 }
 
+/* Account's sandboxes of key: how many, and how many run. */
+static void count_key(const char *key, int *all, int *running)
+{
+        char path[200], *ans = NULL;
+        snprintf(path, sizeof(path), "/sandboxes?account=%s", account);
+        CHECK(http("GET", path, &ans) == 200, "list: %s", ans ? ans : "");
+        json_t *j = answer_json(ans), *v;
+        size_t i;
+        *all = *running = 0;
+        json_array_foreach(json_object_get(j, "sandboxes"), i, v) {
+                if (strcmp(test_jstr(v, "key"), key) != 0)
+                        continue;
+                (*all)++;
+                *running += strcmp(test_jstr(v, "state"), "running") == 0;
+        }
+        json_decref(j);
+        free(ans);
+}
+
+static int create_with_id(const char *key, const char *request_id, char *id, size_t size)
+{
+        char body[400], *ans = NULL;
+        snprintf(body, sizeof(body),
+                 "{\"account\":\"%s\",\"key\":\"%s\",\"memory_mib\":64,\"timeout_s\":120,\"request_id\":\"%s\"}",
+                 account, key, request_id);
+        int st = http_body("POST", "/sandboxes", body, &ans);
+        json_t *j = answer_json(ans);
+        snprintf(id, size, "%s", test_jstr(j, "id"));
+        if (st != 201 && st != 409)
+                fprintf(stderr, "create %s: %s\n", request_id, ans ? ans : "");
+        json_decref(j);
+        free(ans);
+        return st;
+}
+
+static int cancel(const char *request_id, char *stopped, size_t size)
+{
+        char body[200], *ans = NULL;
+        snprintf(body, sizeof(body), "{\"request_id\":\"%s\"}", request_id);
+        int st = http_body("POST", "/creates/cancel", body, &ans);
+        json_t *j = answer_json(ans);
+        snprintf(stopped, size, "%s", test_jstr(j, "stopped"));
+        json_decref(j);
+        free(ans);
+        return st;
+}
+
+static bool log_says(const char *a, const char *b, int ms)
+{
+        for (int64_t until = test_now_ms() + ms;; test_sleep_ms(100)) {
+                char *l = test_read_file(log_path);
+                const char *at = l ? strstr(l, a) : NULL;
+                bool yes = at && strstr(at, b);
+                free(l);
+                if (yes || test_now_ms() >= until)
+                        return yes;
+        }
+}
+
+/* No create outlives its caller (vmm/api_create.h): one request id makes one
+ * sandbox at most; a cancel stops what it made, or refuses it when it comes
+ * after; and a create whose caller hung up while its sandbox was starting
+ * (the cgroup parent frozen, so the start waits) is stopped once it is made. */
+static void test_request_ids(void)
+{
+        char id[80], id2[80], stopped[80], rid[64], rid2[64], rid3[64];
+        int all, running;
+        snprintf(rid, sizeof(rid), "rid-%d-1", (int)getpid());
+        snprintf(rid2, sizeof(rid2), "rid-%d-2", (int)getpid());
+        snprintf(rid3, sizeof(rid3), "rid-%d-3", (int)getpid());
+        CHECK(create_with_id("key-rid", rid, id, sizeof(id)) == 201 && *id, "a create with a request id failed");
+        CHECK(create_with_id("key-rid", rid, id2, sizeof(id2)) == 409, "the same request id made a second sandbox");
+        count_key("key-rid", &all, &running);
+        CHECK(all == 1 && running == 1, "one request id: %d sandboxes, %d running", all, running);
+        CHECK(cancel(rid, stopped, sizeof(stopped)) == 200 && strcmp(stopped, id) == 0,
+              "the cancel of %s stopped \"%s\", not %s", rid, stopped, id);
+        count_key("key-rid", &all, &running);
+        CHECK(running == 0, "%d sandboxes of a cancelled create run", running);
+        CHECK(cancel(rid2, stopped, sizeof(stopped)) == 200 && !*stopped, "a cancel before its create stopped %s",
+              stopped);
+        CHECK(create_with_id("key-rid", rid2, id2, sizeof(id2)) == 409, "a create cancelled before it came was made");
+        count_key("key-rid", &all, &running);
+        CHECK(all == 1, "a cancelled create made a sandbox: %d", all);
+        char *ans = NULL;
+        CHECK(http_body("POST", "/creates/cancel", "{}", &ans) == 400, "a cancel without request_id: %s", ans);
+        free(ans);
+        ans = NULL;
+        CHECK(http_body("POST", "/creates/cancel", "{\"request_id\":\"a b\"}", &ans) == 400,
+              "a cancel of a malformed request id: %s", ans);
+        free(ans);
+        /* The caller hangs up while its sandbox starts. */
+        CHECK(test_cgroup_freeze(parent, cgroup_version, true), "could not freeze %s", parent);
+        int fd = connect_api();
+        char body[400];
+        snprintf(body, sizeof(body),
+                 "{\"account\":\"%s\",\"key\":\"key-gone\",\"memory_mib\":64,\"timeout_s\":120,"
+                 "\"request_id\":\"%s\"}",
+                 account, rid3);
+        send_request(fd, "POST", "/sandboxes", body);
+        test_sleep_ms(1000);
+        close(fd);
+        test_sleep_ms(300);
+        CHECK(test_cgroup_freeze(parent, cgroup_version, false), "could not thaw %s", parent);
+        CHECK(log_says("a create nobody waits for", rid3, 30000),
+              "tally-vmm did not say it stopped (or never made) the sandbox of a caller that hung up");
+        count_key("key-gone", &all, &running);
+        fprintf(stderr, "request_ids: the create whose caller hung up left %d sandboxes, %d running\n", all,
+                running);
+        CHECK(running == 0, "%d sandboxes of a caller that hung up run", running);
+}
+
 int main(void)
 {
         snprintf(parent, sizeof(parent), "tally-test-vmmd-%d", (int)getpid());
@@ -834,6 +963,7 @@ int main(void)
                 { "resume_blocked", test_resume_blocked }, { "record_failure", test_record_failure },
                 { "api_abuse", test_api_abuse },           { "permissions", test_permissions },
                 { "limits_schema", test_limits_schema },
+                { "request_ids", test_request_ids },
                 { "lease_while_down", test_lease_while_down }, { "stop_in_flight", test_stop_in_flight },
         };
         TEST_RUN_CASES(cases);
