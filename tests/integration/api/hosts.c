@@ -2,7 +2,8 @@
  * with its own --host-id, state folder, socket and cgroup parent, reached
  * over TCP with mutual TLS on loopback, certificates from scripts/ca). Cases:
  * placement by room, draining a host through the host registry, a create
- * abandoned by its client, and one host that hangs: host B is SIGSTOPped, as a hung host looks, and 20 requests
+ * abandoned by its client, a create its host does not answer in time, and
+ * one host that hangs: host B is SIGSTOPped, as a hung host looks, and 20 requests
  * routed to it wait. What must hold (issue 30): /healthz and a GET of a
  * sandbox on host A still answer fast (p99 measured and printed), /healthz
  * says degraded naming B, creates all land on A, the list answers with A's
@@ -28,11 +29,12 @@
 #define CALLS_PER_HOST 4 /* small, so that 20 requests on B pass it */
 #define STUCK 20
 #define P99_BOUND_MS 1000
+#define CREATE_BOUND_S 6 /* tally-api's vmm_create_timeout_s here */
 
 static char parent_b[64], *state_b, *sock_b;
 static struct key key_b2, key_b3; /* account B's: a key runs 4 requests at once, its account 8 */
 static pid_t vmm_b = -1;
-static bool b_stopped, a_stopped;
+static bool b_stopped, a_stopped, parents_frozen;
 
 static void hosts_cleanup(void)
 {
@@ -40,6 +42,12 @@ static void hosts_cleanup(void)
                 kill(vmm_pid, SIGCONT);
         if (vmm_b > 0 && b_stopped)
                 kill(vmm_b, SIGCONT);
+        if (parents_frozen) {
+                test_cgroup_freeze(parent, 1, false);
+                test_cgroup_freeze(parent, 2, false);
+                test_cgroup_freeze(parent_b, 1, false);
+                test_cgroup_freeze(parent_b, 2, false);
+        }
         test_stop_process(&vmm_b, SIGKILL);
         if (*parent_b)
                 test_cgroup_remove(parent_b, 0);
@@ -113,6 +121,8 @@ void hosts_prepare(void)
         char n[16];
         snprintf(n, sizeof(n), "%d", CALLS_PER_HOST);
         setenv("TALLY_VMM_CALLS_PER_HOST", n, 1);
+        snprintf(n, sizeof(n), "%d", CREATE_BOUND_S);
+        setenv("TALLY_VMM_CREATE_TIMEOUT_S", n, 1);
 }
 
 /* ---- helpers ---- */
@@ -389,6 +399,59 @@ static void count_b(int *all, int *running)
         resp_free(&r);
 }
 
+/* Whether log file name (in the work folder) says needle within ms. */
+static bool log_says(const char *name, const char *needle, int ms)
+{
+        char log[1024];
+        snprintf(log, sizeof(log), "%s/%s", work, name);
+        for (int64_t until = test_now_ms() + ms;; test_sleep_ms(200)) {
+                char *text = test_read_file(log);
+                bool said = text && strstr(text, needle);
+                free(text);
+                if (said || test_now_ms() >= until)
+                        return said;
+        }
+}
+
+/* A create its host does not answer within vmm_create_timeout_s (CREATE_BOUND_S
+ * here): both hosts' cgroup parents are frozen, so the sandbox's start waits
+ * while each tally-vmm answers everything else, as on a host whose start
+ * hangs or that was frozen mid-create. tally-api answers 504 and cancels the
+ * create on its host; once thawed, the host finishes the start and stops the
+ * sandbox at once: no running, billed sandbox whose id nobody received. */
+static void test_create_unanswered(void)
+{
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok with both hosts");
+        int version = 0, all0, run0, all, run;
+        CHECK(test_vmm_wait_ready(sock_b, 10000, &version) == 0 && version > 0, "host B's status");
+        count_b(&all0, &run0);
+        parents_frozen = true;
+        CHECK(test_cgroup_freeze(parent, version, true) && test_cgroup_freeze(parent_b, version, true),
+              "could not freeze the hosts' cgroup parents");
+        int64_t t0 = test_now_ms();
+        struct resp r = http("POST", "/v1/sandboxes", key_b2.secret, NULL,
+                             "{\"vcpus\":1,\"memory_mib\":64,\"timeout_s\":600,\"labels\":{\"case\":\"unanswered\"}}");
+        long took = (long)(test_now_ms() - t0);
+        CHECK(r.status == 504, "the create of a frozen start answered %ld %s", r.status, r.body ? r.body : "");
+        fprintf(stderr, "create_unanswered: %ld after %ld ms (bound %d s)\n", r.status, took, CREATE_BOUND_S);
+        resp_free(&r);
+        /* the host answers its probes (only the sandbox is frozen): the cancel goes at the next */
+        CHECK(log_says("api.log", "create cancelled on its host", 10000),
+              "tally-api did not cancel the unanswered create on its host within 10 s");
+        CHECK(test_cgroup_freeze(parent, version, false) && test_cgroup_freeze(parent_b, version, false),
+              "could not thaw the hosts' cgroup parents");
+        parents_frozen = false;
+        bool said = false;
+        for (int64_t until = test_now_ms() + 30000; !said && test_now_ms() < until;)
+                said = log_says("vmm.log", "a create nobody waits for", 0) ||
+                       log_says("vmm-b.log", "a create nobody waits for", 200);
+        CHECK(said, "no host said it stopped the sandbox of the unanswered create within 30 s of the thaw");
+        count_b(&all, &run);
+        fprintf(stderr, "create_unanswered: account B had %d sandboxes (%d running), now %d (%d running)\n", all0,
+                run0, all, run);
+        CHECK(run == run0, "a sandbox of the unanswered create is running: %d running, %d before", run, run0);
+}
+
 /* A create whose client gave up before its host answered (both hosts
  * frozen; the client's bound 1 s): once the host thaws and makes the
  * sandbox, tally-api finds its caller gone and stops it, so no running,
@@ -414,17 +477,8 @@ static void test_abandoned_create(void)
         kill(vmm_b, SIGCONT);
         b_stopped = false;
         /* The create goes on once its host thaws; then its sandbox is stopped. */
-        char log[1024];
-        snprintf(log, sizeof(log), "%s/api.log", work);
-        bool said = false;
-        for (int64_t until = test_now_ms() + 30000; !said && test_now_ms() < until;) {
-                char *text = test_read_file(log);
-                said = text && strstr(text, "create abandoned by its client");
-                free(text);
-                if (!said)
-                        test_sleep_ms(200);
-        }
-        CHECK(said, "tally-api did not stop the sandbox of the abandoned create (no log line in 30 s)");
+        CHECK(log_says("api.log", "create abandoned by its client", 30000),
+              "tally-api did not stop the sandbox of the abandoned create (no log line in 30 s)");
         count_b(&all, &run);
         fprintf(stderr, "abandoned create: account B had %d sandboxes (%d running), now %d (%d running)\n", all0,
                 run0, all, run);
@@ -607,5 +661,6 @@ const struct test_case hosts_cases[] = {
         { "drain", test_drain },
         { "one_host_hangs", test_one_host_hangs },
         { "abandoned_create", test_abandoned_create },
+        { "create_unanswered", test_create_unanswered },
 };
 const size_t hosts_ncases = sizeof(hosts_cases) / sizeof(hosts_cases[0]);
