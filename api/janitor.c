@@ -50,17 +50,21 @@ static void host_states_round(struct janitor *j)
 {
         PGconn *db = db_pool_get(j->pool);
         PGresult *res = db_query(db, "read the host registry", PGRES_TUPLES_OK,
-                                 "SELECT host_id, effective_state FROM host_states", 0, NULL);
+                                 "SELECT host_id, effective_state, address FROM host_states ORDER BY host_id", 0,
+                                 NULL);
         int n = res ? PQntuples(res) : 0;
-        const char **ids = calloc((size_t)n + 1, sizeof(*ids)), **states = calloc((size_t)n + 1, sizeof(*states));
-        for (int i = 0; ids && states && i < n; i++) {
+        const char **ids = calloc((size_t)n + 1, sizeof(*ids)), **states = calloc((size_t)n + 1, sizeof(*states)),
+                   **addresses = calloc((size_t)n + 1, sizeof(*addresses));
+        for (int i = 0; ids && states && addresses && i < n; i++) {
                 ids[i] = PQgetvalue(res, i, 0);
                 states[i] = PQgetvalue(res, i, 1);
+                addresses[i] = PQgetisnull(res, i, 2) ? NULL : PQgetvalue(res, i, 2);
         }
-        if (res && ids && states) /* (a failed read leaves the states as they were) */
-                vmm_hosts_set_states(j->hosts, n, ids, states);
+        if (res && ids && states && addresses) /* (a failed read leaves the states as they were) */
+                vmm_hosts_set_states(j->hosts, n, ids, states, addresses);
         free(ids);
         free(states);
+        free(addresses);
         PQclear(res);
         db_pool_put(j->pool, db);
 }

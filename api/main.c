@@ -30,6 +30,9 @@ static const struct setting settings[] = {
           "Calls tally-api runs at once on one tally-vmm (keep it below tally-vmm's api_connections_per_client); "
           "a call that finds none free within 0.5 s gets 503 host_busy, so a hung host holds at most this many "
           "workers" },
+        { "vmm_registry", SETTING_BOOL, "true", false, C(vmm_registry), 0, 0,
+          "Also reach every host the host registry lists with an https address (its certificate must name its host "
+          "id, as for a vmm_sockets entry); false: vmm_sockets' hosts only" },
         { "vmm_create_timeout_s", SETTING_INT, "90", false, C(vmm_create_timeout_s), 1, 3600,
           "How long tally-api waits for a host to make a sandbox; a create not answered by then gets 504 and is "
           "cancelled on its host, which stops the sandbox if it makes it later" },

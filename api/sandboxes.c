@@ -148,6 +148,8 @@ static int count_against_caps(struct api_req *r, const char *key, int64_t max_n,
         int64_t n = 0, mem = 0;
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         for (int h = 0; h < vmm_hosts_count(hosts); h++) {
+                if (vmm_hosts_retired(hosts, h))
+                        continue;
                 json_t *j = NULL, *sb;
                 long st = vmm_hosts_call(hosts, h, "GET", path, NULL, VMM_CALL_SHORT_MS, &j);
                 if (st != 200) {
@@ -427,6 +429,8 @@ int h_sandboxes_list(struct api_req *r, struct api_reply *out, struct api_error 
         json_t *all = json_array(), *missing = json_array();
         struct vmm_hosts *hosts = req_vmm_hosts(r);
         for (int h = 0; h < vmm_hosts_count(hosts); h++) {
+                if (vmm_hosts_retired(hosts, h))
+                        continue;
                 json_t *j = NULL;
                 long st = vmm_hosts_ready(hosts, h) ? vmm_hosts_call(hosts, h, "GET", path, NULL, VMM_CALL_SHORT_MS, &j)
                                                     : -ENOTCONN;

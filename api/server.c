@@ -38,6 +38,12 @@ int api_server_start(const struct api_config *cfg, struct api_server **ret, char
         if ((r = vmm_hosts_new(cfg->vmm_sockets, &tls, &s->hosts, err, errlen)) < 0)
                 goto fail;
         vmm_hosts_set_limit(s->hosts, (int)cfg->vmm_calls_per_host);
+        vmm_hosts_discover(s->hosts, cfg->vmm_registry);
+        if (vmm_hosts_count(s->hosts) == 0 && !cfg->vmm_registry) {
+                r = -EINVAL;
+                snprintf(err, errlen, "vmm_sockets names no tally-vmm and vmm_registry is off: no host to reach");
+                goto fail;
+        }
         if ((r = vmm_hosts_watch(s->hosts)) < 0) {
                 snprintf(err, errlen, "could not start watching the tally-vmm hosts: %s", strerror(-r));
                 goto fail;

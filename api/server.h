@@ -24,6 +24,7 @@ struct api_config {
         char *vmm_tls_ca;
         int64_t vmm_calls_per_host;
         int64_t vmm_create_timeout_s;
+        bool vmm_registry;
         int64_t threads;
         int64_t max_connections;
         int64_t per_ip_connections;

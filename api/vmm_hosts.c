@@ -1,7 +1,8 @@
-/* vmm_hosts.c — see vmm_hosts.h. */
-#include "vmm_hosts.h"
+/* vmm_hosts.c — see vmm_hosts.h: the list of hosts, calls within their
+ * bounds and slots, placement, and what /healthz says (the watch and the
+ * registry: vmm_watch.c). */
+#include "vmm_hosts_private.h"
 
-#include "client.h"
 #include "log.h"
 
 #include <errno.h>
@@ -14,64 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_HOSTS 64
-
-/* A host that does not accept within this is down; every call has its own
- * total bound besides (vmm_hosts.h). */
-#define VMM_CONNECT_TIMEOUT_MS 5000
-/* The watch: GET /v1/status on each host this often, answered within this. */
-#define PROBE_PERIOD_MS  2000
-#define PROBE_TIMEOUT_MS 1500
-/* A call waits this long for one of its host's slots, then is refused. */
-#define SLOT_WAIT_MS 500
-/* Placement scores this many ready hosts in turn (all of them when fewer). */
-#define PLACE_SAMPLE 3
-/* Cancels of creates that ended unanswered, kept per host until it answers. */
-#define CANCELS_MAX 64
-
-/* A host's room as its last probe said (MiB): what it may promise and what
- * it has; known once a probe carried them. */
-struct room {
-        int64_t cap[3], promised[3];
-        bool known;
-};
-
-/* What tally-api knows of one host: its calls in flight (at most limit: a
- * hung host holds at most that many of the API's threads) and what the
- * watch saw last. */
-struct host {
-        pthread_mutex_t lock;
-        pthread_cond_t freed;
-        int in_flight;
-        atomic_bool down;      /* the last probe or connect failed */
-        atomic_llong last_ok;  /* wall ns of the last answered probe; 0: none yet */
-        char host_id[128];     /* its /v1/status "host", "" until one answered; under lock */
-        char named[64];        /* the HOST_ID of an https entry (its certificate's name), "" for a socket */
-        struct room room;      /* under lock */
-        /* the host registry's state of it (host_states; "" when the registry
-         * has no row of it, as when hosts do not register), under lock */
-        char registry[16];
-        /* request ids of creates whose call ended with no answer: the watch
-         * sends each a POST /v1/creates/cancel once the host answers */
-        char cancels[CANCELS_MAX][65];
-        int ncancels;          /* under lock */
-        pthread_t watch;
-        bool watching;
-};
-
-struct vmm_hosts {
-        struct vmm_client *host[MAX_HOSTS];
-        struct host state[MAX_HOSTS];
-        int n;
-        int limit; /* calls in flight per host */
-        atomic_uint next;
-        pthread_mutex_t stop_lock;
-        pthread_cond_t stop_cond;
-        bool stopping;
-};
-
-/* A host_id as tally-vmm's certificate names it: 1..63 of A-Z a-z 0-9 . _ - */
-static bool host_id_valid(const char *s, size_t n)
+bool vmm_hosts_id_valid(const char *s, size_t n)
 {
         if (n == 0 || n > 63)
                 return false;
@@ -83,8 +27,8 @@ static bool host_id_valid(const char *s, size_t n)
 
 /* One entry's client: a unix socket path, or HOST_ID=https://ADDRESS:PORT
  * over mutual TLS with tls's files. Returns 0, or -errno with err filled. */
-static int host_new(const char *entry, const struct vmm_hosts_tls *tls, struct vmm_client **ret, char *err,
-                    size_t errlen)
+int vmm_hosts_client_new(const char *entry, const struct vmm_hosts_tls *tls, struct vmm_client **ret, char *err,
+                         size_t errlen)
 {
         struct vmm_client_options opt = { .connect_timeout_ms = VMM_CONNECT_TIMEOUT_MS };
         const char *url = strstr(entry, "https://");
@@ -95,7 +39,7 @@ static int host_new(const char *entry, const struct vmm_hosts_tls *tls, struct v
                 return r;
         }
         const char *eq = url > entry ? url - 1 : NULL;
-        if (!eq || *eq != '=' || !host_id_valid(entry, (size_t)(eq - entry))) {
+        if (!eq || *eq != '=' || !vmm_hosts_id_valid(entry, (size_t)(eq - entry))) {
                 snprintf(err, errlen, "vmm_sockets entry %s is not HOST_ID=https://ADDRESS:PORT (HOST_ID: 1..63 of "
                                       "A-Z a-z 0-9 . _ -, the name in the host's certificate)", entry);
                 return -EINVAL;
@@ -138,7 +82,7 @@ int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct v
         for (char *t = strtok_r(copy, ",", &save); t && h->n < MAX_HOSTS; t = strtok_r(NULL, ",", &save)) {
                 if (!*t)
                         continue;
-                if ((r = host_new(t, tls, &h->host[h->n], err, errlen)) < 0)
+                if ((r = vmm_hosts_client_new(t, tls, &h->host[h->n], err, errlen)) < 0)
                         goto fail;
                 const char *eq = strchr(t, '=');
                 if (eq && (size_t)(eq - t) < sizeof(h->state[h->n].named))
@@ -152,9 +96,10 @@ int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct v
                 pthread_mutex_init(&h->state[i].lock, NULL);
                 pthread_cond_init(&h->state[i].freed, NULL);
         }
-        if (h->n == 0) {
-                r = -EINVAL;
-                snprintf(err, errlen, "vmm_sockets names no tally-vmm socket");
+        if (tls && ((tls->cert && !(h->tls_cert = strdup(tls->cert))) || (tls->key && !(h->tls_key = strdup(tls->key))) ||
+                    (tls->ca && !(h->tls_ca = strdup(tls->ca))))) {
+                r = -ENOMEM;
+                snprintf(err, errlen, "out of memory");
                 goto fail;
         }
         free(copy);
@@ -181,12 +126,20 @@ void vmm_hosts_free(struct vmm_hosts *h)
         }
         for (int i = 0; i < h->n; i++)
                 vmm_client_free(h->host[i]);
+        free(h->tls_cert);
+        free(h->tls_key);
+        free(h->tls_ca);
         free(h);
 }
 
 int vmm_hosts_count(const struct vmm_hosts *h)
 {
         return h->n;
+}
+
+void vmm_hosts_discover(struct vmm_hosts *h, bool on)
+{
+        h->discover = on;
 }
 
 void vmm_hosts_set_limit(struct vmm_hosts *h, int calls_per_host)
@@ -196,7 +149,18 @@ void vmm_hosts_set_limit(struct vmm_hosts *h, int calls_per_host)
 
 bool vmm_hosts_ready(struct vmm_hosts *h, int i)
 {
-        return !atomic_load(&h->state[i].down);
+        return !atomic_load(&h->state[i].down) && !vmm_hosts_retired(h, i);
+}
+
+bool vmm_hosts_retired(struct vmm_hosts *h, int i)
+{
+        struct host *s = &h->state[i];
+        if (atomic_load(&s->duplicate))
+                return true;
+        pthread_mutex_lock(&s->lock);
+        bool forgotten = s->from_registry && strcmp(s->registry, "forgotten") == 0;
+        pthread_mutex_unlock(&s->lock);
+        return forgotten;
 }
 
 /* Whether the host registry lets host i take a create: it is `ready` there,
@@ -209,23 +173,6 @@ static bool registry_ready(struct vmm_hosts *h, int i)
         return ok;
 }
 
-void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_ids, const char *const *states)
-{
-        for (int i = 0; i < h->n; i++) {
-                struct host *s = &h->state[i];
-                pthread_mutex_lock(&s->lock);
-                const char *id = s->named[0] ? s->named : s->host_id, *state = "";
-                for (int k = 0; k < n && *id; k++)
-                        if (strcmp(host_ids[k], id) == 0)
-                                state = states[k];
-                if (strcmp(s->registry, state) != 0) {
-                        log_info("host state in the registry", "host=%s state=%s was=%s", *id ? id : "(unknown)",
-                                 *state ? state : "(none)", s->registry[0] ? s->registry : "(none)");
-                        snprintf(s->registry, sizeof(s->registry), "%s", state);
-                }
-                pthread_mutex_unlock(&s->lock);
-        }
-}
 
 /* Host i's fullness with want added, per mille of what it may promise (its
  * fullest resource), and whether want fits; unknown room: fits, scored last. */
@@ -233,14 +180,14 @@ void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_id
  * any integer; the vmm refuses what no host has, but the score must not
  * overflow first). ROOM_MAX x 1000 x 2 fits int64_t. */
 #define ROOM_MAX (INT64_C(1) << 40)
-static int64_t room_clamp(int64_t v)
+int64_t vmm_hosts_room_clamp(int64_t v)
 {
         return v < 0 ? 0 : v > ROOM_MAX ? ROOM_MAX : v;
 }
 
 static int64_t place_score(struct vmm_hosts *h, int i, const struct vmm_want *want, bool *fits)
 {
-        const int64_t w[3] = { room_clamp(want->vcpus), room_clamp(want->memory_mib), room_clamp(want->disk_mib) };
+        const int64_t w[3] = { vmm_hosts_room_clamp(want->vcpus), vmm_hosts_room_clamp(want->memory_mib), vmm_hosts_room_clamp(want->disk_mib) };
         pthread_mutex_lock(&h->state[i].lock);
         struct room r = h->state[i].room;
         pthread_mutex_unlock(&h->state[i].lock);
@@ -288,24 +235,10 @@ void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want)
         pthread_mutex_lock(&h->state[i].lock);
         const int64_t w[3] = { want->vcpus, want->memory_mib, want->disk_mib };
         for (int k = 0; k < 3; k++)
-                h->state[i].room.promised[k] = room_clamp(h->state[i].room.promised[k] + room_clamp(w[k]));
+                h->state[i].room.promised[k] = vmm_hosts_room_clamp(h->state[i].room.promised[k] + vmm_hosts_room_clamp(w[k]));
         pthread_mutex_unlock(&h->state[i].lock);
 }
 
-/* The room a /v1/status answer gives, if it gives it. */
-static struct room room_of(const json_t *status)
-{
-        static const char *const names[3] = { "vcpus", "memory_mib", "disk_mib" };
-        const json_t *cap = json_object_get(status, "capacity"), *pr = json_object_get(status, "promised");
-        struct room r = { .known = json_is_object(cap) && json_is_object(pr) };
-        for (int k = 0; r.known && k < 3; k++) {
-                const json_t *c = json_object_get(cap, names[k]), *p = json_object_get(pr, names[k]);
-                r.known = json_is_integer(c) && json_is_integer(p);
-                r.cap[k] = room_clamp(json_integer_value(c));
-                r.promised[k] = room_clamp(json_integer_value(p));
-        }
-        return r;
-}
 
 int vmm_hosts_find(struct vmm_hosts *h, const char *host_id)
 {
@@ -321,15 +254,9 @@ int vmm_hosts_find(struct vmm_hosts *h, const char *host_id)
         return -1;
 }
 
-static int64_t wall_ns(void)
-{
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
-/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait. */
-static struct timespec deadline_in(long ms)
+
+struct timespec vmm_hosts_deadline_in(long ms)
 {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
@@ -343,7 +270,7 @@ static struct timespec deadline_in(long ms)
 static bool slot_take(struct vmm_hosts *h, int i)
 {
         struct host *s = &h->state[i];
-        struct timespec until = deadline_in(SLOT_WAIT_MS);
+        struct timespec until = vmm_hosts_deadline_in(SLOT_WAIT_MS);
         pthread_mutex_lock(&s->lock);
         int r = 0;
         while (s->in_flight >= h->limit && r != ETIMEDOUT)
@@ -388,135 +315,6 @@ long vmm_hosts_call(struct vmm_hosts *h, int i, const char *method, const char *
         return status;
 }
 
-void vmm_hosts_cancel_create(struct vmm_hosts *h, int i, const char *request_id)
-{
-        struct host *s = &h->state[i];
-        pthread_mutex_lock(&s->lock);
-        if (s->ncancels == CANCELS_MAX) {
-                log_error("too many creates to cancel on one host: the oldest is dropped", "socket=%s request_id=%s",
-                          vmm_client_address(h->host[i]), s->cancels[0]);
-                memmove(s->cancels[0], s->cancels[1], sizeof(s->cancels[0]) * (CANCELS_MAX - 1));
-                s->ncancels--;
-        }
-        snprintf(s->cancels[s->ncancels++], sizeof(s->cancels[0]), "%s", request_id);
-        pthread_mutex_unlock(&s->lock);
-        log_warn("a create ended with no answer: it is cancelled on its host", "socket=%s request_id=%s",
-                 vmm_client_address(h->host[i]), request_id);
-}
-
-/* Sends host i's pending cancels (its probe just answered); each stays until
- * the host answers it. */
-static void send_cancels(struct vmm_hosts *h, int i)
-{
-        struct host *s = &h->state[i];
-        for (;;) {
-                char rid[65];
-                pthread_mutex_lock(&s->lock);
-                bool any = s->ncancels > 0;
-                if (any)
-                        snprintf(rid, sizeof(rid), "%s", s->cancels[0]);
-                pthread_mutex_unlock(&s->lock);
-                if (!any)
-                        return;
-                char why[256] = "";
-                json_t *j = NULL, *body = json_pack("{s:s}", "request_id", rid);
-                long st = vmm_client_call_within(h->host[i], PROBE_TIMEOUT_MS, "POST", "/v1/creates/cancel", body, &j,
-                                                 why, sizeof(why));
-                json_decref(body);
-                if (st == 200 || st == 400)
-                        log_info("create cancelled on its host", "socket=%s request_id=%s status=%ld stopped=%s",
-                                 vmm_client_address(h->host[i]), rid, st,
-                                 json_is_string(json_object_get(j, "stopped"))
-                                         ? json_string_value(json_object_get(j, "stopped"))
-                                         : "none");
-                json_decref(j);
-                if (st != 200 && st != 400)
-                        return; /* the next probe tries again */
-                pthread_mutex_lock(&s->lock);
-                for (int k = 0; k < s->ncancels; k++)
-                        if (strcmp(s->cancels[k], rid) == 0) {
-                                memmove(s->cancels[k], s->cancels[k + 1], sizeof(s->cancels[0]) * (s->ncancels - k - 1));
-                                s->ncancels--;
-                                break;
-                        }
-                pthread_mutex_unlock(&s->lock);
-        }
-}
-
-struct watch_arg {
-        struct vmm_hosts *h;
-        int i;
-};
-
-/* One host's watch: a probe every PROBE_PERIOD_MS, outside the call slots
- * (it is one connection more than the calls, never fewer answers). */
-static void *watch_main(void *arg)
-{
-        struct vmm_hosts *h = ((struct watch_arg *)arg)->h;
-        int i = ((struct watch_arg *)arg)->i;
-        free(arg);
-        struct host *s = &h->state[i];
-        pthread_mutex_lock(&h->stop_lock);
-        while (!h->stopping) {
-                pthread_mutex_unlock(&h->stop_lock);
-                char why[256] = "";
-                json_t *j = NULL;
-                long st = vmm_client_call_within(h->host[i], PROBE_TIMEOUT_MS, "GET", "/v1/status", NULL, &j, why,
-                                                 sizeof(why));
-                const char *id = json_string_value(json_object_get(j, "host"));
-                bool was_down = atomic_load(&s->down);
-                if (st == 200 && s->named[0] && (!id || strcmp(id, s->named) != 0)) {
-                        /* sandboxes are routed by host id: a host answers for
-                         * the one its certificate names, never another's */
-                        snprintf(why, sizeof(why), "it says it is host %s, its certificate names %s", id ? id : "(none)",
-                                 s->named);
-                        st = -EPERM;
-                }
-                if (st == 200) {
-                        pthread_mutex_lock(&s->lock);
-                        if (id)
-                                snprintf(s->host_id, sizeof(s->host_id), "%s", id);
-                        s->room = room_of(j);
-                        pthread_mutex_unlock(&s->lock);
-                        atomic_store(&s->last_ok, wall_ns());
-                        atomic_store(&s->down, false);
-                        if (was_down)
-                                log_info("tally-vmm answers again", "socket=%s host=%s", vmm_client_address(h->host[i]),
-                                         id ? id : "");
-                        send_cancels(h, i);
-                } else {
-                        atomic_store(&s->down, true);
-                        if (!was_down)
-                                log_warn("tally-vmm down", "socket=%s status=%ld error=\"%s\"",
-                                         vmm_client_address(h->host[i]), st, why);
-                }
-                json_decref(j);
-                struct timespec until = deadline_in(PROBE_PERIOD_MS);
-                pthread_mutex_lock(&h->stop_lock);
-                if (!h->stopping)
-                        pthread_cond_timedwait(&h->stop_cond, &h->stop_lock, &until);
-        }
-        pthread_mutex_unlock(&h->stop_lock);
-        return NULL;
-}
-
-int vmm_hosts_watch(struct vmm_hosts *h)
-{
-        for (int i = 0; i < h->n; i++) {
-                struct watch_arg *a = malloc(sizeof(*a));
-                if (!a)
-                        return -ENOMEM;
-                a->h = h;
-                a->i = i;
-                int r = pthread_create(&h->state[i].watch, NULL, watch_main, a);
-                if (r != 0) {
-                        free(a);
-                        return -r;
-                }
-                h->state[i].watching = true;
-        }
-        return 0;
-}
 
 json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up)
 {
@@ -540,11 +338,11 @@ json_t *vmm_hosts_health(struct vmm_hosts *h, bool *ret_all_up)
                         json_decref(last);
                         last = json_string(buf);
                 }
-                bool up = vmm_hosts_ready(h, i);
-                all = all && up;
-                json_array_append_new(list, json_pack("{s:i, s:o, s:b, s:o, s:i, s:o}", "index", i, "host", id,
+                bool up = vmm_hosts_ready(h, i), retired = vmm_hosts_retired(h, i);
+                all = all && (up || retired);
+                json_array_append_new(list, json_pack("{s:i, s:o, s:b, s:o, s:i, s:o, s:b}", "index", i, "host", id,
                                                       "reachable", up, "last_ok", last, "calls_in_flight", in_flight,
-                                                      "registry", reg));
+                                                      "registry", reg, "retired", retired));
         }
         *ret_all_up = all;
         return list;

@@ -46,9 +46,10 @@ struct vmm_hosts_tls {
         const char *ca;     /* the CA that signs the hosts' certificates */
 };
 
-/* One host per entry of the comma-separated list. Returns 0 and *ret, or a
- * negative errno with err filled (-EINVAL: the list names none, an entry is
- * malformed, or an https entry lacks tls's files or cannot read them). */
+/* One host per entry of the comma-separated list (it may name none: hosts
+ * then come from the registry). Returns 0 and *ret, or a negative errno with
+ * err filled (-EINVAL: an entry is malformed, or an https entry lacks tls's
+ * files or cannot read them). tls's paths are kept for the registry's hosts. */
 int vmm_hosts_new(const char *sockets, const struct vmm_hosts_tls *tls, struct vmm_hosts **ret, char *err,
                   size_t errlen);
 /* Accepts NULL. */
@@ -59,8 +60,12 @@ void vmm_hosts_set_limit(struct vmm_hosts *h, int calls_per_host);
 /* Starts the watch (one thread a host; vmm_hosts_free stops it). 0 or -errno. */
 int vmm_hosts_watch(struct vmm_hosts *h);
 /* Whether host i is not known down (the last probe or connect succeeded, or
- * none ran yet). */
+ * none ran yet) and not retired. */
 bool vmm_hosts_ready(struct vmm_hosts *h, int i);
+/* Whether host i is left out of everything: the registry added it and then
+ * forgot it, or its entry reaches a host an earlier entry reaches already.
+ * Lists, caps and /healthz pass over it (healthz shows it, "retired"). */
+bool vmm_hosts_retired(struct vmm_hosts *h, int i);
 /* What a create asks of a host (MiB; the vmm's defaults when it says none). */
 struct vmm_want {
         int64_t vcpus, memory_mib, disk_mib;
@@ -72,10 +77,16 @@ struct vmm_want {
  * none, the least full (its tally-vmm refuses with 507 if it must). -1 when
  * no host is ready. */
 int vmm_hosts_next(struct vmm_hosts *h, int skip, const struct vmm_want *want);
-/* The host registry's states (host_states: n rows of host_id and
- * effective_state): a create goes only to a host that is `ready` there or
- * has no row. */
-void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_ids, const char *const *states);
+/* The host registry's rows (host_states: n of host_id, effective_state and
+ * address, NULL when none): a create goes only to a host that is `ready`
+ * there, or has no row and came from vmm_sockets. With discovery on, each
+ * row whose address is https://ADDRESS:PORT and whose host id no host has
+ * yet is added as a host (its certificate must name that id, as for a
+ * vmm_sockets entry) and watched. Call from one thread only. */
+void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_ids, const char *const *states,
+                          const char *const *addresses);
+/* Whether vmm_hosts_set_states adds the registry's hosts (before watching). */
+void vmm_hosts_discover(struct vmm_hosts *h, bool on);
 /* Counts want as promised on host i until its next probe says what it has
  * promised (so creates between two probes do not all pick one host). */
 void vmm_hosts_promise(struct vmm_hosts *h, int i, const struct vmm_want *want);

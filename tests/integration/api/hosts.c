@@ -93,8 +93,7 @@ void hosts_prepare(void)
 {
         snprintf(parent_b, sizeof(parent_b), "tally-test-api-b-%d", (int)getpid());
         if (asprintf(&state_b, "%s/state-b", work) < 0 || asprintf(&sock_b, "%s/vmm-b.sock", work) < 0 ||
-            asprintf(&api_vmm_sockets, "%s=https://127.0.0.1:%d,%s=https://127.0.0.1:%d", HOST_A, port_a, HOST_B,
-                     port_b) < 0)
+            asprintf(&api_vmm_sockets, "%s=https://127.0.0.1:%d", HOST_A, port_a) < 0)
                 exit(1);
         char listen_b[64], cert_b[700], tlskey_b[700], ca[700];
         snprintf(listen_b, sizeof(listen_b), "127.0.0.1:%d", port_b);
@@ -600,6 +599,68 @@ static bool b_registry_is(const char *want, int ms)
         return false;
 }
 
+/* The /healthz hosts entry at index i (a new reference), NULL when none. */
+static json_t *health_at(int i, const char **status)
+{
+        struct resp r = http("GET", "/healthz", NULL, NULL, NULL);
+        json_t *e = json_incref(json_array_get(json_object_get(r.json, "hosts"), (size_t)i));
+        static char st[32];
+        snprintf(st, sizeof(st), "%s", test_jstr(r.json, "status"));
+        *status = st;
+        resp_free(&r);
+        return e;
+}
+
+/* tally-api's vmm_sockets names host A only: host B, which registers its
+ * https address in the host registry, is found there and reached over
+ * mutual TLS like A. A row that names a host id at an address whose
+ * certificate names another (an impostor, or a typo) is never reached:
+ * it stays down, takes no create, and once forgotten (tally-admin host
+ * forget) is retired, so /healthz says ok again and lists skip it. */
+static void test_registry_hosts(void)
+{
+        int64_t t0 = test_now_ms();
+        CHECK(wait_health("ok", 20000), "host B, registered, did not appear in /healthz within 20 s");
+        fprintf(stderr, "registry_hosts: host B reached from the registry %lld ms after the case began\n",
+                (long long)(test_now_ms() - t0));
+        CHECK(strstr(api_vmm_sockets, HOST_B) == NULL, "vmm_sockets names B: nothing was found in the registry");
+        char addr[64];
+        snprintf(addr, sizeof(addr), "https://127.0.0.1:%d", port_a);
+        sql_exec("INSERT INTO host_registry (host_id, address, capacity_vcpus, capacity_memory_mib, capacity_disk_mib,"
+                 " vcpu_overcommit_percent, memory_overcommit_percent, disk_overcommit_percent)"
+                 " VALUES ($1, $2, 64, 1048576, 1048576, 100, 100, 100)",
+                 "impostor-host", addr);
+        const char *status = "";
+        json_t *e = NULL;
+        for (int64_t until = test_now_ms() + 10000; !e && test_now_ms() < until; test_sleep_ms(200))
+                e = health_at(2, &status);
+        CHECK(e != NULL, "the impostor's row was not added as a host within 10 s");
+        test_sleep_ms(2500); /* its first probe has failed */
+        json_decref(e);
+        e = health_at(2, &status);
+        CHECK(e && !json_is_true(json_object_get(e, "reachable")) && strcmp(status, "degraded") == 0,
+              "a host id at another host's address was reachable (or /healthz said %s)", status);
+        json_decref(e);
+        for (int k = 0; k < 4; k++) {
+                char id[64];
+                CHECK(create_mib(64, id, sizeof(id)) == 201 && (on_host(sock, id) || on_host(sock_b, id)),
+                      "a create with an impostor registered did not land on A or B");
+        }
+        char *out = NULL;
+        CHECK(admin(&out, "host", "forget", "impostor-host", NULL) == 0, "tally-admin host forget: %s",
+              out ? out : "");
+        free(out);
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok once the impostor was forgotten");
+        e = health_at(2, &status);
+        CHECK(e && json_is_true(json_object_get(e, "retired")), "the forgotten host is not shown retired");
+        json_decref(e);
+        struct resp r = http("GET", "/v1/sandboxes", key_b2.secret, NULL, NULL);
+        CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "hosts_not_answering")) == 0,
+              "a list names a host not answering once the impostor is forgotten: %s", r.body ? r.body : "");
+        resp_free(&r);
+        empty_hosts();
+}
+
 /* Draining host B for maintenance (docs/operations.md): `tally-admin host
  * drain` in the registry B heartbeats into; tally-api sends it no create,
  * while its sandbox stays visible and controllable; with every host draining
@@ -657,6 +718,7 @@ static void test_drain(void)
 }
 
 const struct test_case hosts_cases[] = {
+        { "registry_hosts", test_registry_hosts },
         { "placement", test_placement },
         { "drain", test_drain },
         { "one_host_hangs", test_one_host_hangs },
