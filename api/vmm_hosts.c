@@ -155,7 +155,7 @@ bool vmm_hosts_ready(struct vmm_hosts *h, int i)
 bool vmm_hosts_retired(struct vmm_hosts *h, int i)
 {
         struct host *s = &h->state[i];
-        if (atomic_load(&s->duplicate))
+        if (atomic_load(&s->duplicate) || atomic_load(&s->replaced))
                 return true;
         pthread_mutex_lock(&s->lock);
         bool forgotten = s->from_registry && strcmp(s->registry, "forgotten") == 0;

@@ -63,7 +63,8 @@ int vmm_hosts_watch(struct vmm_hosts *h);
  * none ran yet) and not retired. */
 bool vmm_hosts_ready(struct vmm_hosts *h, int i);
 /* Whether host i is left out of everything: the registry added it and then
- * forgot it, or its entry reaches a host an earlier entry reaches already.
+ * forgot it or moved it to another address, or its entry reaches a host an
+ * earlier entry reaches already.
  * Lists, caps and /healthz pass over it (healthz shows it, "retired"). */
 bool vmm_hosts_retired(struct vmm_hosts *h, int i);
 /* What a create asks of a host (MiB; the vmm's defaults when it says none). */

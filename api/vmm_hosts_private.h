@@ -52,12 +52,14 @@ struct host {
          * has no row of it, as when hosts do not register), under lock */
         char registry[16];
         /* added from the host registry (vmm_hosts_set_states): its address
-         * there, and whether a later, different one was said (kept: a host
-         * moved is reached at its new address once tally-api restarts) */
+         * there, and whether a later, different one was logged (while the old
+         * address answers it is kept; once it does not, the entry is replaced
+         * by one at the new address) */
         bool from_registry;
         char address[520];
         bool moved_said;
         atomic_bool duplicate; /* its host is reached through an earlier entry (the watch) */
+        atomic_bool replaced;  /* a registry host whose row now says another address (vmm_watch.c) */
         /* request ids of creates whose call ended with no answer: the watch
          * sends each a POST /v1/creates/cancel once the host answers */
         char cancels[CANCELS_MAX][65];

@@ -41,7 +41,7 @@ static int known_as(struct vmm_hosts *h, const char *host_id)
                 pthread_mutex_lock(&h->state[i].lock);
                 bool match = strcmp(h->state[i].named, host_id) == 0 || strcmp(h->state[i].host_id, host_id) == 0;
                 pthread_mutex_unlock(&h->state[i].lock);
-                if (match)
+                if (match && !atomic_load(&h->state[i].replaced))
                         return i;
         }
         return -1;
@@ -55,7 +55,7 @@ static bool reached_before(struct vmm_hosts *h, int i, const char *host_id)
                 pthread_mutex_lock(&h->state[k].lock);
                 bool match = strcmp(h->state[k].named, host_id) == 0 || strcmp(h->state[k].host_id, host_id) == 0;
                 pthread_mutex_unlock(&h->state[k].lock);
-                if (match)
+                if (match && !atomic_load(&h->state[k].replaced))
                         return true;
         }
         return false;
@@ -110,11 +110,20 @@ void vmm_hosts_set_states(struct vmm_hosts *h, int n, const char *const *host_id
                 int i = known_as(h, host_ids[k]);
                 if (i < 0) {
                         add_registered(h, host_ids[k], a);
-                } else if (h->state[i].from_registry && strcmp(h->state[i].address, a) != 0 &&
-                           !h->state[i].moved_said) {
-                        log_warn("a registered host's address changed: tally-api reaches it at the old one until it "
-                                 "restarts", "host=%s address=%s new_address=%s", host_ids[k], h->state[i].address, a);
-                        h->state[i].moved_said = true;
+                } else if (h->state[i].from_registry && strcmp(h->state[i].address, a) != 0) {
+                        if (atomic_load(&h->state[i].down)) {
+                                /* moved, or a row that named a wrong address at first and
+                                 * was forgotten and registered again */
+                                log_warn("a registered host's address changed: it is reached at the new one", "host=%s "
+                                         "address=%s new_address=%s", host_ids[k], h->state[i].address, a);
+                                atomic_store(&h->state[i].replaced, true);
+                                add_registered(h, host_ids[k], a);
+                        } else if (!h->state[i].moved_said) {
+                                log_warn("a registered host's address changed: it is reached at the old one while "
+                                         "that answers", "host=%s address=%s new_address=%s", host_ids[k],
+                                         h->state[i].address, a);
+                                h->state[i].moved_said = true;
+                        }
                 }
         }
         for (int i = 0; i < h->n; i++) {

@@ -654,6 +654,27 @@ static void test_registry_hosts(void)
         e = health_at(2, &status);
         CHECK(e && json_is_true(json_object_get(e, "retired")), "the forgotten host is not shown retired");
         json_decref(e);
+        /* Registered again at another address (B's: its certificate names B):
+         * the down entry is replaced by one at the new address, as unreachable. */
+        snprintf(addr, sizeof(addr), "https://127.0.0.1:%d", port_b);
+        sql_exec("INSERT INTO host_registry (host_id, address, capacity_vcpus, capacity_memory_mib, capacity_disk_mib,"
+                 " vcpu_overcommit_percent, memory_overcommit_percent, disk_overcommit_percent)"
+                 " VALUES ($1, $2, 64, 1048576, 1048576, 100, 100, 100)",
+                 "impostor-host", addr);
+        e = NULL;
+        for (int64_t until = test_now_ms() + 10000; !e && test_now_ms() < until; test_sleep_ms(200))
+                e = health_at(3, &status);
+        CHECK(e != NULL, "the row registered again at another address was not added as a host within 10 s");
+        json_decref(e);
+        test_sleep_ms(2500);
+        e = health_at(3, &status);
+        CHECK(e && !json_is_true(json_object_get(e, "reachable")) && strcmp(status, "degraded") == 0,
+              "host B's address under another host id was reachable (or /healthz said %s)", status);
+        json_decref(e);
+        out = NULL;
+        CHECK(admin(&out, "host", "forget", "impostor-host", NULL) == 0, "tally-admin host forget (again)");
+        free(out);
+        CHECK(wait_health("ok", 10000), "/healthz did not say ok once the impostor was forgotten again");
         struct resp r = http("GET", "/v1/sandboxes", key_b2.secret, NULL, NULL);
         CHECK(r.status == 200 && json_array_size(json_object_get(r.json, "hosts_not_answering")) == 0,
               "a list names a host not answering once the impostor is forgotten: %s", r.body ? r.body : "");
