@@ -21,6 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -279,6 +282,50 @@ static void test_api_hosts(void)
 }
 
 /* tally-api and tally-vmm refuse to start without what TLS needs. */
+/* Anyone who can reach the TLS port can open connections and never finish a
+ * handshake. One address holds at most api_connections_per_client (16) of
+ * them (the rest are closed at once), and tally-api, from another address,
+ * is still answered at once. The flood comes from 127.0.0.2, tally-api from
+ * 127.0.0.1. */
+static void test_handshake_flood(void)
+{
+        enum { FLOOD = 40, PER_ADDRESS = 16 };
+        int fds[FLOOD], opened = 0;
+        struct sockaddr_in from = { .sin_family = AF_INET }, to = { .sin_family = AF_INET, .sin_port = htons(port) };
+        inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);
+        inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+        for (int i = 0; i < FLOOD; i++) {
+                fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fds[i] >= 0 && (bind(fds[i], (struct sockaddr *)&from, sizeof(from)) < 0 ||
+                                    connect(fds[i], (struct sockaddr *)&to, sizeof(to)) < 0)) {
+                        close(fds[i]);
+                        fds[i] = -1;
+                }
+                opened += fds[i] >= 0;
+        }
+        test_sleep_ms(500);
+        int held = 0;
+        for (int i = 0; i < FLOOD; i++) {
+                char b;
+                if (fds[i] >= 0 && recv(fds[i], &b, 1, MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                        held++;
+        }
+        struct tls_client tc = tally_api;
+        tc.cert_dir = ca;
+        int64_t t0 = test_now_ms();
+        long st = call(&tc, "GET", "/v1/status", NULL, NULL, NULL);
+        long took = (long)(test_now_ms() - t0);
+        fprintf(stderr, "handshake_flood: %d connections opened from 127.0.0.2, %d held open; tally-api's status "
+                        "%ld in %ld ms\n", opened, held, st, took);
+        CHECK(opened == FLOOD, "only %d of %d connections could be opened", opened, FLOOD);
+        CHECK(held <= PER_ADDRESS, "one address holds %d connections without a handshake (at most %d)", held,
+              PER_ADDRESS);
+        CHECK(st == 200 && took < 2000, "tally-api's status during the flood: %ld in %ld ms", st, took);
+        for (int i = 0; i < FLOOD; i++)
+                if (fds[i] >= 0)
+                        close(fds[i]);
+}
+
 static void test_start_refused(void)
 {
         char entry[128], *err = NULL;
@@ -355,6 +402,7 @@ int main(void)
                 { "plain_http", test_plain_http },
                 { "server_name", test_server_name },
                 { "api_hosts", test_api_hosts },
+                { "handshake_flood", test_handshake_flood },
                 { "start_refused", test_start_refused },
         };
         TEST_RUN_CASES(cases);
