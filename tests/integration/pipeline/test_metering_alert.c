@@ -84,6 +84,16 @@ static int64_t rfc3339_ns(const char *s)
         return sign == '+' ? ns - off : ns + off;
 }
 
+/* "12.345 s" for the time from since to t (ns), or "never" when t < 0. */
+static const char *secs(char buf[32], int64_t t, int64_t since)
+{
+        if (t < 0)
+                return "never";
+        int64_t ms = (t - since) / NS_PER_MS, a = ms < 0 ? -ms : ms;
+        snprintf(buf, 32, "%s%" PRId64 ".%03" PRId64 " s", ms < 0 ? "-" : "", a / 1000, a % 1000);
+        return buf;
+}
+
 /* A Prometheus API answer's `data` (the caller owns it), or NULL. */
 static json_t *prom_get(const char *path)
 {
@@ -367,9 +377,10 @@ int main(void)
 
         /* B's last sample as the ledger has it: nothing samples B any more. */
         int64_t last = ledger_ns("(SELECT last_sample_at FROM hosts WHERE host = 'host-b')");
+        char b1[32], b2[32], b3[32], b4[32], b5[32];
         CHECK(last > 0 && last > killed - 5 * NS_PER_SEC && last < killed + 5 * NS_PER_SEC,
-              "host-b's last sample in the ledger is %.3f s from its collector's kill, not within 5 s",
-              (double)(last - killed) / NS_PER_SEC);
+              "host-b's last sample in the ledger is %s from its collector's kill, not within 5 s",
+              secs(b1, last, killed));
         char *gaps = pipe_query(&A, "SELECT coalesce(string_agg(host, ',' ORDER BY host), '') FROM metering_gaps");
         CHECK(gaps && strcmp(gaps, "host-b") == 0, "metering_gaps lists \"%s\", want \"host-b\" alone",
               gaps ? gaps : "(no answer)");
@@ -383,30 +394,28 @@ int main(void)
               "host-b's vmm did not go on talking while its collector was down (%d sandboxes made and stopped,"
               " %" PRId64 " of host-b's in the ledger)", atomic_load(&churned), b_sandboxes);
 
-        double since = (double)(last > 0 ? last : killed) / NS_PER_SEC;
-#define AFTER(t) ((t) < 0 ? -1.0 : (double)(t) / NS_PER_SEC - since)
+        int64_t since = last > 0 ? last : killed;
         char *load = test_read_file("/proc/loadavg");
         fprintf(stderr,
-                "metering alert: host-b's last sample committed %.3f s after its collector's kill; after it:"
-                " in metering_gaps at %.1f s, TallyMeteringGap pending (activeAt) at %.1f s (seen %.1f s),"
-                " firing seen at %.1f s (want %d..%d s); host-b's vmm made and stopped %d sandboxes meanwhile;"
+                "metering alert: host-b's last sample committed %s after its collector's kill; after it:"
+                " in metering_gaps at %s, TallyMeteringGap pending (activeAt) at %s (seen %s),"
+                " firing seen at %s (want %d..%d s); host-b's vmm made and stopped %d sandboxes meanwhile;"
                 " load average %s\n",
-                (double)(last - killed) / NS_PER_SEC, AFTER(listed), AFTER(active), AFTER(pending), AFTER(firing),
-                THRESHOLD_S + FOR_S, WINDOW_S, atomic_load(&churned), load ? load : "?");
+                secs(b1, last, killed), secs(b2, listed, since), secs(b3, active, since), secs(b4, pending, since),
+                secs(b5, firing, since), THRESHOLD_S + FOR_S, WINDOW_S, atomic_load(&churned), load ? load : "?");
         free(load);
         CHECK(firing >= 0, "TallyMeteringGap did not fire within %d s of host-b's collector's kill", GIVE_UP_S);
         if (firing >= 0 && last > 0) {
                 CHECK(active >= last + THRESHOLD_S * NS_PER_SEC,
-                      "TallyMeteringGap was active %.1f s after host-b's last sample, before the %d s threshold",
-                      AFTER(active), THRESHOLD_S);
+                      "TallyMeteringGap was active %s after host-b's last sample, before the %d s threshold",
+                      secs(b1, active, last), THRESHOLD_S);
                 CHECK(firing >= last + (THRESHOLD_S + FOR_S) * NS_PER_SEC,
-                      "TallyMeteringGap fired %.1f s after host-b's last sample, before threshold + for (%d s)",
-                      AFTER(firing), THRESHOLD_S + FOR_S);
+                      "TallyMeteringGap fired %s after host-b's last sample, before threshold + for (%d s)",
+                      secs(b1, firing, last), THRESHOLD_S + FOR_S);
                 CHECK(firing <= last + WINDOW_S * NS_PER_SEC,
-                      "TallyMeteringGap fired %.1f s after host-b's last sample, beyond the documented %d s",
-                      AFTER(firing), WINDOW_S);
+                      "TallyMeteringGap fired %s after host-b's last sample, beyond the documented %d s",
+                      secs(b1, firing, last), WINDOW_S);
         }
-#undef AFTER
 out:
         cleanup();
         free(prometheus);
