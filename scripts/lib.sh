@@ -21,6 +21,7 @@ TALLY_DEB_PACKAGES=(
   python3 wrk
   maven openjdk-17-jre-headless openjdk-17-jdk-headless
   chromium
+  prometheus
 )
 # Commands a package provides, installed only when the command is missing: nodejs
 # and npm may come from elsewhere than Debian (a newer Node.js already on the host).

@@ -71,16 +71,58 @@ void pipe_collector_start(struct pipeline *p)
         char tick[16], name[32];
         snprintf(tick, sizeof(tick), "%d", p->tick_ms);
         snprintf(name, sizeof(name), "collector.%d", p->collectors++);
-        char *argv[] = { (char *)test_env("TALLY_COLLECTOR_BIN"), "--state-dir", p->state_dir, "--kafka-brokers",
-                         p->brokers, "--tick-ms", tick, "--metrics-port", "0",
-                         p->collector_format ? "--usage-format" : NULL, (char *)p->collector_format, NULL };
+        char *argv[16] = { (char *)test_env("TALLY_COLLECTOR_BIN"), "--state-dir", p->state_dir, "--kafka-brokers",
+                           p->brokers, "--tick-ms", tick, "--metrics-port", "0" };
+        int n = 9;
+        if (*p->host_id) {
+                argv[n++] = "--host-id";
+                argv[n++] = p->host_id;
+        }
+        if (p->collector_format) {
+                argv[n++] = "--usage-format";
+                argv[n++] = (char *)p->collector_format;
+        }
+        argv[n] = NULL;
         p->collector = spawn_logged(p, name, argv);
+}
+
+/* Starts p's tally-vmm on p's state folder, cgroup parent, broker and database. */
+static void vmm_start(struct pipeline *p, const char *const *vmm_extra)
+{
+        const char *vmmd[40] = { test_env("TALLY_VMM_BIN"), "--state-dir", p->state_dir, "--kafka-brokers", p->brokers,
+                                 "--cgroup-parent", p->cgroup_parent, "--backend", "process",
+                                 "--limits-database-url", p->db_url };
+        int n = 11;
+        if (*p->host_id) {
+                vmmd[n++] = "--host-id";
+                vmmd[n++] = p->host_id;
+        }
+        for (; vmm_extra && *vmm_extra && n < 39; vmm_extra++)
+                vmmd[n++] = *vmm_extra;
+        vmmd[n] = NULL;
+        p->vmm = spawn_logged(p, "vmm", (char *const *)vmmd);
+}
+
+static void wait_vmm_socket(struct pipeline *p)
+{
+        if (test_wait_file(p->sock, 15000) < 0 && access(p->sock, F_OK) != 0) {
+                fprintf(stderr, "FAIL: tally-vmm did not open its socket %s\n", p->sock);
+                exit(1);
+        }
 }
 
 void pipe_start(struct pipeline *p, const char *name, int tick_ms, const char *const *vmm_extra)
 {
+        struct pipe_options o = { .vmm_extra = vmm_extra };
+        pipe_start_with(p, name, tick_ms, &o);
+}
+
+void pipe_start_with(struct pipeline *p, const char *name, int tick_ms, const struct pipe_options *o)
+{
         memset(p, 0, sizeof(*p));
         p->tick_ms = tick_ms;
+        if (o->host_id)
+                snprintf(p->host_id, sizeof(p->host_id), "%s", o->host_id);
         curl_global_init(CURL_GLOBAL_DEFAULT);
         p->dir = test_tmpdir(name);
         snprintf(p->state_dir, sizeof(p->state_dir), "%s/state", p->dir);
@@ -103,22 +145,16 @@ void pipe_start(struct pipeline *p, const char *name, int tick_ms, const char *c
         p->broker = p->kafka.pid;
         snprintf(p->brokers, sizeof(p->brokers), "%s", p->kafka.bootstrap);
 
-        const char *vmmd[40] = { test_env("TALLY_VMM_BIN"), "--state-dir", p->state_dir, "--kafka-brokers", p->brokers,
-                                 "--cgroup-parent", p->cgroup_parent, "--backend", "process",
-                                 "--limits-database-url", p->db_url };
-        int n = 11;
-        for (; vmm_extra && *vmm_extra && n < 39; vmm_extra++)
-                vmmd[n++] = *vmm_extra;
-        vmmd[n] = NULL;
-        char *aggregator[] = { (char *)test_env("TALLY_AGGREGATOR_BIN"), "--database-url", p->db_url,
-                               "--kafka-brokers", p->brokers, "--batch-ms", "100", NULL };
-        p->vmm = spawn_logged(p, "vmm", (char *const *)vmmd);
+        const char *aggregator[40] = { test_env("TALLY_AGGREGATOR_BIN"), "--database-url", p->db_url,
+                                       "--kafka-brokers", p->brokers, "--batch-ms", "100" };
+        int n = 7;
+        for (const char *const *a = o->aggregator_extra; a && *a && n < 39; a++)
+                aggregator[n++] = *a;
+        aggregator[n] = NULL;
+        vmm_start(p, o->vmm_extra);
         pipe_collector_start(p);
-        p->aggregator = spawn_logged(p, "aggregator", aggregator);
-        if (test_wait_file(p->sock, 15000) < 0 && access(p->sock, F_OK) != 0) {
-                fprintf(stderr, "FAIL: tally-vmm did not open its socket\n");
-                exit(1);
-        }
+        p->aggregator = spawn_logged(p, "aggregator", (char *const *)aggregator);
+        wait_vmm_socket(p);
         /* The consumers join their groups (the aggregator's assignment is logged). */
         char agglog[700];
         snprintf(agglog, sizeof(agglog), "%s/aggregator.log", p->state_dir);
@@ -148,26 +184,56 @@ static void tail_log(struct pipeline *p, const char *name)
         free(l);
 }
 
+void pipe_add_host(struct pipeline *base, struct pipeline *h, const char *host_id, const char *const *vmm_extra)
+{
+        memset(h, 0, sizeof(*h));
+        h->shares = true;
+        h->tick_ms = base->tick_ms;
+        h->collector_format = base->collector_format;
+        snprintf(h->host_id, sizeof(h->host_id), "%s", host_id);
+        h->dir = test_tmpdir(host_id);
+        snprintf(h->state_dir, sizeof(h->state_dir), "%s/state", h->dir);
+        snprintf(h->sock, sizeof(h->sock), "%s/vmm.sock", h->state_dir);
+        snprintf(h->cgroup_parent, sizeof(h->cgroup_parent), "%.60s-%.60s", base->cgroup_parent, host_id);
+        snprintf(h->brokers, sizeof(h->brokers), "%s", base->brokers);
+        mkdir(h->state_dir, 0755);
+        h->db_url = base->db_url;
+        vmm_start(h, vmm_extra);
+        pipe_collector_start(h);
+        wait_vmm_socket(h);
+}
+
 int pipe_finish(struct pipeline *p)
 {
+        if (!p->dir) /* never started, or finished already */
+                return test_result();
         pipe_daemon_stop(p->aggregator);
         pipe_daemon_stop(p->collector);
         pipe_daemon_stop(p->vmm);
-        test_kafka_stop(&p->kafka);
+        p->aggregator = p->collector = p->vmm = 0;
+        if (!p->shares)
+                test_kafka_stop(&p->kafka);
         if (test_failures) {
+                if (*p->host_id)
+                        fprintf(stderr, "---- host %s\n", p->host_id);
                 tail_log(p, "vmm");
                 for (int i = 0; i < p->collectors; i++) {
                         char name[32];
                         snprintf(name, sizeof(name), "collector.%d", i);
                         tail_log(p, name);
                 }
-                tail_log(p, "aggregator");
+                if (!p->shares)
+                        tail_log(p, "aggregator");
         }
         /* Whatever is left (a failed run) goes with its processes. */
         test_cgroup_remove(p->cgroup_parent, 0);
-        test_db_drop(p->db_url);
+        if (!p->shares) {
+                test_db_drop(p->db_url);
+                curl_global_cleanup();
+        }
+        p->db_url = NULL;
         free(p->dir);
-        curl_global_cleanup();
+        p->dir = NULL;
         return test_result();
 }
 
@@ -224,6 +290,27 @@ json_t *pipe_api(struct pipeline *p, const char *method, const char *path, const
                 fprintf(stderr, "%s %s: HTTP %ld: %s\n", method, path, c->status, b.p ? b.p : "");
         free(b.p);
         return j;
+}
+
+char *pipe_http_get(const char *url, long *ret_status)
+{
+        CURL *h = curl_easy_init();
+        struct buf b = { 0 };
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, 10L);
+        CURLcode e = curl_easy_perform(h);
+        long status = 0;
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(h);
+        if (e != CURLE_OK) {
+                free(b.p);
+                return NULL;
+        }
+        if (ret_status)
+                *ret_status = status;
+        return b.p ? b.p : strdup("");
 }
 
 int pipe_create(struct pipeline *p, struct sb *s, const char *body)

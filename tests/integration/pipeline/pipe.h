@@ -20,25 +20,42 @@
 
 struct pipeline {
         char *dir;
-        char state_dir[512], sock[600], cgroup_parent[64], brokers[128];
+        char state_dir[512], sock[600], cgroup_parent[128], brokers[128];
         char *db_url;
         int tick_ms;
         pid_t broker, vmm, collector, aggregator;
         int collectors; /* started, for log names */
         const char *collector_format; /* the collector's usage_format; NULL: its default */
+        char host_id[65];        /* the vmm's and collector's --host-id; "": the host name */
         struct test_kafka kafka; /* the development broker (pid in broker), or Apache Kafka */
+        bool shares;             /* a host added by pipe_add_host: broker and database are another's */
 };
 
 /* Starts broker, database (migrated, with account `acct_pipe` and key
  * `key_free`), vmm, collector (tick_ms) and aggregator. vmm_extra: more
  * arguments for the vmm daemon (NULL-terminated, or NULL). */
 void pipe_start(struct pipeline *p, const char *name, int tick_ms, const char *const *vmm_extra);
+/* pipe_start with more to say: arguments for the vmm and the aggregator
+ * (NULL-terminated, or NULL each) and the host's id (NULL: the host name). */
+struct pipe_options {
+        const char *const *vmm_extra;
+        const char *const *aggregator_extra;
+        const char *host_id;
+};
+void pipe_start_with(struct pipeline *p, const char *name, int tick_ms, const struct pipe_options *o);
+/* Another host on this machine, on base's broker and database: its own state
+ * folder, vmm socket and cgroup parent, a tally-vmm (vmm_extra, as pipe_start)
+ * and a tally-collector (base's tick_ms), both with --host-id host_id. h is a
+ * pipeline of its own for pipe_api, pipe_create and the rest, without an
+ * aggregator. Stop it with pipe_finish(h) before pipe_finish(base). */
+void pipe_add_host(struct pipeline *base, struct pipeline *h, const char *host_id, const char *const *vmm_extra);
 /* Starts (again) the collector; its log is collector.N.log. */
 void pipe_collector_start(struct pipeline *p);
 /* SIGTERM, then SIGKILL after 10 s; waits. */
 void pipe_daemon_stop(pid_t pid);
 /* Stops every daemon, prints the logs' tails if a check failed, removes what
- * is left of the test's cgroups, drops the database. Returns test_result(). */
+ * is left of the test's cgroups, drops the database (not a host's of
+ * pipe_add_host: base's). Returns test_result(). Twice is once. */
 int pipe_finish(struct pipeline *p);
 
 /* One call's moments on the boot clock (time_boot_ns). */
@@ -48,6 +65,10 @@ struct call {
 };
 /* A local API request; returns the JSON answer (NULL if none) and fills c. */
 json_t *pipe_api(struct pipeline *p, const char *method, const char *path, const char *body, struct call *c);
+
+/* GET url over TCP (10 s at most): the body (malloc'd) and its HTTP status
+ * in *ret_status, or NULL when nothing answered (a failure the caller says). */
+char *pipe_http_get(const char *url, long *ret_status);
 
 /* A sandbox the test made, with what the test measured of it. */
 struct sb {
