@@ -45,10 +45,7 @@ int held_load(struct ledger *l, struct batch *b, const char *sandbox)
         if (db_ensure(l) < 0)
                 return -EIO;
         const char *params[] = { sandbox };
-        PGresult *res = PQexecParams(l->db,
-                                     "SELECT partition, \"offset\", raw, reason FROM held_readings"
-                                     " WHERE sandbox_id = $1 ORDER BY held_at, partition, \"offset\"",
-                                     1, NULL, params, NULL, NULL, 0);
+        PGresult *res = ledger_exec(l, STMT_HELD_READ, 1, params, NULL, NULL);
         int r = query_ok(l, res, PGRES_TUPLES_OK, "held readings");
         size_t first_new = b->nwaiting;
         for (int i = 0; r == 0 && i < PQntuples(res); i++) {
@@ -93,23 +90,17 @@ int waiting_send(struct ledger *l, const struct waiting *w)
         int sent;
         if (w->stored && !w->done) {
                 const char *params[] = { p, o, w->reason };
-                sent = PQsendQueryParams(l->db,
-                                         "UPDATE held_readings SET reason = $3 WHERE partition = $1 AND \"offset\" = $2",
-                                         3, NULL, params, NULL, NULL, 0);
+                sent = ledger_send(l, STMT_HELD_REASON, 3, params, NULL, NULL);
         } else if (w->stored) {
                 const char *params[] = { p, o };
-                sent = PQsendQueryParams(l->db, "DELETE FROM held_readings WHERE partition = $1 AND \"offset\" = $2", 2,
-                                         NULL, params, NULL, NULL, 0);
+                sent = ledger_send(l, STMT_HELD_DELETE, 2, params, NULL, NULL);
         } else {
                 const char *params[] = { p, o, w->sandbox, w->raw, w->reason };
                 int lens[] = { 0, 0, 0, (int)w->len, 0 };
                 int fmts[] = { 0, 0, 0, 1, 0 };
-                sent = PQsendQueryParams(l->db,
-                                         "INSERT INTO held_readings (partition, \"offset\", sandbox_id, raw, reason)"
-                                         " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                                         5, NULL, params, lens, fmts, 0);
+                sent = ledger_send(l, STMT_HELD_INSERT, 5, params, lens, fmts);
         }
-        return sent == 1 ? 1 : -EIO;
+        return sent;
 }
 
 int waiting_read(struct ledger *l, const struct waiting *w, PGresult *res)

@@ -197,25 +197,16 @@ static int event_send(struct ledger *l, const struct usage_event *ev)
                 const char *params[] = { ev->sandbox, ev->account, ev->key, ev->host, ev->parent[0] ? ev->parent : NULL,
                                          ev->backend[0] ? ev->backend : NULL, vcpus, mem, disk,
                                          ljson ? ljson : "{}", ts };
-                sent = PQsendQueryParams(l->db,
-                                         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, parent_id, backend, vcpus,"
-                                         "  mem_size_bytes, disk_size_bytes, labels, state, created_at)"
-                                         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, 'running', $11)"
-                                         " ON CONFLICT (id) DO UPDATE SET parent_id = EXCLUDED.parent_id,"
-                                         "  backend = EXCLUDED.backend, vcpus = EXCLUDED.vcpus,"
-                                         "  mem_size_bytes = EXCLUDED.mem_size_bytes, disk_size_bytes = EXCLUDED.disk_size_bytes,"
-                                         "  labels = EXCLUDED.labels, created_at = EXCLUDED.created_at, updated_at = now()",
-                                         11, NULL, params, NULL, NULL, 0);
+                sent = ledger_send(l, STMT_SANDBOX_CREATED, 11, params, NULL, NULL);
                 free(ljson);
         } else if (ev->type == EVENT_PAUSED || ev->type == EVENT_RESUMED || ev->type == EVENT_STOPPED) {
                 const char *state = ev->type == EVENT_PAUSED ? "paused" : ev->type == EVENT_RESUMED ? "running" : "stopped";
                 const char *params[] = { ev->sandbox, state };
-                sent = PQsendQueryParams(l->db, "UPDATE sandboxes SET state = $2, updated_at = now() WHERE id = $1", 2,
-                                         NULL, params, NULL, NULL, 0);
+                sent = ledger_send(l, STMT_SANDBOX_STATE, 2, params, NULL, NULL);
         } else {
                 return 0; /* forked: each copy has its own created event */
         }
-        return sent == 1 ? 1 : -EIO;
+        return sent;
 }
 
 static void dead_params(const struct dead_letter *d, char *p, char *o, const char **params, int *lens, int *fmts)
@@ -240,7 +231,7 @@ int store_dead(struct ledger *l, const struct dead_letter *d)
         const char *params[4];
         int lens[4], fmts[4];
         dead_params(d, p, o, params, lens, fmts);
-        PGresult *res = PQexecPrepared(l->db, "dead_letter", 4, params, lens, fmts, 0);
+        PGresult *res = ledger_exec(l, STMT_DEAD_LETTER, 4, params, lens, fmts);
         int r = query_ok(l, res, PGRES_COMMAND_OK, "dead letter");
         PQclear(res);
         if (r == 0)
@@ -368,7 +359,7 @@ static int row_send(struct commit *c, struct row_ref ref)
         const char *params[4];
         int lens[4], fmts[4];
         dead_params(&b->dead[ref.i], p, o, params, lens, fmts);
-        return PQsendQueryPrepared(c->l->db, "dead_letter", 4, params, lens, fmts, 0) == 1 ? 1 : -EIO;
+        return ledger_send(c->l, STMT_DEAD_LETTER, 4, params, lens, fmts);
 }
 
 static int row_read(struct commit *c, struct row_ref ref, PGresult *res)
