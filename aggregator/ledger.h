@@ -3,8 +3,9 @@
  * Owns the connection and the text of the last statement the ledger refused.
  * Each session creates the staging tables a batch is copied into (ON COMMIT
  * DELETE ROWS, so a rolled-back batch leaves nothing) and prepares the
- * statements sent once per row (enum stmt). The connection is reopened lazily (db_ensure) after it
- * broke; a caller never holds a PGresult across that.
+ * statements sent once per row (enum stmt). The connection is reopened
+ * lazily (db_ensure) after it broke; a caller never holds a PGresult across
+ * that.
  *
  * Errors: -EIO for anything the ledger refused or could not be reached for;
  * query_ok logs the failure once and keeps its SQLSTATE and primary message

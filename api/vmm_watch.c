@@ -48,9 +48,9 @@ static int known_as(struct vmm_hosts *h, const char *host_id)
 }
 
 /* Whether a host before i is host_id already (two entries that reach one
- * host would list its sandboxes twice: the later one is taken as down). */
-/* (not inlined: gcc 12 at -O2 with ASan then reports a false overread of
- * the strcmp below, and -Werror stops the sanitizer build) */
+ * host would list its sandboxes twice: the later one is taken as down).
+ * Not inlined: gcc 12 at -O2 with ASan then reports a false overread of the
+ * strcmp below, and -Werror stops the sanitizer build. */
 __attribute__((noinline)) static bool reached_before(struct vmm_hosts *h, int i, const char *host_id)
 {
         for (int k = 0; k < i; k++) {
