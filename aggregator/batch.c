@@ -69,13 +69,13 @@ int batch_add_event(struct batch *b, const struct usage_event *ev)
         return 0;
 }
 
-void batch_count_message(struct batch *b, int64_t kafka_ms)
+void batch_count_message(struct batch *b, int64_t kafka_ms, uint32_t samples)
 {
         if (b->messages == 0)
                 b->started_ns = time_mono_ns();
         b->messages++;
         if (kafka_ms > 0 && grow((void **)&b->stamps, &b->capstamps, b->nstamps + 1, sizeof(*b->stamps)) == 0)
-                b->stamps[b->nstamps++] = kafka_ms;
+                b->stamps[b->nstamps++] = (struct stamp){ kafka_ms, samples ? samples : 1 };
 }
 
 void keep_first(struct batch *b, const struct raw *m)
@@ -100,6 +100,7 @@ void keep_first(struct batch *b, const struct raw *m)
 
 void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns)
 {
+        sandboxes_forget_unheld(c); /* the batch may have stored held readings */
         for (size_t i = 0; i < b->ndirty; i++) {
                 struct sandbox *s = b->dirty[i];
                 s->db_state = (int)s->fold.state + 1;

@@ -70,7 +70,10 @@ struct batch {
         size_t nwaiting, capwaiting;
         size_t messages;
         int64_t started_ns;             /* monotonic time of its first message */
-        int64_t *stamps;                /* Kafka create time (ms) of each message, for the latency figures */
+        struct stamp {                  /* for the latency figures, per sample (docs/operations.md) */
+                int64_t kafka_ms;       /* a message's Kafka create time */
+                uint32_t samples;       /* what it carried: a usage batch's samples; 1 for any other */
+        } *stamps;
         size_t nstamps, capstamps;
         /* The batch's first message, kept whole: a batch of one that the
          * database keeps refusing becomes a dead letter. */
@@ -95,7 +98,7 @@ int mark_dirty(struct batch *b, struct sandbox *sb);
 int batch_add_event(struct batch *b, const struct usage_event *ev);
 
 /* Counts one message taken (with its Kafka timestamp in ms, if > 0). */
-void batch_count_message(struct batch *b, int64_t kafka_ms);
+void batch_count_message(struct batch *b, int64_t kafka_ms, uint32_t samples);
 
 /* Keeps a whole copy of the batch's first message (see poison.h). */
 void keep_first(struct batch *b, const struct raw *m);

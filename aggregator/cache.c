@@ -70,6 +70,16 @@ static bool absent_has(const struct sandbox_cache *c, const char *id)
         return c->nabsent && bsearch(id, c->absent, c->nabsent, sizeof(*c->absent), id_cmp);
 }
 
+bool sandbox_unheld(const struct sandbox_cache *c, const char *id)
+{
+        return c->nunheld && bsearch(id, c->unheld, c->nunheld, sizeof(*c->unheld), id_cmp);
+}
+
+void sandboxes_forget_unheld(struct sandbox_cache *c)
+{
+        c->nunheld = 0;
+}
+
 static bool valid_id(const char *s, size_t n)
 {
         if (n == 0 || n > EVENT_ID_MAX)
@@ -108,18 +118,27 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
         PGresult *res = PQexecParams(c->ledger->db,
                                      "SELECT i.id, coalesce(f.account_id, s.account_id), coalesce(f.key_id, s.key_id),"
                                      " f.fold, coalesce(f.version, 0), coalesce(s.host, ''), coalesce(s.vcpus, 1),"
-                                     " coalesce(s.state, ''), coalesce(s.mem_size_bytes, 0)"
+                                     " coalesce(s.state, ''), coalesce(s.mem_size_bytes, 0),"
+                                     " f.sandbox_id IS NOT NULL OR s.id IS NOT NULL,"
+                                     " EXISTS (SELECT 1 FROM held_readings h WHERE h.sandbox_id = i.id)"
                                      " FROM unnest($1::text[]) AS i(id) LEFT JOIN fold_state f ON f.sandbox_id = i.id"
-                                     " LEFT JOIN sandboxes s ON s.id = i.id"
-                                     " WHERE f.sandbox_id IS NOT NULL OR s.id IS NOT NULL",
+                                     " LEFT JOIN sandboxes s ON s.id = i.id",
                                      1, NULL, params, NULL, NULL, 0);
         free(list.buf);
         int r = query_ok(c->ledger, res, PGRES_TUPLES_OK, "load state");
         int rows = r == 0 ? PQntuples(res) : 0;
+        size_t unheld_sorted = c->nunheld;
         for (int i = 0; r == 0 && i < rows; i++) {
                 const char *id = PQgetvalue(res, i, 0);
-                if (sandbox_find(c, id))
-                        continue; /* memory is the ledger plus the batch: never older */
+                if (strcmp(PQgetvalue(res, i, 10), "f") == 0) {
+                        if (grow((void **)&c->unheld, &c->capunheld, c->nunheld + 1, sizeof(*c->unheld)) < 0) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        snprintf(c->unheld[c->nunheld++], sizeof(*c->unheld), "%s", id);
+                }
+                if (strcmp(PQgetvalue(res, i, 9), "t") != 0 || sandbox_find(c, id))
+                        continue; /* no row; or memory is the ledger plus the batch: never older */
                 struct fold_state f = { 0 }; /* no row: only its created event is in the ledger */
                 if (!PQgetisnull(res, i, 3) && fold_state_parse(PQgetvalue(res, i, 3), &f) < 0) {
                         char q[600];
@@ -147,6 +166,8 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
                 atomic_fetch_add_explicit(&c->metrics->sandboxes_loaded, 1, memory_order_relaxed);
         }
         PQclear(res);
+        if (c->nunheld > unheld_sorted)
+                qsort(c->unheld, c->nunheld, sizeof(*c->unheld), id_cmp);
         if (r < 0)
                 return r;
         size_t sorted = c->nabsent; /* absent_has searches these while the new ones are added */
@@ -213,7 +234,7 @@ static bool peek_sandbox(const rd_kafka_message_t *m, size_t *at, char *id)
  * reads each one again. */
 void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
 {
-        c->nabsent = 0;
+        c->nabsent = c->nunheld = 0;
         char (*ids)[EVENT_ID_MAX + 1] = NULL;
         size_t nids = 0, cap = 0;
         bool full = false;
@@ -251,7 +272,7 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
  * (drop NULL: all). Also forgets which sandboxes the ledger had no row for. */
 void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop)
 {
-        c->nabsent = 0;
+        c->nabsent = c->nunheld = 0;
         for (size_t i = 0; i < c->nbuckets; i++) {
                 struct sandbox **pp = &c->buckets[i];
                 while (*pp) {
@@ -303,7 +324,7 @@ void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep
 
 void sandboxes_forget_absent(struct sandbox_cache *c)
 {
-        c->nabsent = 0;
+        c->nabsent = c->nunheld = 0;
 }
 
 void sandbox_cache_free(struct sandbox_cache *c)
@@ -311,7 +332,9 @@ void sandbox_cache_free(struct sandbox_cache *c)
         sandboxes_drop(c, NULL, 0);
         free(c->buckets);
         free(c->absent);
+        free(c->unheld);
         c->buckets = NULL;
         c->absent = NULL;
-        c->nbuckets = c->capabsent = 0;
+        c->unheld = NULL;
+        c->nbuckets = c->capabsent = c->capunheld = 0;
 }

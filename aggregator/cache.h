@@ -57,6 +57,12 @@ struct sandbox_cache {
          * (sorted): new, so sandbox_add need not ask again. */
         char (*absent)[EVENT_ID_MAX + 1];
         size_t nabsent, capabsent;
+        /* Sandboxes a prefetch looked up that have no held readings in the
+         * ledger (sorted): their `created` event need not ask for them
+         * (sandbox_unheld). Forgotten with absent, and at every commit (a
+         * commit may store held readings). */
+        char (*unheld)[EVENT_ID_MAX + 1];
+        size_t nunheld, capunheld;
 };
 
 /* The sandbox of id in memory, or NULL. */
@@ -72,6 +78,13 @@ struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id);
  * in memory, read in one query. A failure is not fatal here: sandbox_add
  * reads each one again. */
 void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n);
+
+/* Did the last prefetch (since the last commit) find that the ledger holds
+ * no readings held for id (held.h)? false: not known, ask. */
+bool sandbox_unheld(const struct sandbox_cache *c, const char *id);
+
+/* Forgets which sandboxes have no held readings: called at every commit. */
+void sandboxes_forget_unheld(struct sandbox_cache *c);
 
 /* Forgets which sandboxes the last prefetch found the ledger has no row for
  * (once its messages are taken: another aggregator may write them later). */

@@ -17,7 +17,10 @@ static const char *const session_sql =
         " ON COMMIT DELETE ROWS;"
         "CREATE TEMP TABLE IF NOT EXISTS stage_fold (sandbox_id text, account_id text, key_id text, host text,"
         " vcpus integer, fold text, version bigint, stopped boolean, state text, mem_size_bytes bigint,"
-        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint, sampled boolean) ON COMMIT DELETE ROWS;";
+        " wall timestamptz, sync boolean, net_rx bigint, net_tx bigint, sampled boolean) ON COMMIT DELETE ROWS;"
+        "CREATE TEMP TABLE IF NOT EXISTS stage_created (sandbox_id text, account_id text, key_id text, host text,"
+        " parent_id text, backend text, vcpus integer, mem_size_bytes bigint, disk_size_bytes bigint, labels jsonb,"
+        " created_at timestamptz) ON COMMIT DELETE ROWS;";
 
 /* The statements a batch sends once per row (or per sandbox), prepared once
  * per session: parsed and planned once, not once per row (a batch of 10,000

@@ -78,11 +78,11 @@ static void record_latency(struct agg *a)
 {
         int64_t now_ms = time_wall_ns() / NS_PER_MS;
         for (size_t i = 0; i < a->batch.nstamps; i++) {
-                int64_t lag = now_ms - a->batch.stamps[i];
+                int64_t lag = now_ms - a->batch.stamps[i].kafka_ms;
                 if (lag < 0)
                         lag = 0;
-                a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1]++;
-                metrics_histogram_add_us(&a->metrics->lag, lag * 1000);
+                a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1] += a->batch.stamps[i].samples;
+                metrics_histogram_add_n_us(&a->metrics->lag, lag * 1000, a->batch.stamps[i].samples);
         }
 }
 

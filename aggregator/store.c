@@ -2,13 +2,13 @@
 #include "store.h"
 
 #include "held.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "text.h"
 #include "timeutil.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,37 +178,6 @@ static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
         return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);
 }
 
-/* Sends a lifecycle event's statement for the sandboxes table (in the
- * caller's pipeline): 1, or 0 when the event needs none, or -EIO. */
-static int event_send(struct ledger *l, const struct usage_event *ev)
-{
-        char ts[64], vcpus[16], mem[32], disk[32];
-        format_ts(ts, sizeof(ts), ev->wall_ns);
-        int sent;
-        if (ev->type == EVENT_CREATED) {
-                json_t *labels = json_object();
-                for (size_t i = 0; i < ev->nlabels; i++)
-                        json_object_set_new(labels, ev->labels[i].key, json_string(ev->labels[i].value));
-                char *ljson = json_dumps(labels, JSON_COMPACT);
-                json_decref(labels);
-                snprintf(vcpus, sizeof(vcpus), "%u", ev->vcpus);
-                snprintf(mem, sizeof(mem), "%" PRIu64, ev->mem_size_bytes);
-                snprintf(disk, sizeof(disk), "%" PRIu64, ev->disk_size_bytes);
-                const char *params[] = { ev->sandbox, ev->account, ev->key, ev->host, ev->parent[0] ? ev->parent : NULL,
-                                         ev->backend[0] ? ev->backend : NULL, vcpus, mem, disk,
-                                         ljson ? ljson : "{}", ts };
-                sent = ledger_send(l, STMT_SANDBOX_CREATED, 11, params, NULL, NULL);
-                free(ljson);
-        } else if (ev->type == EVENT_PAUSED || ev->type == EVENT_RESUMED || ev->type == EVENT_STOPPED) {
-                const char *state = ev->type == EVENT_PAUSED ? "paused" : ev->type == EVENT_RESUMED ? "running" : "stopped";
-                const char *params[] = { ev->sandbox, state };
-                sent = ledger_send(l, STMT_SANDBOX_STATE, 2, params, NULL, NULL);
-        } else {
-                return 0; /* forked: each copy has its own created event */
-        }
-        return sent;
-}
-
 static void dead_params(const struct dead_letter *d, char *p, char *o, const char **params, int *lens, int *fmts)
 {
         snprintf(p, 16, "%d", d->partition);
@@ -281,6 +250,8 @@ struct commit {
         struct agg_metrics *metrics;
         struct text t;          /* COPY and SQL text, reused step to step */
         struct commit_report *rep;
+        bool *staged;           /* per event: written already (lifecycle_stage_created) */
+        size_t nstaged;
 };
 
 /* (fold state) Every row written: else another aggregator moved a sandbox
@@ -329,7 +300,11 @@ static int read_commands(struct commit *c, PGresult *res)
 static int run_stage(struct commit *c)
 {
         int r = stage_usage(c->l, c->b, &c->t, &c->rep->rows);
-        return r < 0 ? r : stage_fold(c->l, c->b, &c->t);
+        if (r == 0)
+                r = stage_fold(c->l, c->b, &c->t);
+        if (r == 0)
+                r = lifecycle_stage_created(c->l, c->b, &c->t, &c->staged, &c->nstaged);
+        return r;
 }
 
 /* The batch's rows that are not staged: one statement each (events, dead
@@ -352,7 +327,7 @@ static int row_send(struct commit *c, struct row_ref ref)
 {
         struct batch *b = c->b;
         if (ref.kind == ROW_EVENT)
-                return event_send(c->l, &b->events[ref.i]);
+                return lifecycle_send(c->l, &b->events[ref.i]);
         if (ref.kind == ROW_WAITING)
                 return waiting_send(c->l, &b->waiting[ref.i]);
         char p[16], o[32];
@@ -407,7 +382,7 @@ static int run_rows(struct commit *c)
 {
         struct batch *b = c->b;
         PGconn *db = c->l->db;
-        if (b->nevents + b->ndead + b->nwaiting == 0)
+        if (b->nevents - c->nstaged + b->ndead + b->nwaiting == 0)
                 return store_offsets(c->l, c->ps, &c->t);
         if (PQenterPipelineMode(db) != 1) {
                 snprintf(c->l->last_error, sizeof(c->l->last_error), "could not enter pipeline mode");
@@ -419,6 +394,8 @@ static int run_rows(struct commit *c)
         size_t counts[] = { [ROW_EVENT] = b->nevents, [ROW_DEAD] = b->ndead, [ROW_WAITING] = b->nwaiting };
         for (enum row_kind kind = ROW_EVENT; r == 0 && kind <= ROW_WAITING; kind++)
                 for (size_t i = 0; r == 0 && i < counts[kind]; i++) {
+                        if (kind == ROW_EVENT && c->staged && c->staged[i])
+                                continue;
                         struct row_ref ref = { kind, i };
                         int s = row_send(c, ref);
                         if (s < 0) {
@@ -500,6 +477,7 @@ int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps,
         if (r < 0 && i > STEP_BEGIN + 1 && i < STEPS)
                 PQclear(PQexec(l->db, "ROLLBACK"));
         free(c.t.buf);
+        free(c.staged);
         return r;
 }
 

@@ -78,6 +78,19 @@ int text_add(struct text *t, const char *fmt, ...)
         }
 }
 
+int text_add_copy_field(struct text *t, const char *s, char end)
+{
+        if (!s)
+                return text_add(t, "\\N%c", end);
+        for (; *s; s++) {
+                const char *esc = *s == '\\' ? "\\\\" : *s == '\t' ? "\\t" : *s == '\n' ? "\\n" : *s == '\r' ? "\\r" : NULL;
+                int r = esc ? text_add(t, "%s", esc) : text_add(t, "%c", *s);
+                if (r < 0)
+                        return r;
+        }
+        return text_add(t, "%c", end);
+}
+
 void utf8_copy(char *dst, size_t size, const char *src)
 {
         const unsigned char *s = (const unsigned char *)src;

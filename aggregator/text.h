@@ -25,6 +25,10 @@ struct text {
 /* Appends printf-style; 0, -EINVAL or -ENOMEM. */
 int text_add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Appends s as one field of COPY's text format (backslash, tab, newline and
+ * carriage return escaped; NULL as \N), then end (a tab or a newline). */
+int text_add_copy_field(struct text *t, const char *s, char end);
+
 /* Copies src into dst (size bytes with the NUL) as valid UTF-8: cut on a
  * character boundary, never inside one, and any byte that starts no valid
  * character (a reason cut mid-character by whoever wrote it) becomes '?'.

@@ -37,14 +37,19 @@ const uint32_t metrics_latency_bounds_ms[METRICS_LATENCY_BUCKETS] = { 5, 10, 25,
 
 void metrics_histogram_add_us(struct metrics_histogram *h, int64_t us)
 {
+        metrics_histogram_add_n_us(h, us, 1);
+}
+
+void metrics_histogram_add_n_us(struct metrics_histogram *h, int64_t us, uint64_t n)
+{
         if (us < 0)
                 us = 0;
         int i = 0;
         while (i < METRICS_LATENCY_BUCKETS && (uint64_t)us > (uint64_t)metrics_latency_bounds_ms[i] * 1000)
                 i++;
-        atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->sum_us, (uint64_t)us, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->bucket[i], n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->count, n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->sum_us, (uint64_t)us * n, memory_order_relaxed);
 }
 
 static uint64_t get(const _Atomic uint64_t *v)

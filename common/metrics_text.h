@@ -34,6 +34,8 @@ struct metrics_histogram {
 
 /* Counts one observation of us microseconds (a negative one as 0). */
 void metrics_histogram_add_us(struct metrics_histogram *h, int64_t us);
+/* n observations of us at once (a message that carries n samples). */
+void metrics_histogram_add_n_us(struct metrics_histogram *h, int64_t us, uint64_t n);
 /* Writes the histogram's lines: NAME_bucket{le="S"} (cumulative), NAME_sum in
  * seconds (exact, from microseconds) and NAME_count. The HELP and TYPE lines
  * are the caller's. */

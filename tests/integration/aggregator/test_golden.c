@@ -106,6 +106,8 @@ int main(void)
         strcpy(created.key, "kb");
         strcpy(created.backend, "process");
         event_add_label(&created, "team", "ml");
+        /* (COPY's own characters in a label: each kept as it was.) */
+        event_add_label(&created, "note", "tab\there \\N back\\ new\nline\r \"q\" \xc3\xa9");
         aggtest_produce(&t, &created);
         event_clear(&created);
         aggtest_flush(&t);
@@ -140,6 +142,9 @@ int main(void)
         CHECK(q_int(&t, "SELECT count(*) FROM sandboxes WHERE id = 'sb-busy' AND labels->>'team' = 'ml'"
                         " AND backend = 'process' AND vcpus = 2 AND key_id = 'kb'") == 1,
               "labels of a late created event join the sandbox billed from its samples");
+        CHECK(q_int(&t, "SELECT count(*) FROM sandboxes WHERE id = 'sb-busy'"
+                        " AND labels->>'note' = E'tab\\there \\\\N back\\\\ new\\nline\\r \"q\" \xc3\xa9'") == 1,
+              "a label with a tab, backslashes, a newline, a carriage return, quotes and UTF-8 is kept as sent");
         CHECK(q_int(&t, "SELECT count(*) FROM sandboxes WHERE account_id = 'tasks' AND state = 'stopped'") == 1000,
               "sandboxes from samples");
 

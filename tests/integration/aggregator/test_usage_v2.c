@@ -17,6 +17,10 @@
  *      dead letter; its sandbox's next sample bills the truth.
  *   5. A host sending usage batches only is metered (hosts.last_sample_at):
  *      a batch's samples count for the metering gap as v1 samples do.
+ *   6. The commit latency histogram (tally_aggregator_commit_lag_seconds)
+ *      counts a usage batch once per sample it carries, as its help says,
+ *      not once per message: 6 batches of 15 records in all add 9 to the
+ *      message count.
  *
  * Expected totals are worked out by hand from the counters the messages
  * carry (1 GiB = 1073741824 bytes of memory, running all along: memory is
@@ -26,6 +30,7 @@
 #include "support.h"
 #include "timeutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,8 +164,22 @@ int main(void)
         send_batch(&t, &o);
         aggtest_flush(&t);
 
-        pid_t agg = aggtest_spawn(&t, NULL);
+        int port = test_free_port();
+        char ports[16];
+        snprintf(ports, sizeof(ports), "%d", port);
+        const char *extra[] = { "--metrics-port", ports, NULL };
+        pid_t agg = aggtest_spawn(&t, extra);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the aggregator did not catch up");
+        /* 6: every message taken once; the batches' records (3 + 3 + 2 + 4
+         * + 2 + 1, the cut header's batch counting as one message) once each. */
+        char *page = test_get_metrics(port);
+        char *messages = aggtest_query(&t, "SELECT sum(next_offset) FROM consumer_offsets");
+        int64_t m = messages ? strtoll(messages, NULL, 10) : -1;
+        int64_t timed = page ? test_metric(page, "tally_aggregator_commit_lag_seconds_count", false) : -1;
+        CHECK(m > 0 && timed == m - 6 + 15, "commit latency counted %lld, want %lld (%lld messages, 6 batches of 15 samples)",
+              (long long)timed, (long long)(m - 6 + 15), (long long)m);
+        free(messages);
+        free(page);
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not exit cleanly");
 
         /* 1: the last counters of each, whichever format carried them. */
