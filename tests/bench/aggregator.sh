@@ -42,6 +42,8 @@
 #  PERF_DIR                    when set, `perf record -g` of the aggregator and PostgreSQL over each
 #                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data (perf report
 #                              --sort comm,dso,sym -i FILE shows where the CPU went)
+#  LOG_DIR                     when set, the aggregator's debug logs of every phase are copied there
+#                              at the end (each batch's step times: "batch committed")
 #  --kafka apache              also runs the end-to-end, ceiling and commit-latency phases, in the
 #                              same run, against one real Apache Kafka node (scripts/kafka, same
 #                              partitions, a database of their own), keyed apache_... (and
@@ -80,6 +82,7 @@ AGG_PID=
 VMM_PID=
 cleanup() {
   [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null
+  [ -z "${LOG_DIR:-}" ] || { mkdir -p "$LOG_DIR" && cp "$WORK"/agg.*.log "$LOG_DIR"/ 2>/dev/null; }
   [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
   stop_test_services "$WORK"
 }

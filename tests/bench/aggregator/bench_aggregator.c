@@ -56,11 +56,13 @@ static rd_kafka_conf_t *bench_conf(void)
         return conf;
 }
 
-static rd_kafka_t *producer(const char *brokers)
+/* paced: as a collector produces (its linger.ms, 5: common/kafka.c), for the
+ * latency figures; else a preload, in as few produce requests as it can. */
+static rd_kafka_t *producer(const char *brokers, bool paced)
 {
         char err[512];
-        const char *const extra[] = { "batch.size=1000000", "linger.ms=50", "queue.buffering.max.messages=1000000",
-                                      NULL };
+        const char *const extra[] = { "batch.size=1000000", paced ? "linger.ms=5" : "linger.ms=50",
+                                      "queue.buffering.max.messages=1000000", NULL };
         rd_kafka_t *p = kafka_producer_new(brokers, bench_conf(), extra, err, sizeof(err));
         if (!p)
                 die(err);
@@ -149,7 +151,7 @@ static void batch_add(struct batches *bs, const struct usage_event *ev)
 
 static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix, bool v2)
 {
-        rd_kafka_t *p = producer(brokers);
+        rd_kafka_t *p = producer(brokers, rate > 0);
         struct batches bs = { .p = p };
         if (v2) {
                 bs.n = usage_partitions(p);
@@ -355,7 +357,7 @@ static int vmm_cli(const char *vmm, const char *state, const char *args, char *i
  * out by tally-vmm). */
 static int cmd_freeze(const char *brokers, int trials, const char *vmm, const char *state, const char *parent)
 {
-        rd_kafka_t *p = producer(brokers);
+        rd_kafka_t *p = producer(brokers, true);
         int64_t day0 = time_day_start(time_wall_ns());
         for (int t = 0; t < trials; t++) {
                 char path[512], key[32], account[32], sandbox[EVENT_ID_MAX + 1], args[256];
