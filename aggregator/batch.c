@@ -98,9 +98,10 @@ void keep_first(struct batch *b, const struct raw *m)
         b->first_offset = m->offset;
 }
 
-void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns)
+static void release_sandboxes(struct batch *b);
+
+void batch_written(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns)
 {
-        sandboxes_forget_unheld(c); /* the batch may have stored held readings */
         for (size_t i = 0; i < b->ndirty; i++) {
                 struct sandbox *s = b->dirty[i];
                 s->db_state = (int)s->fold.state + 1;
@@ -114,14 +115,25 @@ void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_
                 if (s)
                         s->db_state = 0; /* the event may have changed the row's state */
         }
+        release_sandboxes(b);
 }
 
-void batch_clear(struct batch *b)
+/* The batch's sandboxes are free for the next batch: none points back at it. */
+static void release_sandboxes(struct batch *b)
 {
+        if (b->released)
+                return;
         for (size_t i = 0; i < b->npieces; i++)
                 b->pieces[i].sb->piece = 0;
         for (size_t i = 0; i < b->ndirty; i++)
                 b->dirty[i]->dirty = b->dirty[i]->sampled = false;
+        b->released = true;
+}
+
+void batch_clear(struct batch *b)
+{
+        release_sandboxes(b);
+        b->released = false;
         for (size_t i = 0; i < b->nevents; i++)
                 event_clear(&b->events[i]);
         for (size_t i = 0; i < b->ndead; i++)

@@ -81,6 +81,7 @@ struct batch {
         int64_t first_offset;
         char *first_raw;
         size_t first_len, first_cap;
+        bool released;                  /* batch_written: pieces and dirty no longer point at live sandboxes */
 };
 
 /* Adds usage the fold reported for sb: summed into the batch's piece of
@@ -103,8 +104,12 @@ void batch_count_message(struct batch *b, int64_t kafka_ms, uint32_t samples);
 /* Keeps a whole copy of the batch's first message (see poison.h). */
 void keep_first(struct batch *b, const struct raw *m);
 
-/* After the batch committed: its sandboxes are as the ledger now holds them. */
-void batch_committed(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns);
+/* Once the batch's rows are staged (store_stage): its sandboxes are set as
+ * the ledger holds them once the transaction commits (their row's state and
+ * host, their fold state's version), and released, so the next batch can
+ * take them while this one commits. Should the commit fail, the caller
+ * drops every sandbox (resync): nothing set here outlives a failure. */
+void batch_written(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns);
 
 /* Forgets the batch's content (not the first message's buffer). */
 void batch_clear(struct batch *b);

@@ -148,5 +148,6 @@ uint64_t expire_held(struct ledger *l, int64_t grace_ms, struct agg_metrics *met
                                           memory_order_relaxed);
                 expired = (uint64_t)PQntuples(res);
         }
-        PQclear(res);        return expired;
+        PQclear(res);
+        return expired;
 }

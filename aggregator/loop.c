@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,16 +54,133 @@
 #endif
 #define CATCHUP_BATCH_NS (5 * NS_PER_SEC)
 
+/* ---- the writer: a batch commits while the next one is folded ---- */
+
+/* The second half of each commit (store_finish: every statement after the
+ * staging) runs on the writer thread, on a connection of its own, while the
+ * loop goes on folding. One commit at a time: the loop takes a commit's
+ * result (settle) before it starts the next, and before anything that
+ * would read what that commit writes. */
+enum writer_state { WRITER_IDLE, WRITER_RUNNING, WRITER_DONE };
+
+struct writer {
+        pthread_t thread;
+        bool started;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        enum writer_state state;
+        bool quit;
+        struct ledger *ledger;
+        struct batch *batch;
+        struct partitions positions;    /* the partitions as the batch left them (parts copied) */
+        struct agg_metrics *metrics;
+        struct commit_report rep;
+        int result;
+};
+
+static void *writer_main(void *arg)
+{
+        struct writer *w = arg;
+        pthread_mutex_lock(&w->mu);
+        while (!w->quit) {
+                if (w->state != WRITER_RUNNING) {
+                        pthread_cond_wait(&w->cv, &w->mu);
+                        continue;
+                }
+                pthread_mutex_unlock(&w->mu);
+                int r = store_finish(w->ledger, w->batch, &w->positions, w->metrics, &w->rep);
+                pthread_mutex_lock(&w->mu);
+                w->result = r;
+                w->state = WRITER_DONE;
+                pthread_cond_broadcast(&w->cv);
+        }
+        pthread_mutex_unlock(&w->mu);
+        return NULL;
+}
+
+static int writer_start(struct writer *w)
+{
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        int e = pthread_create(&w->thread, NULL, writer_main, w);
+        w->started = e == 0;
+        return -e;
+}
+
+static void writer_stop(struct writer *w)
+{
+        if (!w->started)
+                return;
+        pthread_mutex_lock(&w->mu);
+        w->quit = true;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w->positions.parts);
+        w->started = false;
+}
+
+static void writer_submit(struct writer *w)
+{
+        pthread_mutex_lock(&w->mu);
+        w->state = WRITER_RUNNING;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+}
+
+static bool writer_finished(struct writer *w)
+{
+        pthread_mutex_lock(&w->mu);
+        bool done = w->state == WRITER_DONE;
+        pthread_mutex_unlock(&w->mu);
+        return done;
+}
+
+/* Waits for the commit submitted; its result. The writer is idle after. */
+static int writer_wait(struct writer *w)
+{
+        pthread_mutex_lock(&w->mu);
+        while (w->state == WRITER_RUNNING)
+                pthread_cond_wait(&w->cv, &w->mu);
+        int r = w->result;
+        w->state = WRITER_IDLE;
+        pthread_mutex_unlock(&w->mu);
+        return r;
+}
+
+/* The partitions' positions as the batch left them, for its offsets
+ * statement: the loop moves them on while the writer commits. */
+static int positions_copy(struct partitions *dst, const struct partitions *src)
+{
+        if (dst->nparts < src->nparts) {
+                struct partition *p = realloc(dst->parts, (size_t)src->nparts * sizeof(*p));
+                if (!p)
+                        return -ENOMEM;
+                dst->parts = p;
+        }
+        dst->group = src->group;
+        dst->nparts = src->nparts;
+        if (src->nparts)
+                memcpy(dst->parts, src->parts, (size_t)src->nparts * sizeof(*dst->parts));
+        return 0;
+}
+
 struct agg {
         const struct aggregator_config *cfg;
         volatile sig_atomic_t *stop;
         struct agg_metrics *metrics;
         rd_kafka_t *consumer;
 
-        struct ledger ledger;
+        struct ledger ledger;           /* reads: fold states, held readings, positions */
         struct sandbox_cache cache;
         struct partitions parts;
-        struct batch batch;
+        struct batch batches[2];
+        struct batch *batch;            /* the batch being folded: one of batches */
+        struct batch *inflight;         /* the other, while the writer commits it; NULL: none */
+        struct ledger wledger;          /* every commit's connection */
+        struct writer writer;
         struct intake intake;
         struct poison poison;
         struct enforce enforce;
@@ -74,15 +192,15 @@ struct agg {
 
 /* ---- commit latency ---- */
 
-static void record_latency(struct agg *a)
+static void record_latency(struct agg *a, const struct batch *b)
 {
         int64_t now_ms = time_wall_ns() / NS_PER_MS;
-        for (size_t i = 0; i < a->batch.nstamps; i++) {
-                int64_t lag = now_ms - a->batch.stamps[i].kafka_ms;
+        for (size_t i = 0; i < b->nstamps; i++) {
+                int64_t lag = now_ms - b->stamps[i].kafka_ms;
                 if (lag < 0)
                         lag = 0;
-                a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1] += a->batch.stamps[i].samples;
-                metrics_histogram_add_n_us(&a->metrics->lag, lag * 1000, a->batch.stamps[i].samples);
+                a->lag_hist[lag < LAG_BUCKETS ? lag : LAG_BUCKETS - 1] += b->stamps[i].samples;
+                metrics_histogram_add_n_us(&a->metrics->lag, lag * 1000, b->stamps[i].samples);
         }
 }
 
@@ -104,41 +222,37 @@ static int64_t lag_quantile(const struct agg *a, uint64_t num, uint64_t den)
 
 /* ---- the batch's end ---- */
 
-/* Forgets the batch, committed or not. */
+/* Forgets the open batch, committed or not. */
 static void batch_drop(struct agg *a)
 {
-        batch_clear(&a->batch);
+        batch_clear(a->batch);
         partitions_untouch(&a->parts);
 }
 
-/* Commits the batch in one transaction. On failure the batch is dropped and
- * the state read back from the ledger (resync); a failure that repeats is
- * narrowed down to its message (poison_step). */
-static int commit_batch(struct agg *a)
+/* A commit that went through: what it decided is published, counted, logged. */
+static void committed(struct agg *a, struct batch *b, const struct commit_report *rep)
 {
-        struct batch *b = &a->batch;
-        if (b->messages == 0)
-                return 0;
-        struct commit_report rep;
-        int r = store_commit(&a->ledger, b, &a->parts, a->metrics, &rep);
-        if (r == 0) {
-                int64_t now_mono = rep.at[sizeof(rep.at) / sizeof(rep.at[0]) - 1];
-                batch_committed(b, &a->cache, now_mono);
-                record_latency(a);
-                metrics_histogram_add_us(&a->metrics->commit, (now_mono - rep.t0) / NS_PER_US);
-                enforce_publish(&a->enforce, rep.cmds, rep.ncmds, rep.blocked != 0);
-                a->committed_messages += b->messages;
-                a->committed_batches++;
-                a->dead_total += b->ndead;
-                atomic_fetch_add_explicit(&a->metrics->messages_committed, b->messages, memory_order_relaxed);
-                atomic_fetch_add_explicit(&a->metrics->batches_committed, 1, memory_order_relaxed);
-                atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], b->ndead, memory_order_relaxed);
-                poison_committed(&a->poison, b->messages);
-                store_log_committed(&rep, b);
-                batch_drop(a);
-                free(rep.cmds);
-                return 0;
-        }
+        int64_t now_mono = rep->at[sizeof(rep->at) / sizeof(rep->at[0]) - 1];
+        sandboxes_forget_unheld(&a->cache); /* the batch may have stored held readings */
+        record_latency(a, b);
+        metrics_histogram_add_us(&a->metrics->commit, (now_mono - rep->t0) / NS_PER_US);
+        enforce_publish(&a->enforce, rep->cmds, rep->ncmds, rep->blocked != 0);
+        a->committed_messages += b->messages;
+        a->committed_batches++;
+        a->dead_total += b->ndead;
+        atomic_fetch_add_explicit(&a->metrics->messages_committed, b->messages, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->batches_committed, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->metrics->dead_letters[AGG_DEAD_DECODE], b->ndead, memory_order_relaxed);
+        poison_committed(&a->poison, b->messages);
+        store_log_committed(rep, b);
+        batch_clear(b);
+}
+
+/* A commit that failed: the batch is dropped and the state read back from
+ * the ledger (resync); a failure that repeats is narrowed down to its
+ * message (poison_step). */
+static void failed(struct agg *a, struct batch *b, int r)
+{
         if (r == -ESTALE || r == -EBUSY) {
                 a->fenced++;
                 atomic_fetch_add_explicit(&a->metrics->batches_fenced, 1, memory_order_relaxed);
@@ -150,15 +264,80 @@ static int commit_batch(struct agg *a)
         } else {
                 atomic_fetch_add_explicit(&a->metrics->batches_failed, 1, memory_order_relaxed);
                 log_error("could not commit a batch; it will be read again", "messages=%zu", b->messages);
-                if (content_error(&a->ledger, r)) /* the database will say the same again: no need to wait */
-                        a->dead_total += (uint64_t)poison_step(&a->poison, &a->ledger, b, &a->parts, a->metrics);
+                if (content_error(&a->wledger, r)) /* the database will say the same again: no need to wait */
+                        a->dead_total += (uint64_t)poison_step(&a->poison, &a->wledger, b, &a->parts, a->metrics);
                 else
                         time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
         }
-        free(rep.cmds);
-        batch_drop(a);
+        batch_clear(b);
+        partitions_untouch(&a->parts);
         resync(&a->parts);
+}
+
+/* Takes the result of the commit the writer holds, waiting for it. On
+ * failure the open batch goes too: it was folded on top of the failed one.
+ * Returns that commit's result (0 when there was none). */
+static int settle(struct agg *a)
+{
+        if (!a->inflight)
+                return 0;
+        int r = writer_wait(&a->writer);
+        struct batch *b = a->inflight;
+        a->inflight = NULL;
+        if (r == 0) {
+                committed(a, b, &a->writer.rep);
+        } else {
+                batch_clear(a->batch);
+                failed(a, b, r);
+        }
+        free(a->writer.rep.cmds);
+        a->writer.rep.cmds = NULL;
         return r;
+}
+
+/* Stages the open batch (store_stage, on this thread: it reads the cache's
+ * sandboxes) and hands the rest of its commit to the writer; the other
+ * batch becomes the open one. The writer must be idle. */
+static int start_commit(struct agg *a)
+{
+        struct batch *b = a->batch;
+        if (b->messages == 0)
+                return 0;
+        struct writer *w = &a->writer;
+        int r = positions_copy(&w->positions, &a->parts);
+        if (r == 0)
+                r = store_stage(&a->wledger, b, &w->rep);
+        if (r < 0) {
+                failed(a, b, r);
+                return r;
+        }
+        batch_written(b, &a->cache, time_mono_ns());
+        partitions_untouch(&a->parts);
+        w->ledger = &a->wledger;
+        w->batch = b;
+        w->metrics = a->metrics;
+        a->inflight = b;
+        a->batch = a->intake.batch = b == &a->batches[0] ? &a->batches[1] : &a->batches[0];
+        writer_submit(w);
+        return 0;
+}
+
+/* Commits the open batch and waits for it (after the writer's, if any).
+ * On failure the state is read back from the ledger. */
+static int commit_batch(struct agg *a)
+{
+        int r = settle(a);
+        if (r < 0 || a->batch->messages == 0)
+                return r;
+        r = start_commit(a);
+        return r < 0 ? r : settle(a);
+}
+
+/* The open batch is due: its commit starts once the writer's is through. */
+static void hand_off(struct agg *a)
+{
+        if (settle(a) == 0)
+                start_commit(a);
 }
 
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,
@@ -189,21 +368,27 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
  * stale then and dropped (the consumer delivers them again). */
 static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
 {
-        prefetch(&a->cache, held, n);
         uint64_t gen = a->parts.seek_gen;
+        /* Held readings the writer's commit stores or deletes: read back only
+         * once it is through (a failure resyncs: these messages are stale). */
+        if (n && a->inflight && a->inflight->nwaiting)
+                settle(a);
+        prefetch(&a->cache, held, n);
         for (size_t i = 0; i < n; i++) {
                 rd_kafka_message_t *m = held[i];
                 if (a->parts.seek_gen == gen) {
                         if (!m->err) {
-                                size_t before = a->batch.messages;
+                                size_t before = a->batch->messages;
                                 if (take_message(&a->intake, m) < 0) {
                                         log_error("could not take a message (memory, or the ledger unreadable);"
                                                   " dropping the batch to read it again", NULL);
-                                        batch_drop(a);
-                                        resync(&a->parts);
+                                        if (settle(a) == 0) { /* (a failure there resynced already) */
+                                                batch_drop(a);
+                                                resync(&a->parts);
+                                        }
                                         time_sleep_ns(NS_PER_SEC / 2);
-                                } else if (before == 0 && a->batch.messages == 1) {
-                                        keep_first(&a->batch, &(struct raw){ .partition = m->partition,
+                                } else if (before == 0 && a->batch->messages == 1) {
+                                        keep_first(a->batch, &(struct raw){ .partition = m->partition,
                                                                              .offset = m->offset,
                                                                              .payload = m->payload, .len = m->len });
                                 }
@@ -215,9 +400,9 @@ static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
                         } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                                 log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
                         }
-                        if (a->batch.messages &&
-                            (int64_t)a->batch.messages >= batch_limit(&a->poison, a->cfg->batch_messages))
-                                commit_batch(a);
+                        if (a->batch->messages &&
+                            (int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages))
+                                hand_off(a);
                 }
                 rd_kafka_message_destroy(m);
         }
@@ -275,7 +460,7 @@ static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
 {
         uint64_t gen = a->parts.seek_gen;
         size_t n = 0;
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, a->batch.messages ? 5 : 100);
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, a->batch->messages || a->inflight ? 5 : 100);
         while (m) {
                 if (a->parts.seek_gen != gen) {
                         for (size_t i = 0; i < n; i++)
@@ -307,16 +492,16 @@ static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
  * wait (not merely an empty queue between fetches). */
 static bool commit_due(struct agg *a, bool quiet)
 {
-        int64_t age = time_mono_ns() - a->batch.started_ns, batch_ns = a->cfg->batch_ms * NS_PER_MS;
+        int64_t age = time_mono_ns() - a->batch->started_ns, batch_ns = a->cfg->batch_ms * NS_PER_MS;
         int64_t catchup_ns = CATCHUP_BATCH_FACTOR * batch_ns > CATCHUP_BATCH_NS ? CATCHUP_BATCH_FACTOR * batch_ns
                                                                                 : CATCHUP_BATCH_NS;
-        bool commit = (int64_t)a->batch.messages >= batch_limit(&a->poison, a->cfg->batch_messages);
+        bool commit = (int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages);
         if (!commit && (quiet || age >= batch_ns)) {
                 int64_t behind = backlog(&a->parts);
                 if (age >= catchup_ns)
                         commit = true;
                 else if (age >= batch_ns)
-                        commit = behind < (int64_t)a->batch.messages;
+                        commit = behind < (int64_t)a->batch->messages;
                 else
                         commit = behind == 0;
         }
@@ -331,7 +516,8 @@ static void housekeeping(struct agg *a)
         int64_t now_mono = time_mono_ns();
         int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC ? cfg->keep_stopped_ms * NS_PER_MS
                                                                                : 5 * NS_PER_SEC;
-        if (!a->batch.messages && now_mono - a->last_sweep_ns >= sweep_every) {
+        bool between = !a->batch->messages && !a->inflight; /* no batch points at sandboxes, none commits */
+        if (between && now_mono - a->last_sweep_ns >= sweep_every) {
                 a->last_sweep_ns = now_mono;
                 sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms);
         }
@@ -342,7 +528,7 @@ static void housekeeping(struct agg *a)
         int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
         if (held_every > METERING_CHECK_NS)
                 held_every = METERING_CHECK_NS;
-        if (!a->batch.messages && now_mono - a->last_held_check_ns >= held_every) {
+        if (between && now_mono - a->last_held_check_ns >= held_every) {
                 a->last_held_check_ns = now_mono;
                 a->dead_total += expire_held(&a->ledger, cfg->provenance_grace_ms, a->metrics);
         }
@@ -365,7 +551,9 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         a.cache = (struct sandbox_cache){ .ledger = &a.ledger, .metrics = a.metrics };
         a.parts = (struct partitions){ .group = cfg->group, .ledger = &a.ledger, .cache = &a.cache,
                                        .metrics = a.metrics, .stop = stop };
-        a.intake = (struct intake){ .cache = &a.cache, .batch = &a.batch, .parts = &a.parts, .ledger = &a.ledger,
+        a.wledger = (struct ledger){ .url = cfg->database_url };
+        a.batch = &a.batches[0];
+        a.intake = (struct intake){ .cache = &a.cache, .batch = a.batch, .parts = &a.parts, .ledger = &a.ledger,
                                     .metrics = a.metrics, .max_ahead_ns = cfg->max_clock_ahead_ms * NS_PER_MS,
                                     .max_behind_ns = cfg->max_clock_behind_ms * NS_PER_MS };
         if ((r = metrics_http_start(cfg->metrics_address ? cfg->metrics_address : "127.0.0.1",
@@ -379,8 +567,14 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         if (ms)
                 log_info("metrics served", "url=http://%s:%" PRId64 "/metrics",
                          cfg->metrics_address ? cfg->metrics_address : "127.0.0.1", cfg->metrics_port);
-        if (db_ensure(&a.ledger) < 0 || enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0 ||
-            consumer_open(&a) < 0)
+        if (db_ensure(&a.ledger) < 0 || db_ensure(&a.wledger) < 0 ||
+            enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0)
+                goto out;
+        if (writer_start(&a.writer) < 0) {
+                log_error("could not start the writer thread", NULL);
+                goto out;
+        }
+        if (consumer_open(&a) < 0)
                 goto out;
         log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64, cfg->group,
                  cfg->batch_messages, cfg->batch_ms);
@@ -393,8 +587,10 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         while (!*stop) {
                 size_t n = poll_held(&a, held);
                 take_held(&a, held, n);
-                if (a.batch.messages && commit_due(&a, n == 0))
-                        commit_batch(&a);
+                if (a.inflight && writer_finished(&a.writer))
+                        settle(&a);
+                if (a.batch->messages && !a.inflight && commit_due(&a, n == 0))
+                        start_commit(&a);
                 enforce_poll(&a.enforce);
                 housekeeping(&a);
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
@@ -411,20 +607,24 @@ out:
         free(held);
         metrics_http_stop(ms);
         if (a.consumer) {
-                rd_kafka_consumer_close(a.consumer);
+                rd_kafka_consumer_close(a.consumer); /* (its revocation commits through the writer) */
                 rd_kafka_destroy(a.consumer);
         }
+        settle(&a);
+        writer_stop(&a.writer);
         enforce_close(&a.enforce);
         if (r == 0)
                 log_info("aggregator stopped", "messages=%" PRIu64 " batches=%" PRIu64 " dead=%" PRIu64 " fenced=%" PRIu64
                                                " commit_lag_ms_p50=%" PRId64 " commit_lag_ms_p99=%" PRId64,
                          a.committed_messages, a.committed_batches, a.dead_total, a.fenced, lag_quantile(&a, 50, 100),
                          lag_quantile(&a, 99, 100));
-        batch_free(&a.batch);
+        batch_free(&a.batches[0]);
+        batch_free(&a.batches[1]);
         sandbox_cache_free(&a.cache);
         partitions_free(&a.parts);
         free(a.lag_hist);
         free(a.metrics);
         ledger_close(&a.ledger);
+        ledger_close(&a.wledger);
         return r;
 }

@@ -140,9 +140,12 @@ static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t
                 const struct piece *p = &b->pieces[i];
                 char hour[64], mem[48], sto[48];
                 format_ts(hour, sizeof(hour), p->u.hour_ns);
-                if (text_add(t, "%s\t%s\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64 "\n", p->sb->id, hour,
-                             p->sb->account, p->sb->key, p->u.cpu_ns, u128_str(p->u.mem_byte_ns, mem, sizeof(mem)),
-                             u128_str(p->u.storage_byte_ns, sto, sizeof(sto)), p->u.mem_peak_bytes) < 0)
+                if (text_put(t, p->sb->id, '\t') < 0 || text_put(t, hour, '\t') < 0 ||
+                    text_put(t, p->sb->account, '\t') < 0 || text_put(t, p->sb->key, '\t') < 0 ||
+                    text_put_u64(t, p->u.cpu_ns, '\t') < 0 ||
+                    text_put(t, u128_str(p->u.mem_byte_ns, mem, sizeof(mem)), '\t') < 0 ||
+                    text_put(t, u128_str(p->u.storage_byte_ns, sto, sizeof(sto)), '\t') < 0 ||
+                    text_put_u64(t, p->u.mem_peak_bytes, '\n') < 0)
                         return -ENOMEM;
         }
         *ret_rows = b->npieces;
@@ -168,11 +171,14 @@ static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
                         if (*c == '\t' || *c == '\n' || *c == '\\')
                                 *c = ' ';
                 format_ts(wall, sizeof(wall), f->wall_ns);
-                if (text_add(t, "%s\t%s\t%s\t%s\t%u\t%s\t%" PRId64 "\t%s\t%s\t%" PRIu64 "\t%s\t%s\t%" PRIu64
-                             "\t%" PRIu64 "\t%s\n", s->id, s->account, s->key,
-                             f->known ? s->host : "" /* no sample of its host yet */, s->vcpus, fold, s->version,
-                             f->state == STATE_STOPPED ? "t" : "f", sandbox_state_name(f->state), f->mem_size_bytes,
-                             wall, sync ? "t" : "f", s->net_rx, s->net_tx, s->sampled ? "t" : "f") < 0)
+                if (text_put(t, s->id, '\t') < 0 || text_put(t, s->account, '\t') < 0 || text_put(t, s->key, '\t') < 0 ||
+                    text_put(t, f->known ? s->host : "" /* no sample of its host yet */, '\t') < 0 ||
+                    text_put_u64(t, s->vcpus, '\t') < 0 || text_put(t, fold, '\t') < 0 ||
+                    text_put_i64(t, s->version, '\t') < 0 || text_put(t, f->state == STATE_STOPPED ? "t" : "f", '\t') < 0 ||
+                    text_put(t, sandbox_state_name(f->state), '\t') < 0 || text_put_u64(t, f->mem_size_bytes, '\t') < 0 ||
+                    text_put(t, wall, '\t') < 0 || text_put(t, sync ? "t" : "f", '\t') < 0 ||
+                    text_put_u64(t, s->net_rx, '\t') < 0 || text_put_u64(t, s->net_tx, '\t') < 0 ||
+                    text_put(t, s->sampled ? "t" : "f", '\n') < 0)
                         return -ENOMEM;
         }
         return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);
@@ -451,34 +457,62 @@ static const struct step steps[STEPS] = {
 
 _Static_assert(sizeof(((struct commit_report *)0)->at) / sizeof(int64_t) == STEPS, "one time per step");
 
-int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
-                 struct commit_report *ret)
+/* Runs steps [from, to]; a failure inside the transaction rolls it back
+ * (BEGIN's and COMMIT's leave none open). */
+static int run_steps(struct commit *c, int from, int to)
 {
-        *ret = (struct commit_report){ .t0 = time_mono_ns() };
-        struct commit c = { .l = l, .b = b, .ps = ps, .metrics = metrics, .rep = ret };
+        struct ledger *l = c->l;
         l->last_error[0] = '\0';
-        int r = db_ensure(l);
-        size_t i = 0;
-        for (; r == 0 && i < STEPS; i++) {
+        int r = db_ensure(l), i = from;
+        for (; r == 0 && i <= to; i++) {
                 const struct step *s = &steps[i];
                 if (s->run) {
-                        r = s->run(&c);
+                        r = s->run(c);
                 } else {
                         PGresult *res = PQexec(l->db, s->sql);
                         r = query_ok(l, res, s->want, s->what);
                         if (r == 0 && s->read)
-                                r = s->read(&c, res);
+                                r = s->read(c, res);
                         PQclear(res);
                 }
-                ret->at[i] = time_mono_ns();
+                c->rep->at[i] = time_mono_ns();
         }
-        /* A failure inside the transaction rolls it back (BEGIN's and
-         * COMMIT's leave none open). */
         if (r < 0 && i > STEP_BEGIN + 1 && i < STEPS)
                 PQclear(PQexec(l->db, "ROLLBACK"));
-        free(c.t.buf);
-        free(c.staged);
+        free(c->t.buf);
         return r;
+}
+
+int store_stage(struct ledger *l, struct batch *b, struct commit_report *ret)
+{
+        *ret = (struct commit_report){ .t0 = time_mono_ns() };
+        struct commit c = { .l = l, .b = b, .rep = ret };
+        int r = run_steps(&c, STEP_BEGIN, STEP_STAGE);
+        ret->staged = c.staged;
+        ret->nstaged = c.nstaged;
+        if (r < 0) {
+                free(ret->staged);
+                ret->staged = NULL;
+        }
+        return r;
+}
+
+int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
+                 struct commit_report *ret)
+{
+        struct commit c = { .l = l, .b = b, .ps = ps, .metrics = metrics, .rep = ret, .staged = ret->staged,
+                            .nstaged = ret->nstaged };
+        int r = run_steps(&c, STEP_STAGE + 1, STEPS - 1);
+        free(ret->staged);
+        ret->staged = NULL;
+        return r;
+}
+
+int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
+                 struct commit_report *ret)
+{
+        int r = store_stage(l, b, ret);
+        return r < 0 ? r : store_finish(l, b, ps, metrics, ret);
 }
 
 void store_log_committed(const struct commit_report *rep, const struct batch *b)

@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "partitions.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +31,8 @@ struct commit_report {
         int ncmds;
         int64_t t0;             /* monotonic ns: start */
         int64_t at[10];         /* monotonic ns: end of each step (store.c) */
+        bool *staged;           /* from store_stage to store_finish: events written already */
+        size_t nstaged;
 };
 
 /* Commits the batch in one transaction. Returns 0; -ESTALE when a partition
@@ -39,6 +42,17 @@ struct commit_report {
  * transaction is rolled back and nothing of the batch was written; *ret
  * is filled either way (free ret->cmds). */
 int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
+                 struct commit_report *ret);
+
+/* store_commit in two halves. store_stage opens the transaction and copies
+ * the batch's rows in (what reads the batch's sandboxes, which the cache
+ * owns: the caller's thread); store_finish runs the rest, reading only the
+ * batch's own arrays and ps, so it may run on another thread while the
+ * caller folds the next batch (given a copy of the partitions' positions
+ * and the ledger to itself). After store_stage fails the transaction is
+ * rolled back; after it succeeds, store_finish must follow. */
+int store_stage(struct ledger *l, struct batch *b, struct commit_report *ret);
+int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
                  struct commit_report *ret);
 
 /* Logs what a committed batch did and how long each part of it took. */

@@ -129,13 +129,111 @@ char *u128_str(u128 v, char *buf, size_t size)
         return buf;
 }
 
+/* Days since 1970-01-01 to a civil date (proleptic Gregorian): counted in
+ * 400-year eras of 146,097 days from 0000-03-01, so that the leap day ends
+ * each year of the count. */
+static void civil_date(int64_t days, int64_t *y, int *m, int *d)
+{
+        int64_t z = days + 719468;
+        int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+        int64_t doe = z - era * 146097;                                       /* [0, 146096] */
+        int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;  /* [0, 399] */
+        int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);                /* [0, 365], from March 1 */
+        int64_t mp = (5 * doy + 2) / 153;                                     /* [0, 11], March = 0 */
+        *d = (int)(doy - (153 * mp + 2) / 5 + 1);
+        *m = (int)(mp < 10 ? mp + 3 : mp - 9);
+        *y = yoe + era * 400 + (*m <= 2);
+}
+
+static char *digits(char *p, int64_t v, int width)
+{
+        for (int i = width - 1; i >= 0; i--, v /= 10)
+                p[i] = (char)('0' + v % 10);
+        return p + width;
+}
+
 void format_ts(char *buf, size_t size, int64_t ns)
 {
-        time_t s = (time_t)time_floor(ns, NS_PER_SEC) / NS_PER_SEC;
-        struct tm tm;
-        gmtime_r(&s, &tm);
-        int64_t frac = ns - (int64_t)s * NS_PER_SEC;
-        char date[32];
-        strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
-        snprintf(buf, size, "%s.%06" PRId64 "+00", date, frac / NS_PER_US);
+        int64_t s = time_floor(ns, NS_PER_SEC) / NS_PER_SEC;
+        int64_t frac = ns - s * NS_PER_SEC;
+        int64_t days = time_floor(s, 86400) / 86400, sod = s - days * 86400, y;
+        int m, d;
+        civil_date(days, &y, &m, &d);
+        if (y < 1000 || y > 9999 || size < 30) { /* (not a time the ledger is given; strftime's width) */
+                time_t t = (time_t)s;
+                struct tm tm;
+                gmtime_r(&t, &tm);
+                char date[32];
+                strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
+                snprintf(buf, size, "%s.%06" PRId64 "+00", date, frac / NS_PER_US);
+                return;
+        }
+        char *p = digits(buf, y, 4);
+        *p++ = '-';
+        p = digits(p, m, 2);
+        *p++ = '-';
+        p = digits(p, d, 2);
+        *p++ = ' ';
+        p = digits(p, sod / 3600, 2);
+        *p++ = ':';
+        p = digits(p, sod / 60 % 60, 2);
+        *p++ = ':';
+        p = digits(p, sod % 60, 2);
+        *p++ = '.';
+        p = digits(p, frac / NS_PER_US, 6);
+        memcpy(p, "+00", 4);
+}
+
+static int text_reserve(struct text *t, size_t n)
+{
+        if (t->cap - t->len > n)
+                return 0;
+        size_t cap = t->cap ? t->cap * 2 : 1 << 20;
+        while (cap < t->len + n + 1)
+                cap *= 2;
+        char *b = realloc(t->buf, cap);
+        if (!b)
+                return -ENOMEM;
+        t->buf = b;
+        t->cap = cap;
+        return 0;
+}
+
+int text_put(struct text *t, const char *s, char end)
+{
+        size_t n = strlen(s);
+        if (text_reserve(t, n + 1) < 0)
+                return -ENOMEM;
+        memcpy(t->buf + t->len, s, n);
+        t->len += n;
+        t->buf[t->len++] = end;
+        t->buf[t->len] = '\0';
+        return 0;
+}
+
+int text_put_u64(struct text *t, uint64_t v, char end)
+{
+        char tmp[24];
+        size_t n = 0;
+        do {
+                tmp[n++] = (char)('0' + v % 10);
+                v /= 10;
+        } while (v);
+        if (text_reserve(t, n + 1) < 0)
+                return -ENOMEM;
+        while (n)
+                t->buf[t->len++] = tmp[--n];
+        t->buf[t->len++] = end;
+        t->buf[t->len] = '\0';
+        return 0;
+}
+
+int text_put_i64(struct text *t, int64_t v, char end)
+{
+        if (v < 0) {
+                if (text_reserve(t, 1) < 0)
+                        return -ENOMEM;
+                t->buf[t->len++] = '-';
+        }
+        return text_put_u64(t, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v, end);
 }

@@ -25,6 +25,13 @@ struct text {
 /* Appends printf-style; 0, -EINVAL or -ENOMEM. */
 int text_add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Append s, or v in decimal, then end (a COPY row's tab or newline): the
+ * fast path for rows of ids and numbers, which need no escaping. 0 or
+ * -ENOMEM. */
+int text_put(struct text *t, const char *s, char end);
+int text_put_u64(struct text *t, uint64_t v, char end);
+int text_put_i64(struct text *t, int64_t v, char end);
+
 /* Appends s as one field of COPY's text format (backslash, tab, newline and
  * carriage return escaped; NULL as \N), then end (a tab or a newline). */
 int text_add_copy_field(struct text *t, const char *s, char end);
