@@ -287,6 +287,9 @@ static int settle(struct agg *a)
         if (r == 0) {
                 committed(a, b, &a->writer.rep);
         } else {
+                if (a->batch->messages)
+                        log_info("the batch folded during a failed commit is dropped too; both are read again",
+                                 "messages=%zu", a->batch->messages);
                 batch_clear(a->batch);
                 failed(a, b, r);
         }
