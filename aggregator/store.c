@@ -463,7 +463,13 @@ static int run_steps(struct commit *c, int from, int to)
 {
         struct ledger *l = c->l;
         l->last_error[0] = '\0';
-        int r = db_ensure(l), i = from;
+        /* Connect (again) only to begin: a session lost inside the transaction
+         * fails it, never carries on in a new one outside it. */
+        int r = 0, i = from;
+        if (from == STEP_BEGIN)
+                r = db_ensure(l);
+        else if (!l->db || PQstatus(l->db) != CONNECTION_OK)
+                r = -EIO;
         for (; r == 0 && i <= to; i++) {
                 const struct step *s = &steps[i];
                 if (s->run) {
