@@ -294,8 +294,9 @@ void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop)
 /* Memory stays bounded: a sandbox leaves memory keep_stopped_ms (default a
  * minute) after a commit that left it stopped (its final reading), any other
  * after keep_idle_ms (15 minutes) without one. Its fold state stays in the
- * ledger; a later message reads it back by id. Only between batches (the
- * batch points at sandboxes). */
+ * ledger; a later message reads it back by id. Never one the open batch
+ * points at (dirty, or with a piece), and never while a commit is under way
+ * (the caller's rule). */
 void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms)
 {
         int64_t now = time_mono_ns();
@@ -305,7 +306,7 @@ void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep
                 while (*pp) {
                         struct sandbox *s = *pp;
                         int64_t idle = now - s->used_ns;
-                        if (!s->dirty && (idle > keep_idle_ms * NS_PER_MS ||
+                        if (!s->dirty && !s->piece && (idle > keep_idle_ms * NS_PER_MS ||
                                           (s->fold.state == STATE_STOPPED && idle > keep_stopped_ms * NS_PER_MS))) {
                                 *pp = s->next;
                                 free(s);

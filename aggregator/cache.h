@@ -96,7 +96,8 @@ void sandboxes_forget_absent(struct sandbox_cache *c);
 void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop);
 
 /* Evicts sandboxes unused for keep_idle_ms, and stopped ones unused for
- * keep_stopped_ms. Only between batches. */
+ * keep_stopped_ms, but none the open batch points at. Never while a commit
+ * is under way. */
 void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms);
 
 /* Frees every sandbox and the table (the cache may be used again). */

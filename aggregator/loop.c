@@ -512,15 +512,18 @@ static bool commit_due(struct agg *a, bool quiet)
 }
 
 /* Between polls: evict idle sandboxes, watch for metering gaps, expire held
- * readings (the first and last only between batches). */
+ * readings (the first and last only while no commit is under way; held
+ * readings only while the open batch holds none). */
 static void housekeeping(struct agg *a)
 {
         const struct aggregator_config *cfg = a->cfg;
         int64_t now_mono = time_mono_ns();
         int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC ? cfg->keep_stopped_ms * NS_PER_MS
                                                                                : 5 * NS_PER_SEC;
-        bool between = !a->batch->messages && !a->inflight; /* no batch points at sandboxes, none commits */
-        if (between && now_mono - a->last_sweep_ns >= sweep_every) {
+        /* Not while a commit is under way (a sandbox it writes, evicted, would be
+         * read back from the ledger as it was before); the open batch's
+         * sandboxes are kept (sandboxes_sweep). */
+        if (!a->inflight && now_mono - a->last_sweep_ns >= sweep_every) {
                 a->last_sweep_ns = now_mono;
                 sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms);
         }
@@ -531,7 +534,7 @@ static void housekeeping(struct agg *a)
         int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
         if (held_every > METERING_CHECK_NS)
                 held_every = METERING_CHECK_NS;
-        if (between && now_mono - a->last_held_check_ns >= held_every) {
+        if (!a->inflight && !a->batch->nwaiting && now_mono - a->last_held_check_ns >= held_every) {
                 a->last_held_check_ns = now_mono;
                 a->dead_total += expire_held(&a->ledger, cfg->provenance_grace_ms, a->metrics);
         }
@@ -592,10 +595,10 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
                 take_held(&a, held, n);
                 if (a.inflight && writer_finished(&a.writer))
                         settle(&a);
+                housekeeping(&a); /* (here: between a commit's end and the next one's start) */
                 if (a.batch->messages && !a.inflight && commit_due(&a, n == 0))
                         start_commit(&a);
                 enforce_poll(&a.enforce);
-                housekeeping(&a);
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
                         last_report = time_mono_ns();
                         log_info("progress", "messages=%" PRIu64 " batches=%" PRIu64 " sandboxes=%zu dead=%" PRIu64
