@@ -54,6 +54,22 @@ static size_t utf8_char(const unsigned char *s)
         return n;
 }
 
+/* Room for n more bytes and a NUL. */
+static int text_reserve(struct text *t, size_t n)
+{
+        if (t->cap - t->len > n)
+                return 0;
+        size_t cap = t->cap ? t->cap * 2 : 1 << 20;
+        while (cap < t->len + n + 1)
+                cap *= 2;
+        char *b = realloc(t->buf, cap);
+        if (!b)
+                return -ENOMEM;
+        t->buf = b;
+        t->cap = cap;
+        return 0;
+}
+
 int text_add(struct text *t, const char *fmt, ...)
 {
         for (;;) {
@@ -67,14 +83,8 @@ int text_add(struct text *t, const char *fmt, ...)
                         t->len += (size_t)n;
                         return 0;
                 }
-                size_t cap = t->cap ? t->cap * 2 : 1 << 20;
-                while (cap < t->len + (size_t)n + 1)
-                        cap *= 2;
-                char *b = realloc(t->buf, cap);
-                if (!b)
+                if (text_reserve(t, (size_t)n) < 0)
                         return -ENOMEM;
-                t->buf = b;
-                t->cap = cap;
         }
 }
 
@@ -184,20 +194,6 @@ void format_ts(char *buf, size_t size, int64_t ns)
         memcpy(p, "+00", 4);
 }
 
-static int text_reserve(struct text *t, size_t n)
-{
-        if (t->cap - t->len > n)
-                return 0;
-        size_t cap = t->cap ? t->cap * 2 : 1 << 20;
-        while (cap < t->len + n + 1)
-                cap *= 2;
-        char *b = realloc(t->buf, cap);
-        if (!b)
-                return -ENOMEM;
-        t->buf = b;
-        t->cap = cap;
-        return 0;
-}
 
 int text_put(struct text *t, const char *s, char end)
 {
