@@ -1,0 +1,101 @@
+/* Integration: a commit that fails on the writer thread while the next batch
+ * is being folded (aggregator/loop.c: a batch commits while the next one is
+ * folded). A real tally-aggregator bills into a real PostgreSQL:
+ *
+ *   1. Round 1 of 10 sandboxes is billed.
+ *   2. Another session holds `hosts` locked, so the commit of round 2 stops
+ *      at its last statement with its transaction open.
+ *   3. Round 3 is produced and folded into the next batch meanwhile.
+ *   4. The blocked commit's backend is terminated: the transaction is lost.
+ *
+ * The aggregator must drop both batches (round 3 was folded on top of round
+ * 2's state), read the state back from the ledger and bill rounds 2 and 3
+ * once each: every sandbox's counters exactly, worked out by hand. Its log
+ * says the open batch went with the failed commit. */
+#include "aggtest.h"
+#include "storetest.h"
+#include "support.h"
+#include "timeutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SANDBOXES 10
+#define MIB (UINT64_C(1) << 20)
+
+/* Round r of sandbox i: 10 s of wall time apart, 4 s of CPU each round, 256 MiB. */
+static void produce_round(struct aggtest *t, int64_t t0, int r)
+{
+        for (int i = 0; i < SANDBOXES; i++) {
+                char sb[32];
+                snprintf(sb, sizeof(sb), "sb_inflight_%d", i);
+                struct usage_event ev = aggtest_sample("acct_inflight", "key_inflight", sb, 1, (uint64_t)r,
+                                                       t0 + r * 10 * NS_PER_SEC, STATE_RUNNING,
+                                                       (uint64_t)r * 4 * NS_PER_SEC, 256 * MIB, 0, 1);
+                aggtest_produce(t, &ev);
+        }
+        aggtest_flush(t);
+}
+
+/* The backend of a session waiting for a lock on hosts (the writer's), or -1. */
+static int64_t blocked_writer(struct aggtest *t)
+{
+        return store_int(t, "SELECT coalesce(min(pid), -1) FROM pg_stat_activity"
+                            " WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO hosts%'");
+}
+
+int main(void)
+{
+        struct aggtest t;
+        aggtest_start(&t, "agg_store_inflight", 2);
+        const char *extra[] = { "--batch-ms", "50", NULL };
+        pid_t agg = aggtest_spawn(&t, extra);
+        int64_t t0 = time_wall_ns() - 10 * 60 * NS_PER_SEC;
+
+        produce_round(&t, t0, 1);
+        CHECK(aggtest_wait_caught_up(&t, 30) == 0, "round 1 was not billed");
+        int64_t after1 = aggtest_committed(&t);
+
+        PGconn *lock = PQconnectdb(t.db_url);
+        CHECK(PQstatus(lock) == CONNECTION_OK, "lock session: %s", PQerrorMessage(lock));
+        PQclear(PQexec(lock, "BEGIN"));
+        PGresult *r = PQexec(lock, "LOCK TABLE hosts IN EXCLUSIVE MODE");
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "lock hosts: %s", PQresultErrorMessage(r));
+        PQclear(r);
+
+        produce_round(&t, t0, 2);
+        int64_t writer = -1;
+        for (int i = 0; i < 300 && writer < 0; i++) {
+                time_sleep_ns(20 * NS_PER_MS);
+                writer = blocked_writer(&t);
+        }
+        CHECK(writer > 0, "round 2's commit never waited on hosts");
+
+        /* Round 3 is taken into the next batch while round 2's commit waits. */
+        produce_round(&t, t0, 3);
+        time_sleep_ns(NS_PER_SEC);
+        CHECK(aggtest_committed(&t) == after1, "something committed past round 1 while hosts was locked");
+
+        char sql[128];
+        snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)::int", (long long)writer);
+        CHECK(store_int(&t, sql) == 1, "could not end the writer's backend %lld", (long long)writer);
+        PQclear(PQexec(lock, "ROLLBACK"));
+        PQfinish(lock);
+
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "rounds 2 and 3 were not billed after the failed commit");
+        /* By hand: the last counter, 3 x 4 s of CPU; memory between the first
+         * and the last reading, 20 s x 256 MiB. */
+        for (int i = 0; i < SANDBOXES; i++) {
+                char sb[32];
+                snprintf(sb, sizeof(sb), "sb_inflight_%d", i);
+                aggtest_expect_billed(&t, sb, "12000000000/5368709120000000000/0", "after the failed commit");
+        }
+        CHECK(store_log_has(&t, 0, "the batch folded during a failed commit is dropped too"),
+              "the aggregator did not say the open batch went with the failed commit");
+        if (test_result() != 0)
+                store_log_dump(&t, 0, 4000);
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
+        aggtest_stop(&t);
+        return test_result();
+}
