@@ -14,6 +14,8 @@
 # its CPU per published sample, with each reader, sending v1 messages (one JSON message per sample)
 # and usage batches (usage_format v2: one message per partition per tick) in the same run.
 # Needs root and cgroup v1 (cpuacct, memory).
+# PERF_DIR: when set, `perf record -g` of each daemon phase into
+# PERF_DIR/daemon.N.READER.FORMAT.data.
 # Ends with one JSON line.
 source "$TALLY_ROOT/scripts/lib.sh" 2>/dev/null || source "$(dirname "$0")/../../scripts/lib.sh"
 ensure_packages strace
@@ -65,8 +67,15 @@ daemon_cost() { # N SECONDS READER FORMAT -> ns per sample
     sleep 0.5
   done
   s0=$(metric "$port" samples_total); c0=$(cpu_ticks $pid)
+  local perf_pid=
+  if [ -n "${PERF_DIR:-}" ]; then
+    mkdir -p "$PERF_DIR"
+    perf record -q -F 999 -g -o "$PERF_DIR/daemon.$n.$reader.$format.data" -p "$pid" 2>/dev/null &
+    perf_pid=$!
+  fi
   sleep "$secs"
   s1=$(metric "$port" samples_total); c1=$(cpu_ticks $pid)
+  [ -z "$perf_pid" ] || { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" || true; }
   kill -TERM $pid; wait $pid || true
   exec {HOLD[1]}>&-
   wait "$HOLD_PID" 2>/dev/null || true
