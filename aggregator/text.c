@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 int grow(void **p, size_t *cap, size_t need, size_t size)
 {
@@ -168,14 +167,10 @@ void format_ts(char *buf, size_t size, int64_t ns)
         int64_t frac = ns - s * NS_PER_SEC;
         int64_t days = time_floor(s, 86400) / 86400, sod = s - days * 86400, y;
         int m, d;
-        civil_date(days, &y, &m, &d);
-        if (y < 1000 || y > 9999 || size < 30) { /* (not a time the ledger is given; strftime's width) */
-                time_t t = (time_t)s;
-                struct tm tm;
-                gmtime_r(&t, &tm);
-                char date[32];
-                strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
-                snprintf(buf, size, "%s.%06" PRId64 "+00", date, frac / NS_PER_US);
+        civil_date(days, &y, &m, &d); /* (int64 ns span the years 1677..2262: always four digits) */
+        if (size < sizeof("YYYY-MM-DD HH:MM:SS.uuuuuu+00")) {
+                if (size)
+                        buf[0] = '\0';
                 return;
         }
         char *p = digits(buf, y, 4);

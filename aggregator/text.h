@@ -45,5 +45,6 @@ void utf8_copy(char *dst, size_t size, const char *src);
 /* v in decimal, in buf (cut to size); returns buf. */
 char *u128_str(u128 v, char *buf, size_t size);
 
-/* ns (Unix time) as a PostgreSQL timestamptz in UTC, to the microsecond. */
+/* ns (Unix time) as a PostgreSQL timestamptz in UTC, to the microsecond
+ * ("2026-12-06 09:50:00.000000+00"; "" when size is under 30). */
 void format_ts(char *buf, size_t size, int64_t ns);

@@ -53,6 +53,10 @@ static void test_times_by_hand(void **state)
         assert_string_equal(buf, "2100-02-28 23:59:59.000000+00");
         format_ts(buf, sizeof(buf), INT64_C(4107542400) * NS_PER_SEC); /* 2100 is no leap year */
         assert_string_equal(buf, "2100-03-01 00:00:00.000000+00");
+        format_ts(buf, 29, 0); /* no room for the whole time: nothing, not a cut one */
+        assert_string_equal(buf, "");
+        format_ts(buf, 30, 0);
+        assert_string_equal(buf, "1970-01-01 00:00:00.000000+00");
 }
 
 static void test_times_against_libc(void **state)
