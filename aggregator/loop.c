@@ -336,11 +336,14 @@ static int commit_batch(struct agg *a)
         return r < 0 ? r : settle(a);
 }
 
-/* The open batch is due: its commit starts once the writer's is through. */
+/* The open batch is full in the middle of a poll's messages: its commit
+ * starts once the writer's is through. One that holds readings waiting for
+ * their sandbox's announcement (held.h) is waited for: the announcement may
+ * be among the messages that follow, and must find them in the ledger. */
 static void hand_off(struct agg *a)
 {
-        if (settle(a) == 0)
-                start_commit(a);
+        if (settle(a) == 0 && start_commit(a) == 0 && a->inflight && a->inflight->nwaiting)
+                settle(a);
 }
 
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,

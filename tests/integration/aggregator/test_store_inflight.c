@@ -11,7 +11,14 @@
  * The aggregator must drop both batches (round 3 was folded on top of round
  * 2's state), read the state back from the ledger and bill rounds 2 and 3
  * once each: every sandbox's counters exactly, worked out by hand. Its log
- * says the open batch went with the failed commit. */
+ * says the open batch went with the failed commit.
+ *
+ * Then held readings in a batch handed to the writer: with batches of two
+ * messages, a sandbox's two samples (its `created` event not seen yet, so
+ * both held) fill one batch, and its `created` event, in the same poll,
+ * opens the next. The event must find them, though the batch holding them
+ * was still committing: the sandbox is billed its final counter and nothing
+ * stays held. */
 #include "aggtest.h"
 #include "storetest.h"
 #include "support.h"
@@ -96,6 +103,33 @@ int main(void)
         if (test_result() != 0)
                 store_log_dump(&t, 0, 4000);
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
+
+        /* 2: produced whole before the aggregator starts, so one poll takes all three. */
+        struct usage_event h1 = aggtest_sample("acct_inflight", "key_inflight", "sb_inflight_held", 1, 1,
+                                               t0 + 10 * NS_PER_SEC, STATE_RUNNING, 1 * NS_PER_SEC, 256 * MIB, 0, 1);
+        struct usage_event h2 = aggtest_sample("acct_inflight", "key_inflight", "sb_inflight_held", 1, 2,
+                                               t0 + 20 * NS_PER_SEC, STATE_STOPPED, 3 * NS_PER_SEC, 256 * MIB, 0, 1);
+        struct usage_event created = aggtest_created_for(&h1);
+        char buf[4096];
+        const struct usage_event *order[] = { &h1, &h2, &created };
+        for (size_t i = 0; i < 3; i++) {
+                int n = event_encode(order[i], buf, sizeof(buf));
+                CHECK(n > 0, "encode");
+                aggtest_produce_raw(&t, "acct_inflight", buf, n > 0 ? (size_t)n : 0);
+        }
+        aggtest_flush(&t);
+        const char *two[] = { "--batch-messages", "2", NULL };
+        agg = aggtest_spawn(&t, two);
+        CHECK(aggtest_wait_caught_up(&t, 30) == 0, "the held readings' messages were not taken");
+        /* By hand: the final counter, 3 s of CPU; 10 s x 256 MiB between the two samples. */
+        for (int i = 0; i < 50 && store_int(&t, "SELECT count(*) FROM held_readings") != 0; i++)
+                time_sleep_ns(100 * NS_PER_MS);
+        aggtest_expect_billed(&t, "sb_inflight_held", "3000000000/2684354560000000000/0",
+                              "held readings whose batch was committing when their created event came");
+        CHECK(store_int(&t, "SELECT count(*) FROM held_readings") == 0, "readings left held");
+        if (test_result() != 0)
+                store_log_dump(&t, 1, 4000);
+        CHECK(aggtest_terminate(agg) == 0, "the second aggregator did not stop cleanly");
         aggtest_stop(&t);
         return test_result();
 }
