@@ -98,7 +98,17 @@ void keep_first(struct batch *b, const struct raw *m)
         b->first_offset = m->offset;
 }
 
-static void release_sandboxes(struct batch *b);
+/* The batch's sandboxes are free for the next batch: none points back at it. */
+static void release_sandboxes(struct batch *b)
+{
+        if (b->released)
+                return;
+        for (size_t i = 0; i < b->npieces; i++)
+                b->pieces[i].sb->piece = 0;
+        for (size_t i = 0; i < b->ndirty; i++)
+                b->dirty[i]->dirty = b->dirty[i]->sampled = false;
+        b->released = true;
+}
 
 void batch_written(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns)
 {
@@ -116,18 +126,6 @@ void batch_written(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns
                         s->db_state = 0; /* the event may have changed the row's state */
         }
         release_sandboxes(b);
-}
-
-/* The batch's sandboxes are free for the next batch: none points back at it. */
-static void release_sandboxes(struct batch *b)
-{
-        if (b->released)
-                return;
-        for (size_t i = 0; i < b->npieces; i++)
-                b->pieces[i].sb->piece = 0;
-        for (size_t i = 0; i < b->ndirty; i++)
-                b->dirty[i]->dirty = b->dirty[i]->sampled = false;
-        b->released = true;
 }
 
 void batch_clear(struct batch *b)

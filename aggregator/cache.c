@@ -65,19 +65,48 @@ static struct sandbox *sandbox_new(struct sandbox_cache *c, const char *id)
 
 static int id_cmp(const void *x, const void *y) { return strcmp(x, y); }
 
-static bool absent_has(const struct sandbox_cache *c, const char *id)
+static bool id_set_has(const struct id_set *s, const char *id)
 {
-        return c->nabsent && bsearch(id, c->absent, c->nabsent, sizeof(*c->absent), id_cmp);
+        return s->sorted && bsearch(id, s->ids, s->sorted, sizeof(*s->ids), id_cmp);
+}
+
+static int id_set_add(struct id_set *s, const char *id)
+{
+        if (grow((void **)&s->ids, &s->cap, s->n + 1, sizeof(*s->ids)) < 0)
+                return -ENOMEM;
+        snprintf(s->ids[s->n++], sizeof(*s->ids), "%s", id);
+        return 0;
+}
+
+/* Sorted once after adding, not after each id: with thousands of new
+ * sandboxes in a prefetch that was most of its time. An id added twice
+ * (sandbox_add of one) leaves the array a set for bsearch's purpose. */
+static void id_set_sort(struct id_set *s)
+{
+        if (s->n > s->sorted)
+                qsort(s->ids, s->n, sizeof(*s->ids), id_cmp);
+        s->sorted = s->n;
+}
+
+static void id_set_clear(struct id_set *s)
+{
+        s->n = s->sorted = 0;
+}
+
+static void id_set_free(struct id_set *s)
+{
+        free(s->ids);
+        *s = (struct id_set){ 0 };
 }
 
 bool sandbox_unheld(const struct sandbox_cache *c, const char *id)
 {
-        return c->nunheld && bsearch(id, c->unheld, c->nunheld, sizeof(*c->unheld), id_cmp);
+        return id_set_has(&c->unheld, id);
 }
 
 void sandboxes_forget_unheld(struct sandbox_cache *c)
 {
-        c->nunheld = 0;
+        id_set_clear(&c->unheld);
 }
 
 static bool valid_id(const char *s, size_t n)
@@ -127,16 +156,10 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
         free(list.buf);
         int r = query_ok(c->ledger, res, PGRES_TUPLES_OK, "load state");
         int rows = r == 0 ? PQntuples(res) : 0;
-        size_t unheld_sorted = c->nunheld;
         for (int i = 0; r == 0 && i < rows; i++) {
                 const char *id = PQgetvalue(res, i, 0);
-                if (strcmp(PQgetvalue(res, i, 10), "f") == 0) {
-                        if (grow((void **)&c->unheld, &c->capunheld, c->nunheld + 1, sizeof(*c->unheld)) < 0) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                        snprintf(c->unheld[c->nunheld++], sizeof(*c->unheld), "%s", id);
-                }
+                if (strcmp(PQgetvalue(res, i, 10), "f") == 0 && (r = id_set_add(&c->unheld, id)) < 0)
+                        break;
                 if (strcmp(PQgetvalue(res, i, 9), "t") != 0 || sandbox_find(c, id))
                         continue; /* no row; or memory is the ledger plus the batch: never older */
                 struct fold_state f = { 0 }; /* no row: only its created event is in the ledger */
@@ -166,25 +189,14 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
                 atomic_fetch_add_explicit(&c->metrics->sandboxes_loaded, 1, memory_order_relaxed);
         }
         PQclear(res);
-        if (c->nunheld > unheld_sorted)
-                qsort(c->unheld, c->nunheld, sizeof(*c->unheld), id_cmp);
+        id_set_sort(&c->unheld);
         if (r < 0)
                 return r;
-        size_t sorted = c->nabsent; /* absent_has searches these while the new ones are added */
-        for (size_t i = 0; i < n; i++) {
-                if (sandbox_find(c, ids[i]) ||
-                    (sorted && bsearch(ids[i], c->absent, sorted, sizeof(*c->absent), id_cmp)))
-                        continue;
-                if (grow((void **)&c->absent, &c->capabsent, c->nabsent + 1, sizeof(*c->absent)) < 0)
-                        return -ENOMEM;
-                memcpy(c->absent[c->nabsent++], ids[i], sizeof(*c->absent));
-        }
-        /* Sorted once (not after each id: with thousands of new sandboxes in
-         * a prefetch that was most of its time). ids may repeat (sandbox_add
-         * of one): the array stays a set for bsearch's purpose either way. */
-        if (c->nabsent > sorted)
-                qsort(c->absent, c->nabsent, sizeof(*c->absent), id_cmp);
-        return 0;
+        for (size_t i = 0; r == 0 && i < n; i++) /* (has: the part sorted before these) */
+                if (!sandbox_find(c, ids[i]) && !id_set_has(&c->absent, ids[i]))
+                        r = id_set_add(&c->absent, ids[i]);
+        id_set_sort(&c->absent);
+        return r;
 }
 
 /* A sandbox not in memory: its fold state is read from the ledger by id
@@ -193,7 +205,7 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
  * reads it again, never billing from an empty state a row exists for. */
 struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id)
 {
-        if (!absent_has(c, id)) {
+        if (!id_set_has(&c->absent, id)) {
                 char ids[1][EVENT_ID_MAX + 1];
                 snprintf(ids[0], sizeof(ids[0]), "%s", id);
                 if (load_sandboxes(c, ids, 1) < 0)
@@ -234,7 +246,7 @@ static bool peek_sandbox(const rd_kafka_message_t *m, size_t *at, char *id)
  * reads each one again. */
 void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
 {
-        c->nabsent = c->nunheld = 0;
+        sandboxes_forget_absent(c);
         char (*ids)[EVENT_ID_MAX + 1] = NULL;
         size_t nids = 0, cap = 0;
         bool full = false;
@@ -263,7 +275,7 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
                         if (!u || strcmp(ids[u - 1], ids[i]) != 0)
                                 memmove(ids[u++], ids[i], sizeof(*ids));
                 if (load_sandboxes(c, ids, u) < 0)
-                        c->nabsent = 0;
+                        id_set_clear(&c->absent);
         }
         free(ids);
 }
@@ -272,7 +284,7 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
  * (drop NULL: all). Also forgets which sandboxes the ledger had no row for. */
 void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop)
 {
-        c->nabsent = c->nunheld = 0;
+        sandboxes_forget_absent(c);
         for (size_t i = 0; i < c->nbuckets; i++) {
                 struct sandbox **pp = &c->buckets[i];
                 while (*pp) {
@@ -325,17 +337,16 @@ void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep
 
 void sandboxes_forget_absent(struct sandbox_cache *c)
 {
-        c->nabsent = c->nunheld = 0;
+        id_set_clear(&c->absent);
+        id_set_clear(&c->unheld);
 }
 
 void sandbox_cache_free(struct sandbox_cache *c)
 {
         sandboxes_drop(c, NULL, 0);
         free(c->buckets);
-        free(c->absent);
-        free(c->unheld);
+        id_set_free(&c->absent);
+        id_set_free(&c->unheld);
         c->buckets = NULL;
-        c->absent = NULL;
-        c->unheld = NULL;
-        c->nbuckets = c->capabsent = c->capunheld = 0;
+        c->nbuckets = 0;
 }

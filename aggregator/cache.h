@@ -48,21 +48,26 @@ struct sandbox {
         struct sandbox *next;   /* hash chain */
 };
 
+/* A set of sandbox ids: added to, then sorted once, and searched (the
+ * sorted part). */
+struct id_set {
+        char (*ids)[EVENT_ID_MAX + 1];
+        size_t n, cap, sorted;
+};
+
 struct sandbox_cache {
         struct ledger *ledger;          /* borrowed: where fold state is read from */
         struct agg_metrics *metrics;    /* borrowed; may be NULL */
         struct sandbox **buckets;
         size_t nbuckets, nsandboxes;
-        /* Sandboxes a prefetch looked up and the ledger has no row for
-         * (sorted): new, so sandbox_add need not ask again. */
-        char (*absent)[EVENT_ID_MAX + 1];
-        size_t nabsent, capabsent;
+        /* Sandboxes a prefetch looked up and the ledger has no row for:
+         * new, so sandbox_add need not ask again. */
+        struct id_set absent;
         /* Sandboxes a prefetch looked up that have no held readings in the
-         * ledger (sorted): their `created` event need not ask for them
+         * ledger: their `created` event need not ask for them
          * (sandbox_unheld). Forgotten with absent, and at every commit (a
          * commit may store held readings). */
-        char (*unheld)[EVENT_ID_MAX + 1];
-        size_t nunheld, capunheld;
+        struct id_set unheld;
 };
 
 /* The sandbox of id in memory, or NULL. */

@@ -31,11 +31,11 @@
 #include "poison.h"
 #include "store.h"
 #include "timeutil.h"
+#include "writer.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,119 +53,6 @@
 #define CATCHUP_BATCH_FACTOR 10
 #endif
 #define CATCHUP_BATCH_NS (5 * NS_PER_SEC)
-
-/* ---- the writer: a batch commits while the next one is folded ---- */
-
-/* The second half of each commit (store_finish: every statement after the
- * staging) runs on the writer thread, on a connection of its own, while the
- * loop goes on folding. One commit at a time: the loop takes a commit's
- * result (settle) before it starts the next, and before anything that
- * would read what that commit writes. */
-enum writer_state { WRITER_IDLE, WRITER_RUNNING, WRITER_DONE };
-
-struct writer {
-        pthread_t thread;
-        bool started;
-        pthread_mutex_t mu;
-        pthread_cond_t cv;
-        enum writer_state state;
-        bool quit;
-        struct ledger *ledger;
-        struct batch *batch;
-        struct partitions positions;    /* the partitions as the batch left them (parts copied) */
-        struct agg_metrics *metrics;
-        struct commit_report rep;
-        int result;
-};
-
-static void *writer_main(void *arg)
-{
-        struct writer *w = arg;
-        pthread_mutex_lock(&w->mu);
-        while (!w->quit) {
-                if (w->state != WRITER_RUNNING) {
-                        pthread_cond_wait(&w->cv, &w->mu);
-                        continue;
-                }
-                pthread_mutex_unlock(&w->mu);
-                int r = store_finish(w->ledger, w->batch, &w->positions, w->metrics, &w->rep);
-                pthread_mutex_lock(&w->mu);
-                w->result = r;
-                w->state = WRITER_DONE;
-                pthread_cond_broadcast(&w->cv);
-        }
-        pthread_mutex_unlock(&w->mu);
-        return NULL;
-}
-
-static int writer_start(struct writer *w)
-{
-        pthread_mutex_init(&w->mu, NULL);
-        pthread_cond_init(&w->cv, NULL);
-        int e = pthread_create(&w->thread, NULL, writer_main, w);
-        w->started = e == 0;
-        return -e;
-}
-
-static void writer_stop(struct writer *w)
-{
-        if (!w->started)
-                return;
-        pthread_mutex_lock(&w->mu);
-        w->quit = true;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->thread, NULL);
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
-        free(w->positions.parts);
-        w->started = false;
-}
-
-static void writer_submit(struct writer *w)
-{
-        pthread_mutex_lock(&w->mu);
-        w->state = WRITER_RUNNING;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-}
-
-static bool writer_finished(struct writer *w)
-{
-        pthread_mutex_lock(&w->mu);
-        bool done = w->state == WRITER_DONE;
-        pthread_mutex_unlock(&w->mu);
-        return done;
-}
-
-/* Waits for the commit submitted; its result. The writer is idle after. */
-static int writer_wait(struct writer *w)
-{
-        pthread_mutex_lock(&w->mu);
-        while (w->state == WRITER_RUNNING)
-                pthread_cond_wait(&w->cv, &w->mu);
-        int r = w->result;
-        w->state = WRITER_IDLE;
-        pthread_mutex_unlock(&w->mu);
-        return r;
-}
-
-/* The partitions' positions as the batch left them, for its offsets
- * statement: the loop moves them on while the writer commits. */
-static int positions_copy(struct partitions *dst, const struct partitions *src)
-{
-        if (dst->nparts < src->nparts) {
-                struct partition *p = realloc(dst->parts, (size_t)src->nparts * sizeof(*p));
-                if (!p)
-                        return -ENOMEM;
-                dst->parts = p;
-        }
-        dst->group = src->group;
-        dst->nparts = src->nparts;
-        if (src->nparts)
-                memcpy(dst->parts, src->parts, (size_t)src->nparts * sizeof(*dst->parts));
-        return 0;
-}
 
 struct agg {
         const struct aggregator_config *cfg;
@@ -307,7 +194,7 @@ static int start_commit(struct agg *a)
         if (b->messages == 0)
                 return 0;
         struct writer *w = &a->writer;
-        int r = positions_copy(&w->positions, &a->parts);
+        int r = writer_positions(w, &a->parts);
         if (r == 0)
                 r = store_stage(&a->wledger, b, &w->rep);
         if (r < 0) {

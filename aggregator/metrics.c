@@ -63,7 +63,8 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
                 metrics_text_put(&p, "tally_aggregator_dead_letters_total{cause=\"%s\"} %" PRIu64 "\n", causes[c],
                     get(&m->dead_letters[c]));
         histogram(&p, "tally_aggregator_commit_seconds", "Time of one batch's transaction", &m->commit);
-        histogram(&p, "tally_aggregator_commit_lag_seconds", "From a sample's Kafka timestamp (its message's) to its commit; a usage batch counts once per sample",
+        histogram(&p, "tally_aggregator_commit_lag_seconds",
+                  "From a sample's Kafka timestamp (its message's) to its commit; a usage batch counts once per sample",
                   &m->lag);
         return metrics_text_end(&p);
 }

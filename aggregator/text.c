@@ -91,13 +91,18 @@ int text_add_copy_field(struct text *t, const char *s, char end)
 {
         if (!s)
                 return text_add(t, "\\N%c", end);
+        size_t n = strlen(s);
+        if (text_reserve(t, 2 * n + 1) < 0) /* each byte escaped at most into two */
+                return -ENOMEM;
         for (; *s; s++) {
-                const char *esc = *s == '\\' ? "\\\\" : *s == '\t' ? "\\t" : *s == '\n' ? "\\n" : *s == '\r' ? "\\r" : NULL;
-                int r = esc ? text_add(t, "%s", esc) : text_add(t, "%c", *s);
-                if (r < 0)
-                        return r;
+                char e = *s == '\\' ? '\\' : *s == '\t' ? 't' : *s == '\n' ? 'n' : *s == '\r' ? 'r' : 0;
+                if (e)
+                        t->buf[t->len++] = '\\';
+                t->buf[t->len++] = e ? e : *s;
         }
-        return text_add(t, "%c", end);
+        t->buf[t->len++] = end;
+        t->buf[t->len] = '\0';
+        return 0;
 }
 
 void utf8_copy(char *dst, size_t size, const char *src)
@@ -188,7 +193,6 @@ void format_ts(char *buf, size_t size, int64_t ns)
         p = digits(p, frac / NS_PER_US, 6);
         memcpy(p, "+00", 4);
 }
-
 
 int text_put(struct text *t, const char *s, char end)
 {
