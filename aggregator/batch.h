@@ -104,7 +104,7 @@ void batch_count_message(struct batch *b, int64_t kafka_ms, uint32_t samples);
 /* Keeps a whole copy of the batch's first message (see poison.h). */
 void keep_first(struct batch *b, const struct raw *m);
 
-/* Once the batch's rows are staged (store_stage): its sandboxes are set as
+/* Once the batch's rows are written out (store_prepare): its sandboxes are set as
  * the ledger holds them once the transaction commits (their row's state and
  * host, their fold state's version), and released, so the next batch can
  * take them while this one commits. Should the commit fail, the caller

@@ -185,9 +185,9 @@ static int settle(struct agg *a)
         return r;
 }
 
-/* Stages the open batch (store_stage, on this thread: it reads the cache's
- * sandboxes) and hands the rest of its commit to the writer; the other
- * batch becomes the open one. The writer must be idle. */
+/* Writes out the open batch's rows (store_prepare, on this thread: they read
+ * the cache's sandboxes) and hands its commit to the writer; the other batch
+ * becomes the open one. The writer must be idle. */
 static int start_commit(struct agg *a)
 {
         struct batch *b = a->batch;
@@ -196,7 +196,7 @@ static int start_commit(struct agg *a)
         struct writer *w = &a->writer;
         int r = writer_positions(w, &a->parts);
         if (r == 0)
-                r = store_stage(&a->wledger, b, &w->rep);
+                r = store_prepare(b, &w->rep);
         if (r < 0) {
                 failed(a, b, r);
                 return r;
@@ -223,8 +223,8 @@ static int commit_batch(struct agg *a)
         return r < 0 ? r : settle(a);
 }
 
-/* The open batch is full in the middle of a poll's messages: its commit
- * starts once the writer's is through. One that holds readings waiting for
+/* The open batch is full or due in the middle of a poll's messages: its
+ * commit starts once the writer's is through. One that holds readings waiting for
  * their sandbox's announcement (held.h) is waited for: the announcement may
  * be among the messages that follow, and must find them in the ledger. */
 static void hand_off(struct agg *a)
@@ -256,9 +256,26 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
 
 /* ---- the loop ---- */
 
+static bool commit_due(struct agg *a, bool quiet);
+
+/* Between two messages of a poll: one poll can hold millions of samples
+ * (usage batches: HOLD_MAX messages of thousands each), so the batch's age
+ * is looked at as it is folded, not only between polls. A due batch goes
+ * only to an idle writer; while the writer is busy it grows, as it would
+ * between polls. */
+static bool due_mid_poll(struct agg *a)
+{
+        if (time_mono_ns() - a->batch->started_ns < a->cfg->batch_ms * NS_PER_MS)
+                return false;
+        if (a->inflight && !writer_finished(&a->writer))
+                return false;
+        return commit_due(a, false);
+}
+
 /* Folds the held messages in order (and destroys them), committing whenever
- * the batch reaches its limit. A commit that fails resyncs: the rest are
- * stale then and dropped (the consumer delivers them again). */
+ * the batch reaches its limit or is due (due_mid_poll). A commit that fails
+ * resyncs: the rest are stale then and dropped (the consumer delivers them
+ * again). */
 static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
 {
         uint64_t gen = a->parts.seek_gen;
@@ -294,7 +311,8 @@ static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
                                 log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
                         }
                         if (a->batch->messages &&
-                            (int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages))
+                            ((int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages) ||
+                             due_mid_poll(a)))
                                 hand_off(a);
                 }
                 rd_kafka_message_destroy(m);

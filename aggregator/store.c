@@ -133,7 +133,7 @@ static const char *const enforce_sql =
 /* One row per piece: the batch summed its usage per sandbox-hour as it was
  * folded (batch_add_piece), so this is as long as the sandbox-hours the
  * batch touched, whatever the samples. */
-static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t *ret_rows)
+static int usage_copy_text(const struct batch *b, struct text *t, size_t *ret_rows)
 {
         t->len = 0;
         for (size_t i = 0; i < b->npieces; i++) {
@@ -149,13 +149,12 @@ static int stage_usage(struct ledger *l, struct batch *b, struct text *t, size_t
                         return -ENOMEM;
         }
         *ret_rows = b->npieces;
-        return copy_rows(l,
-                         "COPY stage_usage (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns, storage_byte_ns,"
-                         " mem_peak_bytes) FROM STDIN",
-                         t->buf, t->len);
+        return 0;
 }
 
-static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
+/* One row per sandbox the batch touched: its fold state as folded, the
+ * version it was read at, and what the sandboxes row is synced from. */
+static int fold_copy_text(const struct batch *b, struct text *t)
 {
         t->len = 0;
         for (size_t i = 0; i < b->ndirty; i++) {
@@ -181,7 +180,7 @@ static int stage_fold(struct ledger *l, const struct batch *b, struct text *t)
                     text_put(t, s->sampled ? "t" : "f", '\n') < 0)
                         return -ENOMEM;
         }
-        return copy_rows(l, "COPY stage_fold FROM STDIN", t->buf, t->len);
+        return 0;
 }
 
 static void dead_params(const struct dead_letter *d, char *p, char *o, const char **params, int *lens, int *fmts)
@@ -303,11 +302,17 @@ static int read_commands(struct commit *c, PGresult *res)
         return 0;
 }
 
+/* The rows store_prepare wrote out, then the batch's first `created` event
+ * per sandbox (its own arrays: built here, on the writer's thread). */
 static int run_stage(struct commit *c)
 {
-        int r = stage_usage(c->l, c->b, &c->t, &c->rep->rows);
+        const struct commit_report *rep = c->rep;
+        int r = copy_rows(c->l,
+                          "COPY stage_usage (sandbox_id, hour, account_id, key_id, cpu_ns, mem_byte_ns,"
+                          " storage_byte_ns, mem_peak_bytes) FROM STDIN",
+                          rep->usage_copy.buf, rep->usage_copy.len);
         if (r == 0)
-                r = stage_fold(c->l, c->b, &c->t);
+                r = copy_rows(c->l, "COPY stage_fold FROM STDIN", rep->fold_copy.buf, rep->fold_copy.len);
         if (r == 0)
                 r = lifecycle_stage_created(c->l, c->b, &c->t, &c->staged, &c->nstaged);
         return r;
@@ -489,36 +494,29 @@ static int run_steps(struct commit *c, int from, int to)
         return r;
 }
 
-int store_stage(struct ledger *l, struct batch *b, struct commit_report *ret)
+int store_prepare(const struct batch *b, struct commit_report *ret)
 {
-        *ret = (struct commit_report){ .t0 = time_mono_ns() };
-        struct commit c = { .l = l, .b = b, .rep = ret };
-        int r = run_steps(&c, STEP_BEGIN, STEP_STAGE);
-        ret->staged = c.staged;
-        ret->nstaged = c.nstaged;
-        if (r < 0) {
-                free(ret->staged);
-                ret->staged = NULL;
-        }
-        return r;
+        struct text usage = ret->usage_copy, fold = ret->fold_copy; /* (their memory kept, batch to batch) */
+        *ret = (struct commit_report){ .t0 = time_mono_ns(), .usage_copy = usage, .fold_copy = fold };
+        int r = usage_copy_text(b, &ret->usage_copy, &ret->rows);
+        return r < 0 ? r : fold_copy_text(b, &ret->fold_copy);
 }
 
 int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
                  struct commit_report *ret)
 {
-        struct commit c = { .l = l, .b = b, .ps = ps, .metrics = metrics, .rep = ret, .staged = ret->staged,
-                            .nstaged = ret->nstaged };
-        int r = run_steps(&c, STEP_STAGE + 1, STEPS - 1);
-        free(ret->staged);
-        ret->staged = NULL;
+        struct commit c = { .l = l, .b = b, .ps = ps, .metrics = metrics, .rep = ret };
+        int r = run_steps(&c, STEP_BEGIN, STEPS - 1);
+        free(c.staged);
         return r;
 }
 
-int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
-                 struct commit_report *ret)
+void store_report_free(struct commit_report *rep)
 {
-        int r = store_stage(l, b, ret);
-        return r < 0 ? r : store_finish(l, b, ps, metrics, ret);
+        free(rep->usage_copy.buf);
+        free(rep->fold_copy.buf);
+        free(rep->cmds);
+        *rep = (struct commit_report){ 0 };
 }
 
 void store_log_committed(const struct commit_report *rep, const struct batch *b)

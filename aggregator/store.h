@@ -17,6 +17,7 @@
 #include "ledger.h"
 #include "metrics.h"
 #include "partitions.h"
+#include "text.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,29 +32,27 @@ struct commit_report {
         int ncmds;
         int64_t t0;             /* monotonic ns: start */
         int64_t at[10];         /* monotonic ns: end of each step (store.c) */
-        bool *staged;           /* from store_stage to store_finish: events written already */
-        size_t nstaged;
+        struct text usage_copy; /* from store_prepare to store_finish: stage_usage's COPY rows */
+        struct text fold_copy;  /* and stage_fold's */
 };
 
-/* Commits the batch in one transaction. Returns 0; -ESTALE when a partition
- * is no longer ours (generation moved on); -EBUSY when another aggregator
- * moved a sandbox's fold state or a held reading on meanwhile; -EIO when the
- * ledger refused (last_error says why); -ENOMEM, -ENOBUFS. On failure the
- * transaction is rolled back and nothing of the batch was written; *ret
- * is filled either way (free ret->cmds). */
-int store_commit(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
-                 struct commit_report *ret);
-
-/* store_commit in two halves. store_stage opens the transaction and copies
- * the batch's rows in (what reads the batch's sandboxes, which the cache
- * owns: the caller's thread); store_finish runs the rest, reading only the
- * batch's own arrays and ps, so it may run on another thread while the
- * caller folds the next batch (given a copy of the partitions' positions
- * and the ledger to itself). After store_stage fails the transaction is
- * rolled back; after it succeeds, store_finish must follow. */
-int store_stage(struct ledger *l, struct batch *b, struct commit_report *ret);
+/* A batch's commit in two halves. store_prepare writes out the rows that
+ * read the batch's sandboxes, which the cache owns and the loop goes on
+ * folding (the caller's thread; no database). store_finish then commits the
+ * batch in one transaction — the staging COPYs, the batch's own arrays and
+ * ps — so it may run on another thread while the caller folds the next batch
+ * (given a copy of the partitions' positions and the ledger to itself).
+ * store_finish returns 0; -ESTALE when a partition is no longer ours
+ * (generation moved on); -EBUSY when another aggregator moved a sandbox's
+ * fold state or a held reading on meanwhile; -EIO when the ledger refused
+ * (last_error says why); -ENOMEM, -ENOBUFS. On failure the transaction is
+ * rolled back and nothing of the batch was written; *ret is filled either
+ * way (free ret->cmds). A report's buffers are kept for the next batch:
+ * store_report_free frees them. */
+int store_prepare(const struct batch *b, struct commit_report *ret);
 int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
                  struct commit_report *ret);
+void store_report_free(struct commit_report *rep);
 
 /* Logs what a committed batch did and how long each part of it took. */
 void store_log_committed(const struct commit_report *rep, const struct batch *b);

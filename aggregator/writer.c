@@ -46,6 +46,7 @@ void writer_stop(struct writer *w)
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         free(w->positions.parts);
+        store_report_free(&w->rep);
         w->started = false;
 }
 

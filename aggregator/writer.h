@@ -1,5 +1,5 @@
-/* writer.h — the thread that runs the second half of each commit
- * (store_finish: every statement after the staging), on a ledger connection
+/* writer.h — the thread that runs each commit's transaction (store_finish:
+ * every statement, the staging COPYs first), on a ledger connection
  * of its own, while the loop (loop.c) goes on folding the next batch. One
  * commit at a time: the loop takes a commit's result (settle) before it
  * starts the next, and before anything that would read what that commit

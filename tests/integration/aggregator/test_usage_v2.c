@@ -21,6 +21,12 @@
  *      counts a usage batch once per sample it carries, as its help says,
  *      not once per message: 6 batches of 15 records in all add 9 to the
  *      message count.
+ *   7. One poll holding many batches (8 batches of a sample of each of
+ *      2,000 sandboxes, all waiting before the aggregator starts: one
+ *      partition's messages come in one poll), batch_ms 1: the open batch
+ *      goes to the writer in the middle of the poll once it is due, so they
+ *      commit in two batches or more (the batch was looked at between polls
+ *      only: one), every sample billed once.
  *
  * Expected totals are worked out by hand from the counters the messages
  * carry (1 GiB = 1073741824 bytes of memory, running all along: memory is
@@ -48,7 +54,7 @@ static struct usage_event tick(const char *sb, uint64_t seq, int64_t wall, uint6
 
 /* A v2 batch being put together by the test. */
 struct out {
-        uint8_t buf[65536];
+        uint8_t buf[SAMPLE_BATCH_MAX_BYTES];
         size_t len;
         int64_t wall, mono;
 };
@@ -233,6 +239,50 @@ int main(void)
         char *hdr = aggtest_query(&t, "SELECT reason FROM dead_letters WHERE reason LIKE 'usage batch%'");
         CHECK(hdr && strstr(hdr, "usage batch: bad host"), "the cut batch's dead letter says %s", hdr ? hdr : "?");
         free(hdr);
+
+        /* 7. Many batches in one poll, batch_ms 1: first the sandboxes'
+         * created events and first samples, committed; then eight batches of
+         * a sample of each, all waiting before the aggregator starts. */
+        enum { POLL_SANDBOXES = 2000, POLL_ROUNDS = 9 };
+        for (int k = 1; k <= POLL_ROUNDS; k++) {
+                begin(&o, base + k * 10 * SEC);
+                for (int i = 0; i < POLL_SANDBOXES; i++) {
+                        char sb[32];
+                        snprintf(sb, sizeof(sb), "sb-v2-poll-%d", i);
+                        add(&t, &o, tick(sb, (uint64_t)k, base + k * 10 * SEC, (uint64_t)k * SEC, (uint64_t)k * 10 * SEC));
+                }
+                send_batch(&t, &o);
+                if (k > 1)
+                        continue;
+                aggtest_flush(&t);
+                agg = aggtest_spawn(&t, extra);
+                CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the aggregator did not catch up on the first round");
+                CHECK(aggtest_terminate(agg) == 0, "the aggregator did not exit cleanly");
+        }
+        aggtest_flush(&t);
+        const char *fast[] = { "--metrics-port", ports, "--batch-ms", "1", NULL };
+        agg = aggtest_spawn(&t, fast);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the aggregator did not catch up on the poll's batches");
+        int64_t taken = -1, batches = -1;
+        for (int tries = 0; tries < 100 && taken < POLL_ROUNDS - 1; tries++) {
+                if (tries)
+                        time_sleep_ns(NS_PER_SEC / 10);
+                char *page = test_get_metrics(port);
+                taken = page ? test_metric(page, "tally_aggregator_messages_total", false) : -1;
+                batches = page ? test_metric(page, "tally_aggregator_batches_committed_total", false) : -1;
+                free(page);
+        }
+        CHECK(taken == POLL_ROUNDS - 1 && batches >= 2,
+              "%d batches waiting in one poll committed in %lld batches (%lld messages taken)", POLL_ROUNDS - 1,
+              (long long)batches, (long long)taken);
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not exit cleanly");
+        char *exact = aggtest_query(&t, "SELECT count(*) FROM (SELECT sandbox_id FROM usage_hourly"
+                                        " WHERE sandbox_id LIKE 'sb-v2-poll-%' GROUP BY sandbox_id"
+                                        " HAVING sum(cpu_ns) = 9000000000 AND sum(mem_byte_ns) = 96636764160000000000"
+                                        " AND sum(storage_byte_ns) = 0) s");
+        CHECK(exact && atoi(exact) == POLL_SANDBOXES, "sandboxes of the poll's batches billed exactly: %s of %d",
+              exact ? exact : "?", POLL_SANDBOXES);
+        free(exact);
         aggtest_stop(&t);
         return test_result();
 }
