@@ -205,6 +205,33 @@ int main(void)
                 CHECK(strcmp(got, exact[i].want) == 0, "%s: got %s, want %s", exact[i].sql, got, exact[i].want);
                 free(got);
         }
+        /* Ids (sql/024: the check without a counted repetition): one to 64
+         * characters of [A-Za-z0-9_.:-], nothing else — in the table every
+         * created event inserts into and in one the API does. The lengths of
+         * the ids each table took. */
+        char *ids = query1(url,
+                           "CREATE FUNCTION pg_temp.ids_taken(t text) RETURNS text LANGUAGE plpgsql AS $$"
+                           " DECLARE i text; taken text := '';"
+                           " BEGIN"
+                           "  FOREACH i IN ARRAY ARRAY[repeat('a', 64), repeat('a', 65), '', 'a b', U&'\\00e9',"
+                           "                           E'ab\\n', E'\\nab', 'Az09_.:-'] LOOP"
+                           "   BEGIN"
+                           "    IF t = 'sandboxes' THEN"
+                           "     INSERT INTO sandboxes (id, account_id, key_id, vcpus, mem_size_bytes, state)"
+                           "     VALUES (i, 'a-ids', 'k-ids', 1, 0, 'running');"
+                           "    ELSE"
+                           "     INSERT INTO accounts (id, name) VALUES (i, 'ids');"
+                           "    END IF;"
+                           "    taken := taken || length(i) || ' ';"
+                           "    RAISE EXCEPTION 'taken: undone';"
+                           "   EXCEPTION WHEN check_violation OR raise_exception THEN NULL;"
+                           "   END;"
+                           "  END LOOP;"
+                           "  RETURN taken;"
+                           " END $$;"
+                           " SELECT pg_temp.ids_taken('sandboxes') || '/' || pg_temp.ids_taken('accounts')");
+        CHECK(strcmp(ids, "64 8 /64 8 ") == 0, "ids taken (lengths), sandboxes/accounts: %s, want \"64 8 /64 8 \"", ids);
+        free(ids);
         PGconn *clean = PQconnectdb(url);
         PQclear(PQexec(clean, "DELETE FROM spend_daily WHERE account_id = 'a-round'"));
         PQfinish(clean);
