@@ -21,11 +21,14 @@ static char *labels_json(const struct usage_event *ev)
         return ljson;
 }
 
+/* The staged rows in id order (strcmp's: lifecycle_stage_created writes them
+ * sorted, and a COPY's rows scan back in the order they came), so aggregators
+ * lock sandboxes rows in one order without sorting them again here. */
 static const char *const created_sql =
         "INSERT INTO sandboxes AS s (id, account_id, key_id, host, parent_id, backend, vcpus, mem_size_bytes,"
         "  disk_size_bytes, labels, state, created_at)"
         " SELECT sandbox_id, account_id, key_id, host, parent_id, backend, vcpus, mem_size_bytes, disk_size_bytes,"
-        "        labels, 'running', created_at FROM stage_created ORDER BY sandbox_id"
+        "        labels, 'running', created_at FROM stage_created"
         " ON CONFLICT (id) DO UPDATE SET parent_id = EXCLUDED.parent_id, backend = EXCLUDED.backend,"
         "  vcpus = EXCLUDED.vcpus, mem_size_bytes = EXCLUDED.mem_size_bytes,"
         "  disk_size_bytes = EXCLUDED.disk_size_bytes, labels = EXCLUDED.labels, created_at = EXCLUDED.created_at,"

@@ -16,10 +16,13 @@
 /* The fold state of the batch's sandboxes, fenced per sandbox: a row is
  * written only where its version is still the one this aggregator read, so
  * the count tells whether another owner moved any of them on meanwhile.
- * In id order: two aggregators sharing sandboxes lock their rows in one order. */
+ * In id order (strcmp's: store_prepare sorts the rows, and a COPY's rows
+ * scan back in the order they came; an ORDER BY here sorted 5,000 rows
+ * again in 3.5 ms): two aggregators sharing sandboxes lock their rows in
+ * one order. */
 static const char *const fold_sql =
         "WITH w AS (INSERT INTO fold_state AS f (sandbox_id, account_id, key_id, fold, version, stopped)"
-        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold ORDER BY sandbox_id"
+        "  SELECT sandbox_id, account_id, key_id, fold, version + 1, stopped FROM stage_fold"
         "  ON CONFLICT (sandbox_id) DO UPDATE SET account_id = EXCLUDED.account_id, key_id = EXCLUDED.key_id,"
         "   fold = EXCLUDED.fold, version = EXCLUDED.version, stopped = EXCLUDED.stopped, updated_at = now()"
         "   WHERE f.version = EXCLUDED.version - 1 RETURNING 1)"
@@ -494,8 +497,14 @@ static int run_steps(struct commit *c, int from, int to)
         return r;
 }
 
-int store_prepare(const struct batch *b, struct commit_report *ret)
+static int sandbox_id_cmp(const void *x, const void *y)
 {
+        return strcmp((*(struct sandbox *const *)x)->id, (*(struct sandbox *const *)y)->id);
+}
+
+int store_prepare(struct batch *b, struct commit_report *ret)
+{
+        qsort(b->dirty, b->ndirty, sizeof(*b->dirty), sandbox_id_cmp); /* fold_sql's order */
         struct text usage = ret->usage_copy, fold = ret->fold_copy; /* (their memory kept, batch to batch) */
         *ret = (struct commit_report){ .t0 = time_mono_ns(), .usage_copy = usage, .fold_copy = fold };
         int r = usage_copy_text(b, &ret->usage_copy, &ret->rows);

@@ -49,7 +49,7 @@ struct commit_report {
  * rolled back and nothing of the batch was written; *ret is filled either
  * way (free ret->cmds). A report's buffers are kept for the next batch:
  * store_report_free frees them. */
-int store_prepare(const struct batch *b, struct commit_report *ret);
+int store_prepare(struct batch *b, struct commit_report *ret);
 int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps, struct agg_metrics *metrics,
                  struct commit_report *ret);
 void store_report_free(struct commit_report *rep);
