@@ -2,6 +2,7 @@
 #include "cache.h"
 
 #include "log.h"
+#include "sample_batch.h"
 #include "text.h"
 #include "timeutil.h"
 
@@ -144,6 +145,7 @@ static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1]
                 return -ENOMEM;
         }
         const char *params[] = { list.buf };
+        atomic_fetch_add_explicit(&c->metrics->state_reads, 1, memory_order_relaxed);
         PGresult *res = PQexecParams(c->ledger->db,
                                      "SELECT i.id, coalesce(f.account_id, s.account_id), coalesce(f.key_id, s.key_id),"
                                      " f.fold, coalesce(f.version, 0), coalesce(s.host, ''), coalesce(s.vcpus, 1),"
@@ -223,6 +225,8 @@ struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id)
  * samples names many sandboxes: each is found in turn. */
 static bool peek_sandbox(const rd_kafka_message_t *m, size_t *at, char *id)
 {
+        if (sample_batch_is(m->payload, m->len)) /* a usage batch: its records' sandbox ids */
+                return sample_batch_peek_sandbox(m->payload, m->len, at, id);
         static const char needle[] = "\"sandbox\":\"";
         const char *p = m->payload, *end = p + m->len;
         while (*at < m->len) {

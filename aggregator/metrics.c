@@ -38,6 +38,7 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
                 C(rating_gaps, "tally_aggregator_rating_gaps_total", "Account-meter-hours with usage and no rate in the plan (rating_gaps)"),
                 C(sandboxes_fenced, "tally_aggregator_sandbox_fence_total", "Commits refused: a sandbox's fold state was moved on by another aggregator"),
                 C(sandboxes_loaded, "tally_aggregator_sandboxes_loaded_total", "Sandboxes whose fold state was read from the ledger"),
+                C(state_reads, "tally_aggregator_state_reads_total", "Queries reading fold states from the ledger: one per poll for its sandboxes not in memory, one per sandbox a poll's read missed"),
                 C(sandboxes_evicted, "tally_aggregator_sandboxes_evicted_total", "Sandboxes dropped from memory after their last reading"),
                 G(sandboxes_in_memory, "tally_aggregator_sandboxes", "Sandboxes held in memory"),
                 G(metering_gap_hosts, "tally_aggregator_metering_gap_hosts", "Hosts with running sandboxes and no recent sample (metering_gaps)"),

@@ -28,6 +28,7 @@ struct agg_metrics {
         _Atomic uint64_t rating_gaps;           /* (account, meter, hour) with usage and no rate (rating_gaps) */
         _Atomic uint64_t sandboxes_fenced;      /* commits refused: a sandbox's fold state moved on elsewhere */
         _Atomic uint64_t sandboxes_loaded, sandboxes_evicted;
+        _Atomic uint64_t state_reads;           /* queries reading fold states (a poll's sandboxes, or one) */
         _Atomic uint64_t sandboxes_in_memory;   /* gauge */
         _Atomic uint64_t metering_gap_hosts;    /* gauge: hosts in the metering_gaps view at the last check */
         _Atomic uint64_t metering_gaps_seen;    /* times a host was seen in a gap at a check */

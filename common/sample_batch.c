@@ -202,6 +202,29 @@ int sample_batch_open(struct sample_batch_reader *r, const void *buf, size_t len
         return 0;
 }
 
+bool sample_batch_peek_sandbox(const void *buf, size_t len, size_t *at, char id[EVENT_ID_MAX + 1])
+{
+        const uint8_t *start = buf, *end = start + len, *p;
+        if (*at == 0) {
+                struct sample_batch_reader r;
+                if (sample_batch_open(&r, buf, len, NULL, 0) < 0) {
+                        *at = len;
+                        return false;
+                }
+                *at = (size_t)(r.p - start);
+        }
+        while (*at < len) {
+                uint64_t n;
+                if (!(p = get_varint(start + *at, end, &n)) || n > (uint64_t)(end - p))
+                        break;
+                *at = (size_t)(p + n - start);
+                if (n >= 2 && get_id(p + 1, p + n, id))
+                        return true;
+        }
+        *at = len;
+        return false;
+}
+
 /* base + a zigzag delta, in [min, max]; false when it falls outside. */
 static bool add_delta(int64_t base, uint64_t z, int64_t min, int64_t max, int64_t *out)
 {

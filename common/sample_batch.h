@@ -52,6 +52,12 @@ struct sample_batch_reader {
  * whole message is refused. */
 int sample_batch_open(struct sample_batch_reader *r, const void *buf, size_t len, char *why, size_t whylen);
 
+/* The sandbox id of the record at *at (0: the first) without decoding the
+ * rest of it, *at moved to the next record: true with id set, false at the
+ * end (also at bytes that do not read as a batch: *at is then len). A hint
+ * only, for reading fold states ahead: the fold decodes every record. */
+bool sample_batch_peek_sandbox(const void *buf, size_t len, size_t *at, char id[EVENT_ID_MAX + 1]);
+
 /* Reads the next record into *ev (a sample: no labels, nothing to free) and
  * points *rec, *reclen at its bytes. Returns 1 for a sample; 0 at the end;
  * -EINVAL when this record is refused (why says so; reading goes on with the

@@ -4,7 +4,10 @@
  * Beyond "no crash, no sanitizer report": the reader is total (every refusal
  * has a reason; a record that runs past the end ends the batch), whatever it
  * accepts writes back to exactly the record's bytes, and the sample means
- * the same as a v1 message: its JSON decodes to the same event. */
+ * the same as a v1 message: its JSON decodes to the same event. The peek
+ * the aggregator reads fold states ahead with (sample_batch_peek_sandbox)
+ * moves forward to the end and names, in order, every sandbox a record that
+ * decodes bills. */
 #include "event.h"
 #include "sample_batch.h"
 
@@ -34,11 +37,14 @@ static void same(const struct usage_event *a, const struct usage_event *b)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         struct sample_batch_reader rd;
-        char why[256];
+        char why[256], peeked[EVENT_ID_MAX + 1];
+        size_t at = 0;
         why[0] = '\0';
         if (sample_batch_open(&rd, data, size, why, sizeof(why)) < 0) {
                 if (!memchr(why, '\0', sizeof(why)) || !why[0])
                         FAIL("a refused batch without a reason");
+                if (sample_batch_peek_sandbox(data, size, &at, peeked) || at != size)
+                        FAIL("the peek named a sandbox in a refused batch");
                 return 0;
         }
         for (;;) {
@@ -75,6 +81,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         FAIL("an accepted sample's v1 JSON is refused: %s: %.*s", why, j, json);
                 same(&ev, &v1);
                 event_clear(&v1);
+                for (;;) { /* the peek reaches this sample's sandbox, moving forward only */
+                        size_t before = at;
+                        if (!sample_batch_peek_sandbox(data, size, &at, peeked))
+                                FAIL("the peek missed record %zu's sandbox %s", rd.index, ev.sandbox);
+                        if (at <= before || at > size)
+                                FAIL("the peek did not move forward within the batch");
+                        if (strcmp(peeked, ev.sandbox) == 0)
+                                break;
+                }
         }
+        while (sample_batch_peek_sandbox(data, size, &at, peeked))
+                ;
+        if (at != size)
+                FAIL("the peek stopped at %zu of %zu", at, size);
         return 0;
 }

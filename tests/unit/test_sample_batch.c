@@ -168,6 +168,55 @@ static void one_bad_record_costs_itself(void **state)
         assert_int_equal(sample_batch_next(&rd, &ev, &rec, &reclen, why, sizeof(why)), 0);
 }
 
+/* sample_batch_peek_sandbox: each record's sandbox id in order, a record
+ * whose id does not read skipped, nothing past a cut length or in bytes that
+ * are not a batch. */
+static void peek_sandboxes(void **state)
+{
+        uint8_t buf[65536];
+        size_t len = write_batch(buf, sizeof(buf), 3, 0);
+        char id[EVENT_ID_MAX + 1];
+        size_t at = 0;
+        for (int i = 0; i < 3; i++) {
+                char want[16];
+                snprintf(want, sizeof(want), "sb_%d", i);
+                assert_true(sample_batch_peek_sandbox(buf, len, &at, id));
+                assert_string_equal(id, want);
+        }
+        assert_false(sample_batch_peek_sandbox(buf, len, &at, id));
+        assert_int_equal(at, len);
+
+        /* the second record's sandbox id given a space: that record is passed over */
+        struct sample_batch_reader rd;
+        char why[256];
+        const uint8_t *rec;
+        size_t reclen;
+        struct usage_event ev;
+        assert_int_equal(sample_batch_open(&rd, buf, len, why, sizeof(why)), 0);
+        assert_int_equal(sample_batch_next(&rd, &ev, &rec, &reclen, why, sizeof(why)), 1);
+        size_t second = (size_t)(rd.p - buf);
+        size_t flags = second + ((buf[second] & 0x80) ? 2 : 1);
+        buf[flags + 2] = ' '; /* after the flags, the id's length, then its first byte */
+        at = 0;
+        assert_true(sample_batch_peek_sandbox(buf, len, &at, id));
+        assert_string_equal(id, "sb_0");
+        assert_true(sample_batch_peek_sandbox(buf, len, &at, id));
+        assert_string_equal(id, "sb_2");
+        assert_false(sample_batch_peek_sandbox(buf, len, &at, id));
+
+        /* cut inside the last record: the readable records before it only */
+        at = 0;
+        assert_true(sample_batch_peek_sandbox(buf, len - 1, &at, id));
+        assert_string_equal(id, "sb_0");
+        assert_false(sample_batch_peek_sandbox(buf, len - 1, &at, id));
+        assert_int_equal(at, len - 1);
+        /* not a batch */
+        static const char json[] = "{\"type\":\"sample\",\"sandbox\":\"sb_9\"}";
+        at = 0;
+        assert_false(sample_batch_peek_sandbox(json, sizeof(json) - 1, &at, id));
+        assert_int_equal(at, sizeof(json) - 1);
+}
+
 static void refusals(void **state)
 {
         struct sample_batch_reader rd;
@@ -216,6 +265,7 @@ int main(void)
                 cmocka_unit_test(bytes_by_hand),
                 cmocka_unit_test(one_bad_record_costs_itself),
                 cmocka_unit_test(refusals),
+                cmocka_unit_test(peek_sandboxes),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
