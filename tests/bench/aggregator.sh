@@ -29,7 +29,12 @@
 #                              LAT_RATE (200,000) samples/s offered (paced by the producer), with
 #                              the aggregator's own histogram printed at exit, on fresh samples:
 #                              5,000 sandboxes never billed before, so every sample is folded,
-#                              rated and written (checked in usage_hourly)
+#                              rated and written (checked in usage_hourly); each sandbox's created
+#                              event in the same round as its first sample
+#  commit_latency_created_ahead_ms_p50/p99
+#                              the same on 5,000 more new sandboxes whose created events were
+#                              committed before their samples start (a vmm announces a sandbox a
+#                              collector's tick or more before its first sample)
 #  freeze_latency_ms_p50/p99   the sample that crosses a key's daily limit produced -> pause command
 #                              published -> consumed by a real tally-vmm -> its process
 #                              sandbox's freezer cgroup reads FROZEN
@@ -153,12 +158,13 @@ batch_sums() {
     awk '$1 > 0 { n++; m += $1; u += $2; s += $3; t += $4; if ($4 > mx) mx = $4 } END { printf "%d %d %d %d %d %d\n", n, m, u, s, t, mx }'
 }
 
-# produce FORMAT RATE PREFIX SANDBOXES: SANDBOXES x SAMPLES samples of sandboxes PREFIX-N in
-# FORMAT, each sandbox's created event first, RATE a second (0: flat out).
+# produce FORMAT RATE PREFIX SANDBOXES [CREATED]: SANDBOXES x SAMPLES samples of sandboxes
+# PREFIX-N in FORMAT, RATE a second (0: flat out); CREATED (bench-aggregator's --created): each
+# sandbox's created event just before its first sample (with, the default), the created events
+# alone (only), the samples alone (none).
 produce() {
   case "$1" in
-    v1) "$BENCH" produce "$BROKERS" "$4" "$SAMPLES" "$2" "$3" >&2 ;;
-    v2) "$BENCH" produce --format v2 "$BROKERS" "$4" "$SAMPLES" "$2" "$3" >&2 ;;
+    v1|v2) "$BENCH" produce --format "$1" --created "${5:-with}" "$BROKERS" "$4" "$SAMPLES" "$2" "$3" >&2 ;;
     *) die "no producer for format $1" ;;
   esac
 }
@@ -186,6 +192,50 @@ copy_ceiling() {
   psql -c "DROP TABLE bench_copy"
   rm -f "$WORK/copy.tsv"
   say "PostgreSQL COPY: $COPY_RATE rows/s, $COPY_NS ns of its CPU a row"
+}
+
+# latency FORMAT PFX LABEL PREFIX WHEN: the commit latency of LAT_SANDBOXES x SAMPLES samples offered at
+# a steady LAT_RATE a second, of 5,000 sandboxes the ledger has never seen (PREFIX-N): every sample is
+# new usage to fold, rate and write, none a duplicate of the end-to-end phase's. WHEN: the sandboxes'
+# created events with their first samples, in the same round (with), or produced and committed
+# before the samples start, as a vmm announces a sandbox a collector's tick or more before its first
+# sample (ahead; the aggregator is started again for the samples, so its histogram holds samples
+# only). Sets LAT_P50, LAT_P99 (the aggregator's own histogram at exit), LAT_ROWS, LAT_BATCHES.
+latency() {
+  local fmt=$1 pfx=$2 label=$3 prefix=$4 when=$5 log="$WORK/agg.lat.$2$1.$5.log" before w
+  say "[$label] commit latency at a steady $LAT_RATE samples/s offered, on fresh samples, created events $when"
+  before=$(billed "$prefix")
+  [ "$before" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $before"
+  if [ "$when" = ahead ]; then
+    "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.announce.log" &
+    AGG_PID=$!
+    produce "$fmt" 0 "$prefix" "$LAT_SANDBOXES" only
+    w=$(watermarks)
+    wait_committed "$(offsets_sum "$w")" 300
+    kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  fi
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$log" &
+  AGG_PID=$!
+  wait_log "$log" "partition assigned" 30
+  sleep 1
+  produce "$fmt" "$LAT_RATE" "$prefix" "$LAT_SANDBOXES" "$([ "$when" = ahead ] && echo none || echo with)"
+  w=$(watermarks)
+  wait_committed "$(offsets_sum "$w")" 300
+  kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  local got want
+  got=$(billed "$prefix")
+  want=$(want_billed "$LAT_SANDBOXES")
+  say "[$label] latency phase billed (sandboxes cpu_ns mem_byte_ns): $got (want $want)"
+  [ "$got" = "$want" ] || die "the latency phase's samples were not all billed: $got, want $want"
+  LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE '$prefix-%'")
+  local ln lm lu lsb lt lmx
+  read -r ln lm lu lsb lt lmx <<<"$(batch_sums "$log")"
+  LAT_BATCHES="$ln batches, $(( lm / (ln ? ln : 1) )) messages each on average, $(( lt / (ln ? ln : 1) )) ms each on average, longest $lmx ms"
+  say "[$label] latency phase: $LAT_BATCHES"
+  local lat
+  lat=$(grep 'msg="aggregator stopped"' "$log")
+  LAT_P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$lat")
+  LAT_P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$lat")
 }
 
 # The end-to-end, ceiling and commit-latency phases of FORMAT against BROKERS, billing into DB.
@@ -293,35 +343,11 @@ phases() { # FORMAT PFX (key prefix) LABEL
   local ratio
   ratio=$(awk -v e="$e2e" -v c="$cons_smp_s" 'BEGIN { printf "%.3f", c ? e / c : 0 }')
 
-  say "[$label] commit latency at a steady $LAT_RATE samples/s offered, on fresh samples"
-  # 5,000 sandboxes the ledger has never seen (bench-lat-FORMAT-N): every sample is new
-  # usage to fold, rate and write, none a duplicate of the end-to-end phase's.
-  local before
-  before=$(billed "bench-lat-$fmt")
-  [ "$before" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $before"
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.log" &
-  AGG_PID=$!
-  wait_log "$WORK/agg.lat.$pfx$fmt.log" "partition assigned" 30
-  sleep 1
-  produce "$fmt" "$LAT_RATE" "bench-lat-$fmt" "$LAT_SANDBOXES"
-  w2=$(watermarks)
-  wait_committed "$(offsets_sum "$w2")" 300
-  kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
-  local lat_got lat_want lat_rows
-  lat_got=$(billed "bench-lat-$fmt")
-  lat_want=$(want_billed "$LAT_SANDBOXES")
-  say "[$label] latency phase billed (sandboxes cpu_ns mem_byte_ns): $lat_got (want $lat_want)"
-  [ "$lat_got" = "$lat_want" ] || die "the latency phase's samples were not all billed: $lat_got, want $lat_want"
-  lat_rows=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'bench-lat-$fmt-%'")
-  local ln lm lu lsb lt lmx
-  read -r ln lm lu lsb lt lmx <<<"$(batch_sums "$WORK/agg.lat.$pfx$fmt.log")"
-  local lat_batches="$ln batches, $(( lm / (ln ? ln : 1) )) messages each on average, $(( lt / (ln ? ln : 1) )) ms each on average, longest $lmx ms"
-  say "[$label] latency phase: $lat_batches"
-  local lat p50 p99
-  lat=$(grep 'msg="aggregator stopped"' "$WORK/agg.lat.$pfx$fmt.log")
-  p50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$lat")
-  p99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$lat")
-  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms"
+  latency "$fmt" "$pfx" "$label" "bench-lat-$fmt" with
+  local p50=$LAT_P50 p99=$LAT_P99 lat_rows=$LAT_ROWS lat_batches=$LAT_BATCHES
+  latency "$fmt" "$pfx" "$label" "bench-lat-ahead-$fmt" ahead
+  local a50=$LAT_P50 a99=$LAT_P99 a_batches=$LAT_BATCHES
+  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms (created events ahead: $a50/$a99 ms)"
 
   line "[$label] e2e samples/s" "$e2e" ">= 1000000 (development broker), >= 500000 (Apache Kafka); quoted baseline, not measured here: a billing engine's published 10000 events/s"
   [ -z "$note" ] || line "  e2e samples/s is" "" "$note"
@@ -333,10 +359,12 @@ phases() { # FORMAT PFX (key prefix) LABEL
   line "  PostgreSQL COPY alone: samples/s" "$pg_only" "COPY at $COPY_RATE rows/s of the $rows_per_ksample rows per 1,000 samples e2e wrote"
   line "  commit latency p50 (ms)" "$p50" "at $LAT_RATE samples/s offered (fresh samples: $LAT_SANDBOXES new sandboxes, $lat_rows usage_hourly rows; $lat_batches)"
   line "  commit latency p99 (ms)" "$p99" "<= 250"
-  JSON+=$(printf ', "%se2e_samples_per_s": %s, "%se2e_samples_per_s_with_join": %s, "%se2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "%se2e_load_average_1m": "%s", "%se2e_rows_per_1000_samples": %s, "%sconsume_only_messages_per_s": %s, "%sconsume_only_samples_per_s": %s, "%sconsume_only_cpu_ns_per_sample": %s, "%se2e_of_consume_only": %s, "%scopy_only_samples_per_s": %s, "%scommit_latency_offered_samples_per_s": %s, "%scommit_latency_ms_p50": %s, "%scommit_latency_ms_p99": %s, "%scommit_latency_usage_rows": %s' \
+  line "  created ahead: p50 (ms)" "$a50" "the same with the sandboxes' created events committed before their samples start ($a_batches)"
+  line "  created ahead: p99 (ms)" "$a99" "<= 250"
+  JSON+=$(printf ', "%se2e_samples_per_s": %s, "%se2e_samples_per_s_with_join": %s, "%se2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "%se2e_load_average_1m": "%s", "%se2e_rows_per_1000_samples": %s, "%sconsume_only_messages_per_s": %s, "%sconsume_only_samples_per_s": %s, "%sconsume_only_cpu_ns_per_sample": %s, "%se2e_of_consume_only": %s, "%scopy_only_samples_per_s": %s, "%scommit_latency_offered_samples_per_s": %s, "%scommit_latency_ms_p50": %s, "%scommit_latency_ms_p99": %s, "%scommit_latency_usage_rows": %s, "%scommit_latency_created_ahead_ms_p50": %s, "%scommit_latency_created_ahead_ms_p99": %s' \
     "$pfx" "$e2e_json" "$pfx" "$e2e_with_join" "$pfx" "$cpu_json" "$pfx" "$load" "$pfx" "$rows_per_ksample" \
     "$pfx" "$cons_msg_s" "$pfx" "$cons_smp_s" "$pfx" "$cons_ns" "$pfx" "$ratio" "$pfx" "$pg_only" \
-    "$pfx" "$LAT_RATE" "$pfx" "$p50" "$pfx" "$p99" "$pfx" "$lat_rows")
+    "$pfx" "$LAT_RATE" "$pfx" "$p50" "$pfx" "$p99" "$pfx" "$lat_rows" "$pfx" "$a50" "$pfx" "$a99")
 }
 
 # Every format on one broker: the first format's keys carry PFX alone, a further one's PFX + its name.

@@ -1,12 +1,15 @@
 /* bench-aggregator — the programs behind tests/bench/aggregator.sh.
  *
- *   produce [--format v1|v2] BROKERS SANDBOXES SAMPLES RATE [PREFIX]
+ *   produce [--format v1|v2] [--created with|only|none] BROKERS SANDBOXES SAMPLES RATE [PREFIX]
  *                                            produce SANDBOXES x SAMPLES usage samples (RATE per second, 0: flat
  *                                            out) of sandboxes PREFIX-0.. (default bench-sb): a prefix not used
  *                                            before gives sandboxes the aggregator has never billed. v1 (the
  *                                            default): a JSON message per sample; v2: each round's samples in
  *                                            usage batches, one per partition (as tally-collector's
- *                                            usage_format v2 sends them; docs/events.md)
+ *                                            usage_format v2 sends them; docs/events.md). --created: each
+ *                                            sandbox's created event just before its first sample (with, the
+ *                                            default), the created events alone (only), or the samples alone
+ *                                            (none: their created events were produced before)
  *   fold SAMPLES                             the fold stage alone, one core: samples folded per second
  *   watermarks BROKERS                       each partition's high watermark of usage: o0,o1,...
  *   consume BROKERS FROM UNTIL               the ceiling: a plain consumer (the aggregator's fetch settings)
@@ -149,7 +152,10 @@ static void batch_add(struct batches *bs, const struct usage_event *ev)
         bs->b[i].count++;
 }
 
-static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix, bool v2)
+enum created_mode { CREATED_WITH, CREATED_ONLY, CREATED_NONE };
+
+static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate, const char *prefix, bool v2,
+                       enum created_mode created)
 {
         rd_kafka_t *p = producer(brokers, rate > 0);
         struct batches bs = { .p = p };
@@ -163,10 +169,12 @@ static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate
         }
         int64_t t0 = time_hour_start(time_wall_ns()) - NS_PER_HOUR, start = time_mono_ns();
         long n = 0;
+        if (created == CREATED_ONLY)
+                samples = 1;
         for (int k = 0; k < samples; k++)
                 for (int s = 0; s < sandboxes; s++) {
                         struct usage_event ev = sample(prefix, s, k, t0);
-                        if (k == 0) {
+                        if (k == 0 && created != CREATED_NONE) {
                                 /* the vmm's created event first: aggregators bill no reading before it */
                                 struct usage_event c = ev;
                                 c.type = EVENT_CREATED;
@@ -174,6 +182,8 @@ static int cmd_produce(const char *brokers, int sandboxes, int samples, int rate
                                 c.wall_ns = t0 - NS_PER_SEC;
                                 snprintf(c.backend, sizeof(c.backend), "process");
                                 produce(p, &c);
+                                if (created == CREATED_ONLY)
+                                        continue;
                         }
                         if (v2)
                                 batch_add(&bs, &ev);
@@ -412,15 +422,26 @@ static int cmd_freeze(const char *brokers, int trials, const char *vmm, const ch
 
 int main(int argc, char **argv)
 {
-        if (argc >= 8 && strcmp(argv[1], "produce") == 0 && strcmp(argv[2], "--format") == 0) {
-                if (strcmp(argv[3], "v1") != 0 && strcmp(argv[3], "v2") != 0)
-                        die("--format is v1 or v2");
-                return cmd_produce(argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), argc >= 9 ? argv[8] : "bench-sb",
-                                   strcmp(argv[3], "v2") == 0);
+        if (argc >= 2 && strcmp(argv[1], "produce") == 0) {
+                bool v2 = false;
+                enum created_mode created = CREATED_WITH;
+                int i = 2;
+                for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+                        if (strcmp(argv[i], "--format") == 0 && (!strcmp(argv[i + 1], "v1") || !strcmp(argv[i + 1], "v2")))
+                                v2 = strcmp(argv[i + 1], "v2") == 0;
+                        else if (strcmp(argv[i], "--created") == 0 && strcmp(argv[i + 1], "with") == 0)
+                                created = CREATED_WITH;
+                        else if (strcmp(argv[i], "--created") == 0 && strcmp(argv[i + 1], "only") == 0)
+                                created = CREATED_ONLY;
+                        else if (strcmp(argv[i], "--created") == 0 && strcmp(argv[i + 1], "none") == 0)
+                                created = CREATED_NONE;
+                        else
+                                die("--format is v1 or v2; --created is with, only or none");
+                }
+                if (argc - i >= 4)
+                        return cmd_produce(argv[i], atoi(argv[i + 1]), atoi(argv[i + 2]), atoi(argv[i + 3]),
+                                           argc - i >= 5 ? argv[i + 4] : "bench-sb", v2, created);
         }
-        if (argc >= 6 && strcmp(argv[1], "produce") == 0)
-                return cmd_produce(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc >= 7 ? argv[6] : "bench-sb",
-                                   false);
         if (argc >= 5 && strcmp(argv[1], "consume") == 0)
                 return cmd_consume(argv[2], argv[3], argv[4]);
         if (argc >= 3 && strcmp(argv[1], "watermarks") == 0)
@@ -429,7 +450,7 @@ int main(int argc, char **argv)
                 return cmd_fold(atol(argv[2]));
         if (argc >= 7 && strcmp(argv[1], "freeze") == 0)
                 return cmd_freeze(argv[2], atoi(argv[3]), argv[4], argv[5], argv[6]);
-        fprintf(stderr, "Usage: bench-aggregator produce [--format v1|v2] BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
+        fprintf(stderr, "Usage: bench-aggregator produce [--format v1|v2] [--created with|only|none] BROKERS SANDBOXES SAMPLES RATE [PREFIX] | fold SAMPLES | "
                         "watermarks BROKERS | consume BROKERS FROM UNTIL | "
                         "freeze BROKERS TRIALS VMM STATE_DIR CGROUP_PARENT\n");
         return 2;
