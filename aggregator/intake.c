@@ -175,7 +175,7 @@ static int fold_reading(struct intake *it, const struct raw *m, const struct usa
         if (sb->fold.created && !ev.vcpus)
                 return refuse_reading(it, m, in,
                                 "no vcpus, and neither a reading nor the created event of the sandbox gave them");
-        struct fold_clock clock = { .now_ns = time_wall_ns(),
+        struct fold_clock clock = { .now_ns = it->now_wall_ns,
                                     .max_ahead_ns = it->max_ahead_ns,
                                     .max_behind_ns = it->max_behind_ns };
         struct fold_state before = sb->fold;
@@ -475,6 +475,9 @@ int take_message(struct intake *it, const rd_kafka_message_t *m)
         int r = 0;
         bool held;
         uint32_t samples = 1;
+        /* Once per message, not per sample: a usage batch is folded within a few ms of it
+         * (max_clock_ahead_ms is minutes by default). */
+        it->now_wall_ns = time_wall_ns();
         /* Samples take the fast path (sample_decode.h); anything it is not
          * sure of, event_decode. */
         if (sample_batch_is(m->payload, m->len)) {

@@ -30,6 +30,7 @@ struct intake {
         int64_t note_logged_ns[3];
         uint64_t note_suppressed[3];
         struct aside *aside; /* while a usage batch's samples are taken (intake.c) */
+        int64_t now_wall_ns; /* our clock, read once per message: a usage batch's samples share it */
 };
 
 /* Takes one message of a partition this aggregator owns (others, and those
