@@ -257,9 +257,17 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
         char id[EVENT_ID_MAX + 1];
         for (size_t i = 0; i < n && !full; i++) {
                 size_t at = 0;
+                bool batch = !msgs[i]->err && sample_batch_is(msgs[i]->payload, msgs[i]->len);
                 while (!msgs[i]->err && peek_sandbox(msgs[i], &at, id)) {
-                        if (sandbox_find(c, id))
+                        /* A usage batch is read ahead up to its first sandbox in memory: a
+                         * tick's batch names the sandboxes the last one did, so one in memory
+                         * says the rest are too (one that is not is read alone, in
+                         * sandbox_add), and a batch costs one lookup here, not one a sample. */
+                        if (sandbox_find(c, id)) {
+                                if (batch)
+                                        break;
                                 continue;
+                        }
                         bool seen = false;
                         for (size_t j = nids; j-- > 0 && !seen && j + 64 >= nids;) /* neighbours: a sandbox's messages cluster */
                                 seen = strcmp(ids[j], id) == 0;
