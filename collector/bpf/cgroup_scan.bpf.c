@@ -14,6 +14,12 @@
  * Records go to a global array user space reads through the skeleton's mmap;
  * the iterator itself prints nothing, so one read() runs the whole walk.
  *
+ * The walk is bound by cache misses (tens of thousands of cgroups, each
+ * struct far from the last), so it loads as few cache lines as it can: only
+ * the controllers a root was asked for (want), the peak only when asked, and
+ * the cgroup's id (its kernfs node, two lines away) only for a cgroup the last
+ * walk did not list: see cgroup_id_of.
+ *
  * Kernel structures are read with CO-RE relocations, so the object built
  * against one kernel's BTF loads on another. Counters and subsystem state are reached
  * with bpf_rdonly_cast (Linux >= 6.2): direct loads the kernel guards against
@@ -31,10 +37,26 @@ const volatile __u32 nr_cpus = 1;       /* possible CPUs, set before loading */
 const volatile __u64 page_size = 4096;
 
 __u32 root_index; /* set by user space before each walk: stamped on its records */
+__u32 want;       /* SCAN_HAS_* this walk reads (what the root's sandboxes need), set before each walk */
 __u32 want_peak;  /* read watermarks in this walk */
 __u32 count;      /* records written; user space zeroes it before the first walk of a scan */
 __u32 dropped;    /* cgroups not recorded because the array was full */
 struct scan_record records[SCAN_RECORDS_MAX];
+
+/* Each cgroup's (serial, id), by record index, for the next scan's walks:
+ * half ident_half is written, the other half holds the last successful scan's,
+ * of which [prev_at, prev_end) is this root's (both set by user space before
+ * each walk; prev_at moves along it). A map of its own: with the records, the
+ * global data's one value would pass the kernel's size limit. The verifier
+ * inlines an array's lookup. */
+struct {
+        __uint(type, BPF_MAP_TYPE_ARRAY);
+        __uint(max_entries, 2 * SCAN_RECORDS_MAX);
+        __type(key, __u32);
+        __type(value, struct scan_ident);
+} idents SEC(".maps");
+__u32 ident_half;
+__u32 prev_at, prev_end;
 __u64 cpu_offset[SCAN_CPUS_MAX];
 
 /* Per-CPU offsets. cpuacct's counters are per-CPU memory, but this kernel's
@@ -76,8 +98,56 @@ static __always_inline int learn_cpu_offsets(void)
         return 0;
 }
 
+/* How many of the last scan's cgroups one cgroup may pass over (removed since) before its id is
+ * read from its kernfs node instead. */
+#define SKIP_MAX 8
+
+/* The cgroup's id: its kernfs node's (the inode number user space stats).
+ * Reading it costs two cache misses (the cgroup's kn pointer, then the node),
+ * so the last scan's id is reused when this is the same cgroup: the same
+ * serial_nr, which the kernel takes from one 64-bit counter for every cgroup
+ * it creates (under cgroup_mutex) and never reuses, so a cgroup removed and
+ * made again at the same path has another, and gets its new id read here.
+ * serial_nr is on a line the iterator has just read (self.flags: is it dead).
+ * Siblings are listed in creation order, so a walk lists serials in the same
+ * order as the last one did, with removed cgroups missing and new ones
+ * inserted: one cursor over the last walk's list finds each (a merge). A
+ * hierarchy's root has serial 0 (never matched). Records the id for the next
+ * scan at index i. */
+static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp, __u32 i)
+{
+        const __u64 serial = cgrp->self.serial_nr;
+        const __u32 cur = (ident_half & 1) * SCAN_RECORDS_MAX, prev = ((ident_half & 1) ^ 1) * SCAN_RECORDS_MAX;
+        __u32 j = prev_at;
+        __u64 id = 0;
+        for (int k = 0; k < SKIP_MAX && j < prev_end && j < SCAN_RECORDS_MAX; k++) {
+                __u32 key = prev + j;
+                const struct scan_ident *p = bpf_map_lookup_elem(&idents, &key);
+                if (!p)
+                        break;
+                if (p->serial >= serial) {
+                        if (p->serial == serial && serial) {
+                                id = p->id;
+                                j++;
+                        }
+                        break;
+                }
+                j++; /* removed since the last scan */
+        }
+        prev_at = j;
+        if (!id)
+                id = cgrp->kn->id;
+        __u32 key = cur + i;
+        struct scan_ident *at = i < SCAN_RECORDS_MAX ? bpf_map_lookup_elem(&idents, &key) : NULL;
+        if (at)
+                *at = (struct scan_ident){ .serial = serial, .id = id };
+        return id;
+}
+
 static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record *r)
 {
+        if (!(want & SCAN_HAS_MEM))
+                return;
         struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id)];
         if (!css)
                 return;
@@ -107,8 +177,10 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
                 return 0;
         if (ctx->meta->seq_num == 0 && learn_cpu_offsets() < 0)
                 return 1; /* ends the walk; user space sees no records and reads files instead */
-        struct scan_record r = { .id = cgrp->kn->id, .root = root_index };
-        struct cgroup_subsys_state *css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
+        struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
+        struct cgroup_subsys_state *css = NULL;
+        if (want & SCAN_HAS_CPU)
+                css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
         if (css) {
                 struct cpuacct *ca = bpf_rdonly_cast(css, bpf_core_type_id_kernel(struct cpuacct));
                 __u64 percpu = (__u64)ca->cpuusage;
@@ -141,8 +213,11 @@ int scan_v2(struct bpf_iter__cgroup *ctx)
                 else
                         return 1;
         }
-        struct scan_record r = { .id = cgrp->kn->id, .root = root_index, .flags = SCAN_HAS_CPU };
-        r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
+        struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
+        if (want & SCAN_HAS_CPU) {
+                r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
+                r.flags = SCAN_HAS_CPU;
+        }
         read_memory(cgrp, &r);
         emit(&r);
         return 0;
