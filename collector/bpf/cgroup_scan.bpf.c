@@ -144,6 +144,76 @@ static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp, __u32 i)
         return id;
 }
 
+/* Loading ahead. A cgroup's counters are a chain of dependent loads, each
+ * a cache miss at scale (v1 CPU: the cgroup's subsys pointer, cpuacct's
+ * per-CPU pointer, the per-CPU counters; memory: the subsys pointer, the
+ * page counter), so a walk that only followed them would wait for each miss
+ * in turn. Instead each visit also starts one link of the chains of the
+ * cgroups the walk visits next — guessed as the siblings that follow (a
+ * sandbox folder's cgroups are siblings) — at distances such that every
+ * link's address is already in hand: the cgroup three ahead (its list line
+ * and subsys pointers), the css two ahead, the per-CPU counters one ahead.
+ * Those misses then overlap, and by its own visit a cgroup's chain is in the
+ * cache. A wrong guess (the first cgroup, a descent into children, the end of
+ * a list) only wastes loads: the guess is checked against the cgroup the
+ * iterator gives, and every value recorded is read from that cgroup.
+ * Guessed addresses are read with fault-guarded loads (bpf_rdonly_cast),
+ * into globals or the sink, never into a record. */
+struct look_ahead ahead; /* cgroup_scan_abi.h */
+
+/* The sibling after cgroup cg (an address), as a guess; 0 for 0. */
+static __always_inline __u64 sibling_after(__u64 cg)
+{
+        struct cgroup *c = bpf_rdonly_cast((void *)cg, bpf_core_type_id_kernel(struct cgroup));
+        __u64 next = (__u64)c->self.sibling.next;
+        return next ? next - bpf_core_field_offset(struct cgroup_subsys_state, sibling) : 0;
+}
+
+static __always_inline void look_ahead(struct cgroup *cgrp, bool v1)
+{
+        struct look_ahead a = ahead;
+        const __u64 me = (__u64)cgrp;
+        if (a.at[0] != me) { /* not the guess: start again from here */
+                a.at[0] = me;
+                a.at[1] = sibling_after(me);
+                a.at[2] = sibling_after(a.at[1]);
+                a.at[3] = sibling_after(a.at[2]);
+                a.cpu_css = a.mem_css = a.percpu = 0;
+        }
+        /* The cgroup three ahead: the one after it, and its subsys pointers. */
+        __u64 after = sibling_after(a.at[3]), cpu_css = 0, mem_css = 0, sink = 0;
+        struct cgroup *far = bpf_rdonly_cast((void *)a.at[3], bpf_core_type_id_kernel(struct cgroup));
+        if (want & SCAN_HAS_CPU) {
+                if (v1)
+                        cpu_css = (__u64)far->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
+                else
+                        sink += far->bstat.cputime.sum_exec_runtime;
+        }
+        if (want & SCAN_HAS_MEM)
+                mem_css = (__u64)far->subsys[bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id)];
+        /* Two ahead: its css's line. */
+        __u64 percpu = 0;
+        if (a.cpu_css) {
+                struct cpuacct *ca = bpf_rdonly_cast((void *)a.cpu_css, bpf_core_type_id_kernel(struct cpuacct));
+                percpu = (__u64)ca->cpuusage;
+        }
+        if (a.mem_css) {
+                struct mem_cgroup *memcg = bpf_rdonly_cast((void *)a.mem_css, bpf_core_type_id_kernel(struct mem_cgroup));
+                sink += memcg->memory.usage.counter;
+                if (want_peak)
+                        sink += memcg->memory.watermark;
+        }
+        /* One ahead: its per-CPU counters. */
+        if (a.percpu)
+                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
+                        struct kernel_cpustat *v = bpf_rdonly_cast((void *)(a.percpu + cpu_offset[c]),
+                                                                   bpf_core_type_id_kernel(struct kernel_cpustat));
+                        sink += v->cpustat[0];
+                }
+        ahead = (struct look_ahead){ .at = { a.at[1], a.at[2], a.at[3], after }, .cpu_css = cpu_css,
+                                     .mem_css = mem_css, .percpu = percpu, .sink = a.sink + sink };
+}
+
 static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record *r)
 {
         if (!(want & SCAN_HAS_MEM))
@@ -177,6 +247,7 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
                 return 0;
         if (ctx->meta->seq_num == 0 && learn_cpu_offsets() < 0)
                 return 1; /* ends the walk; user space sees no records and reads files instead */
+        look_ahead(cgrp, true);
         struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
         struct cgroup_subsys_state *css = NULL;
         if (want & SCAN_HAS_CPU)
@@ -213,6 +284,7 @@ int scan_v2(struct bpf_iter__cgroup *ctx)
                 else
                         return 1;
         }
+        look_ahead(cgrp, false);
         struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
         if (want & SCAN_HAS_CPU) {
                 r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
