@@ -43,6 +43,11 @@ size_t cgroup_scan_dropped(const struct cgroup_scan *s)
         return 0;
 }
 
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref)
+{
+        (void)s, (void)ref;
+}
+
 bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,
                      struct cgroup_scan_reading *ret)
 {
@@ -313,6 +318,15 @@ static const struct scan_record *find(struct cgroup_scan *s, struct cgroup_scan_
                 }
         }
         return NULL;
+}
+
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref)
+{
+        if (s->valid && ref->root >= 0 && ref->hint < s->seen) {
+                const struct scan_record *r = &s->skel->bss->records[ref->hint];
+                __builtin_prefetch(r);
+                __builtin_prefetch((const char *)(r + 1) - 1); /* a record may span two lines */
+        }
 }
 
 bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,

@@ -71,6 +71,10 @@ int cgroup_scan_run(struct cgroup_scan *s, bool peaks);
 size_t cgroup_scan_seen(const struct cgroup_scan *s);
 size_t cgroup_scan_dropped(const struct cgroup_scan *s);
 
+/* Asks the cache for the record cgroup_scan_get will look at first for ref
+ * (a hint: nothing is read). */
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref);
+
 /* One sandbox's reading from the last run: its CPU cgroup and its memory
  * cgroup (NULL: it has no memory counter file, and memory reads 0 as in
  * cgroup.c). Returns false if the run did not see one of them: the caller

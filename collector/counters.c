@@ -80,6 +80,14 @@ static void watch_cgroups(struct counters *cn, struct sandbox *s)
         s->scan_mem = mem;
 }
 
+void counters_prefetch(const struct counters *cn, const struct sandbox *s)
+{
+        if (!cn->scanned)
+                return;
+        cgroup_scan_prefetch(cn->scan, &s->scan_cpu);
+        cgroup_scan_prefetch(cn->scan, &s->scan_mem);
+}
+
 /* This tick's reading of a sandbox from the scan, if it saw the sandbox's
  * cgroups; peak read too when the walk read watermarks. */
 bool counters_read_scanned(struct counters *cn, struct sandbox *s, struct cgroup_reading *rd)
