@@ -102,6 +102,13 @@ static __always_inline int learn_cpu_offsets(void)
  * read from its kernfs node instead. */
 #define SKIP_MAX 8
 
+/* The last scan's entry of the cgroup visited `ahead` visits after this one (0: this one), or NULL. */
+static __always_inline struct scan_ident *last_scan(__u32 ahead)
+{
+        __u32 j = prev_at + ahead, key = ((ident_half & 1) ^ 1) * SCAN_RECORDS_MAX + j;
+        return j < prev_end && j < SCAN_RECORDS_MAX ? bpf_map_lookup_elem(&idents, &key) : NULL;
+}
+
 /* The cgroup's id: its kernfs node's (the inode number user space stats).
  * Reading it costs two cache misses (the cgroup's kn pointer, then the node),
  * so the last scan's id is reused when this is the same cgroup: the same
@@ -111,110 +118,94 @@ static __always_inline int learn_cpu_offsets(void)
  * serial_nr is on a line the iterator has just read (self.flags: is it dead).
  * Siblings are listed in creation order, so a walk lists serials in the same
  * order as the last one did, with removed cgroups missing and new ones
- * inserted: one cursor over the last walk's list finds each (a merge). A
- * hierarchy's root has serial 0 (never matched). Records the id for the next
- * scan at index i. */
-static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp, __u32 i)
+ * inserted: one cursor over the last walk's list (prev_at) finds each (a
+ * merge), and leaves it at the cgroup expected next. A hierarchy's root has
+ * serial 0 (never matched). */
+static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
 {
         const __u64 serial = cgrp->self.serial_nr;
-        const __u32 cur = (ident_half & 1) * SCAN_RECORDS_MAX, prev = ((ident_half & 1) ^ 1) * SCAN_RECORDS_MAX;
-        __u32 j = prev_at;
         __u64 id = 0;
-        for (int k = 0; k < SKIP_MAX && j < prev_end && j < SCAN_RECORDS_MAX; k++) {
-                __u32 key = prev + j;
-                const struct scan_ident *p = bpf_map_lookup_elem(&idents, &key);
-                if (!p)
-                        break;
-                if (p->serial >= serial) {
-                        if (p->serial == serial && serial) {
-                                id = p->id;
-                                j++;
-                        }
+        for (int k = 0; k < SKIP_MAX; k++) {
+                const struct scan_ident *p = last_scan(0);
+                if (!p || p->serial > serial)
+                        break; /* a cgroup made since */
+                prev_at++;
+                if (p->serial == serial && serial) {
+                        id = p->id;
                         break;
                 }
-                j++; /* removed since the last scan */
+                /* else removed since the last scan */
         }
-        prev_at = j;
         if (!id)
                 id = cgrp->kn->id;
-        __u32 key = cur + i;
-        struct scan_ident *at = i < SCAN_RECORDS_MAX ? bpf_map_lookup_elem(&idents, &key) : NULL;
-        if (at)
-                *at = (struct scan_ident){ .serial = serial, .id = id };
         return id;
 }
 
-/* Loading ahead. A cgroup's counters are a chain of dependent loads, each
- * a cache miss at scale (v1 CPU: the cgroup's subsys pointer, cpuacct's
- * per-CPU pointer, the per-CPU counters; memory: the subsys pointer, the
- * page counter), so a walk that only followed them would wait for each miss
- * in turn. Instead each visit also starts one link of the chains of the
- * cgroups the walk visits next — guessed as the siblings that follow (a
- * sandbox folder's cgroups are siblings) — at distances such that every
- * link's address is already in hand: the cgroup three ahead (its list line
- * and subsys pointers), the css two ahead, the per-CPU counters one ahead.
- * Those misses then overlap, and by its own visit a cgroup's chain is in the
- * cache. A wrong guess (the first cgroup, a descent into children, the end of
- * a list) only wastes loads: the guess is checked against the cgroup the
- * iterator gives, and every value recorded is read from that cgroup.
- * Guessed addresses are read with fault-guarded loads (bpf_rdonly_cast),
- * into globals or the sink, never into a record. */
-struct look_ahead ahead; /* cgroup_scan_abi.h */
+/* Loading ahead. A cgroup's counters are a chain of dependent loads, each a
+ * cache miss at scale (the cgroup's line the iterator reads, its subsys
+ * pointers, cpuacct's per-CPU pointer and the per-CPU counters, the memory
+ * page counter), and the iterator reaches the next cgroup through this one's
+ * sibling list (one more miss): a walk that only followed them would wait for
+ * each miss in turn. The last scan saw the same cgroups in the same order and
+ * noted where each of those lines is (remember), so each visit loads the lines
+ * of the cgroup LOOK_AHEAD visits on, all at once: the misses overlap, and by
+ * its own visit a cgroup's lines are in the cache. The addresses are guesses
+ * (that cgroup may be gone since, its memory reused): they are read with
+ * fault-guarded loads (bpf_rdonly_cast) into a sink, never into a record;
+ * every value recorded is read through the cgroup the iterator gives. */
+#define LOOK_AHEAD 4
+__u64 sink; /* what loads made only to warm the cache read, kept so they are not elided */
 
-/* The sibling after cgroup cg (an address), as a guess; 0 for 0. */
-static __always_inline __u64 sibling_after(__u64 cg)
+static __always_inline __u64 load_u64(__u64 address)
 {
-        struct cgroup *c = bpf_rdonly_cast((void *)cg, bpf_core_type_id_kernel(struct cgroup));
-        __u64 next = (__u64)c->self.sibling.next;
-        return next ? next - bpf_core_field_offset(struct cgroup_subsys_state, sibling) : 0;
+        /* bpf_rdonly_cast needs a struct type: struct kernel_cpustat's first member is a u64 */
+        struct kernel_cpustat *v = bpf_rdonly_cast((void *)address, bpf_core_type_id_kernel(struct kernel_cpustat));
+        return v->cpustat[0];
 }
 
-static __always_inline void look_ahead(struct cgroup *cgrp, bool v1)
+static __always_inline void look_ahead(bool v1)
 {
-        struct look_ahead a = ahead;
-        const __u64 me = (__u64)cgrp;
-        if (a.at[0] != me) { /* not the guess: start again from here */
-                a.at[0] = me;
-                a.at[1] = sibling_after(me);
-                a.at[2] = sibling_after(a.at[1]);
-                a.at[3] = sibling_after(a.at[2]);
-                a.cpu_css = a.mem_css = a.percpu = 0;
-        }
-        /* The cgroup three ahead: the one after it, and its subsys pointers. */
-        __u64 after = sibling_after(a.at[3]), cpu_css = 0, mem_css = 0, sink = 0;
-        struct cgroup *far = bpf_rdonly_cast((void *)a.at[3], bpf_core_type_id_kernel(struct cgroup));
+        const struct scan_ident *p = last_scan(LOOK_AHEAD - 1);
+        if (!p)
+                return;
+        const __u64 cg = p->cgroup;
+        __u64 sum = load_u64(cg + bpf_core_field_offset(struct cgroup_subsys_state, sibling)) +
+                    load_u64(cg + bpf_core_field_offset(struct cgroup_subsys_state, serial_nr));
         if (want & SCAN_HAS_CPU) {
-                if (v1)
-                        cpu_css = (__u64)far->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
-                else
-                        sink += far->bstat.cputime.sum_exec_runtime;
-        }
-        if (want & SCAN_HAS_MEM)
-                mem_css = (__u64)far->subsys[bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id)];
-        /* Two ahead: its css's line. */
-        __u64 percpu = 0;
-        if (a.cpu_css) {
-                struct cpuacct *ca = bpf_rdonly_cast((void *)a.cpu_css, bpf_core_type_id_kernel(struct cpuacct));
-                percpu = (__u64)ca->cpuusage;
-        }
-        if (a.mem_css) {
-                struct mem_cgroup *memcg = bpf_rdonly_cast((void *)a.mem_css, bpf_core_type_id_kernel(struct mem_cgroup));
-                sink += memcg->memory.usage.counter;
-                if (want_peak)
-                        sink += memcg->memory.watermark;
-        }
-        /* One ahead: its per-CPU counters. */
-        if (a.percpu)
-                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
-                        struct kernel_cpustat *v = bpf_rdonly_cast((void *)(a.percpu + cpu_offset[c]),
-                                                                   bpf_core_type_id_kernel(struct kernel_cpustat));
-                        sink += v->cpustat[0];
+                if (v1) {
+                        sum += load_u64(cg + bpf_core_field_offset(struct cgroup, subsys) +
+                                        8 * bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id));
+                        if (p->cpuacct)
+                                sum += load_u64(p->cpuacct + bpf_core_field_offset(struct cpuacct, cpuusage));
+                        if (p->percpu)
+                                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++)
+                                        sum += load_u64(p->percpu + cpu_offset[c]);
+                } else {
+                        sum += load_u64(cg + bpf_core_field_offset(struct cgroup, bstat));
                 }
-        ahead = (struct look_ahead){ .at = { a.at[1], a.at[2], a.at[3], after }, .cpu_css = cpu_css,
-                                     .mem_css = mem_css, .percpu = percpu, .sink = a.sink + sink };
+        }
+        if (want & SCAN_HAS_MEM) {
+                sum += load_u64(cg + bpf_core_field_offset(struct cgroup, subsys) +
+                                8 * bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id));
+                if (p->memcg) {
+                        sum += load_u64(p->memcg + bpf_core_field_offset(struct mem_cgroup, memory.usage));
+                        if (want_peak)
+                                sum += load_u64(p->memcg + bpf_core_field_offset(struct mem_cgroup, memory.watermark));
+                }
+        }
+        sink += sum;
 }
 
-static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record *r)
+/* Notes for the next scan where this cgroup and its counters were (entry i of this scan). */
+static __always_inline void remember(__u32 i, const struct scan_ident *ident)
+{
+        __u32 key = (ident_half & 1) * SCAN_RECORDS_MAX + i;
+        struct scan_ident *at = i < SCAN_RECORDS_MAX ? bpf_map_lookup_elem(&idents, &key) : NULL;
+        if (at)
+                *at = *ident;
+}
+
+static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record *r, struct scan_ident *ident)
 {
         if (!(want & SCAN_HAS_MEM))
                 return;
@@ -226,13 +217,15 @@ static __always_inline void read_memory(struct cgroup *cgrp, struct scan_record 
         if (want_peak)
                 r->peak_bytes = memcg->memory.watermark * page_size;
         r->flags |= SCAN_HAS_MEM;
+        ident->memcg = (__u64)css;
 }
 
-static __always_inline void emit(const struct scan_record *r)
+static __always_inline void emit(const struct scan_record *r, const struct scan_ident *ident)
 {
         __u32 i = count;
         if (i < SCAN_RECORDS_MAX) {
                 records[i] = *r;
+                remember(i, ident);
                 count = i + 1;
         } else {
                 dropped++;
@@ -247,26 +240,24 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
                 return 0;
         if (ctx->meta->seq_num == 0 && learn_cpu_offsets() < 0)
                 return 1; /* ends the walk; user space sees no records and reads files instead */
-        look_ahead(cgrp, true);
-        struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
+        struct scan_ident ident = { .serial = cgrp->self.serial_nr, .id = cgroup_id_of(cgrp), .cgroup = (__u64)cgrp };
+        look_ahead(true);
+        struct scan_record r = { .id = ident.id, .root = root_index };
         struct cgroup_subsys_state *css = NULL;
         if (want & SCAN_HAS_CPU)
                 css = cgrp->subsys[bpf_core_enum_value(enum cgroup_subsys_id, cpuacct_cgrp_id)];
         if (css) {
                 struct cpuacct *ca = bpf_rdonly_cast(css, bpf_core_type_id_kernel(struct cpuacct));
                 __u64 percpu = (__u64)ca->cpuusage;
-                /* CPU c's u64 counter, loaded directly. bpf_rdonly_cast needs a struct type, so the
-                 * address is typed as struct kernel_cpustat, whose first member is a u64 (it is the
-                 * type of cpuacct's other per-CPU field); only that first u64 is read. */
-                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++) {
-                        struct kernel_cpustat *v = bpf_rdonly_cast((void *)(percpu + cpu_offset[c]),
-                                                                   bpf_core_type_id_kernel(struct kernel_cpustat));
-                        r.cpu_ns += v->cpustat[0];
-                }
+                /* CPU c's u64 counter, loaded directly (load_u64). */
+                for (__u32 c = 0; c < SCAN_CPUS_MAX && c < nr_cpus; c++)
+                        r.cpu_ns += load_u64(percpu + cpu_offset[c]);
                 r.flags |= SCAN_HAS_CPU;
+                ident.cpuacct = (__u64)css;
+                ident.percpu = percpu;
         }
-        read_memory(cgrp, &r);
-        emit(&r);
+        read_memory(cgrp, &r, &ident);
+        emit(&r, &ident);
         return 0;
 }
 
@@ -284,13 +275,14 @@ int scan_v2(struct bpf_iter__cgroup *ctx)
                 else
                         return 1;
         }
-        look_ahead(cgrp, false);
-        struct scan_record r = { .id = cgroup_id_of(cgrp, count), .root = root_index };
+        struct scan_ident ident = { .serial = cgrp->self.serial_nr, .id = cgroup_id_of(cgrp), .cgroup = (__u64)cgrp };
+        look_ahead(false);
+        struct scan_record r = { .id = ident.id, .root = root_index };
         if (want & SCAN_HAS_CPU) {
                 r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
                 r.flags = SCAN_HAS_CPU;
         }
-        read_memory(cgrp, &r);
-        emit(&r);
+        read_memory(cgrp, &r, &ident);
+        emit(&r, &ident);
         return 0;
 }

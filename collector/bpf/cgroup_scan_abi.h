@@ -18,18 +18,14 @@ struct scan_record {
         __u32 flags;      /* SCAN_HAS_* */
 };
 
-/* A cgroup's identity as one scan saw it (cgroup_scan.bpf.c, cgroup_id_of). */
+/* A cgroup as one scan saw it, for the next scan (cgroup_scan.bpf.c:
+ * cgroup_id_of, look_ahead): its identity, and where its lines were. */
 struct scan_ident {
         __u64 serial;     /* the kernel's css serial_nr: never reused while the host runs */
         __u64 id;         /* its kernfs id, as in scan_record */
+        __u64 cgroup;     /* addresses, only ever read through fault-guarded loads: the struct cgroup, */
+        __u64 cpuacct;    /* its cpuacct css (v1), */
+        __u64 percpu;     /* cpuacct's per-CPU counter (v1), */
+        __u64 memcg;      /* its memory css; 0 when not read */
 };
 
-/* The walk's loading ahead (cgroup_scan.bpf.c, look_ahead): its own state,
- * here only because the skeleton names the type of every global. */
-struct look_ahead {
-        __u64 at[4];      /* the cgroups guessed to be visited now and next: at[0] is this visit's */
-        __u64 cpu_css;    /* at[2]'s cpuacct css (v1) */
-        __u64 mem_css;    /* at[2]'s memory css */
-        __u64 percpu;     /* at[1]'s cpuacct per-CPU counter (v1) */
-        __u64 sink;       /* what loads made only to warm the cache read, kept so they are not elided */
-};
