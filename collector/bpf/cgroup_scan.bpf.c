@@ -147,13 +147,13 @@ static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
  * page counter), and the iterator reaches the next cgroup through this one's
  * sibling list (one more miss): a walk that only followed them would wait for
  * each miss in turn. The last scan saw the same cgroups in the same order and
- * noted where each of those lines is (remember), so each visit loads the lines
- * of the cgroup LOOK_AHEAD visits on, all at once: the misses overlap, and by
- * its own visit a cgroup's lines are in the cache. The addresses are guesses
+ * noted where each of those lines is (remember), so visits load the lines of
+ * the cgroups a few visits on, many at once: the misses overlap, and by its
+ * own visit a cgroup's lines are in the cache. The addresses are guesses
  * (that cgroup may be gone since, its memory reused): they are read with
  * fault-guarded loads (bpf_rdonly_cast) into a sink, never into a record;
  * every value recorded is read through the cgroup the iterator gives. */
-#define LOOK_AHEAD 4
+#define LOOK_AHEAD 8
 __u64 sink; /* what loads made only to warm the cache read, kept so they are not elided */
 
 static __always_inline __u64 load_u64(__u64 address)
@@ -163,11 +163,9 @@ static __always_inline __u64 load_u64(__u64 address)
         return v->cpustat[0];
 }
 
-static __always_inline void look_ahead(bool v1)
+/* Loads the lines of the last scan's entry p into the cache; returns what they hold. */
+static __always_inline __u64 warm(const struct scan_ident *p, bool v1)
 {
-        const struct scan_ident *p = last_scan(LOOK_AHEAD - 1);
-        if (!p)
-                return;
         const __u64 cg = p->cgroup;
         __u64 sum = load_u64(cg + bpf_core_field_offset(struct cgroup_subsys_state, sibling)) +
                     load_u64(cg + bpf_core_field_offset(struct cgroup_subsys_state, serial_nr));
@@ -192,6 +190,24 @@ static __always_inline void look_ahead(bool v1)
                         if (want_peak)
                                 sum += load_u64(p->memcg + bpf_core_field_offset(struct mem_cgroup, memory.watermark));
                 }
+        }
+        return sum;
+}
+
+/* Every LOOK_AHEAD-th visit (seq: the visit's number) warms the LOOK_AHEAD
+ * cgroups from LOOK_AHEAD visits on. In batches, because a load here is a
+ * load, not a prefetch: the visit waits for the first of them, and the others
+ * overlap with it — one wait for a batch rather than one for each cgroup. */
+static __always_inline void look_ahead(__u64 seq, bool v1)
+{
+        if (seq % LOOK_AHEAD)
+                return;
+        __u64 sum = 0;
+        for (__u32 k = 0; k < LOOK_AHEAD; k++) {
+                const struct scan_ident *p = last_scan(LOOK_AHEAD - 1 + k);
+                if (!p)
+                        break;
+                sum += warm(p, v1);
         }
         sink += sum;
 }
@@ -241,7 +257,7 @@ int scan_v1(struct bpf_iter__cgroup *ctx)
         if (ctx->meta->seq_num == 0 && learn_cpu_offsets() < 0)
                 return 1; /* ends the walk; user space sees no records and reads files instead */
         struct scan_ident ident = { .serial = cgrp->self.serial_nr, .id = cgroup_id_of(cgrp), .cgroup = (__u64)cgrp };
-        look_ahead(true);
+        look_ahead(ctx->meta->seq_num, true);
         struct scan_record r = { .id = ident.id, .root = root_index };
         struct cgroup_subsys_state *css = NULL;
         if (want & SCAN_HAS_CPU)
@@ -276,7 +292,7 @@ int scan_v2(struct bpf_iter__cgroup *ctx)
                         return 1;
         }
         struct scan_ident ident = { .serial = cgrp->self.serial_nr, .id = cgroup_id_of(cgrp), .cgroup = (__u64)cgrp };
-        look_ahead(false);
+        look_ahead(ctx->meta->seq_num, false);
         struct scan_record r = { .id = ident.id, .root = root_index };
         if (want & SCAN_HAS_CPU) {
                 r.cpu_ns = cgrp->bstat.cputime.sum_exec_runtime;
