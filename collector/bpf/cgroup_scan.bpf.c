@@ -18,7 +18,9 @@
  * struct far from the last), so it loads as few cache lines as it can: only
  * the controllers a root was asked for (want), the peak only when asked, and
  * the cgroup's id (its kernfs node, two lines away) only for a cgroup the last
- * walk did not list: see cgroup_id_of.
+ * walk did not list (cgroup_id_of); and it loads the lines of the cgroups
+ * ahead where the last scan found them, in batches whose misses overlap
+ * (look_ahead).
  *
  * Kernel structures are read with CO-RE relocations, so the object built
  * against one kernel's BTF loads on another. Counters and subsystem state are reached
@@ -43,7 +45,7 @@ __u32 count;      /* records written; user space zeroes it before the first walk
 __u32 dropped;    /* cgroups not recorded because the array was full */
 struct scan_record records[SCAN_RECORDS_MAX];
 
-/* Each cgroup's (serial, id), by record index, for the next scan's walks:
+/* Each cgroup as this scan saw it (struct scan_ident), by record index, for the next scan's walks:
  * half ident_half is written, the other half holds the last successful scan's,
  * of which [prev_at, prev_end) is this root's (both set by user space before
  * each walk; prev_at moves along it). A map of its own: with the records, the
