@@ -18,9 +18,10 @@ void cgroup_scan_free(struct cgroup_scan *s)
         (void)s;
 }
 
-int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret)
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, enum cgroup_scan_counter what,
+                      struct cgroup_scan_ref *ret)
 {
-        (void)s, (void)version, (void)cgroup_dir, (void)ret;
+        (void)s, (void)version, (void)cgroup_dir, (void)what, (void)ret;
         return -EOPNOTSUPP;
 }
 
@@ -40,6 +41,11 @@ size_t cgroup_scan_dropped(const struct cgroup_scan *s)
 {
         (void)s;
         return 0;
+}
+
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref)
+{
+        (void)s, (void)ref;
 }
 
 bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,
@@ -67,17 +73,23 @@ bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct 
 #include <sys/stat.h>
 #include <unistd.h>
 
+_Static_assert(CGROUP_SCAN_CPU == SCAN_HAS_CPU && CGROUP_SCAN_MEM == SCAN_HAS_MEM, "want bits");
+
 struct scan_root {
         char *dir;
         int version;
+        unsigned want;                  /* SCAN_HAS_*: the counters its sandboxes are watched for */
         int dir_fd;
         struct bpf_link *link;
+        uint32_t prev_start, prev_end;  /* its records in the last successful scan (their idents: prev_half) */
+        uint32_t cur_start, cur_end;    /* ... and in the scan under way */
 };
 
 struct cgroup_scan {
         struct cgroup_scan_bpf *skel;
         struct scan_root *roots;
         size_t nroots;
+        uint32_t prev_half;             /* the half of idents the last successful scan wrote */
         uint32_t *slots;   /* open addressing: index + 1 into records, 0 empty */
         size_t slot_mask;  /* slots in use this run - 1 (a power of two) */
         size_t seen;
@@ -142,12 +154,14 @@ void cgroup_scan_free(struct cgroup_scan *s)
         free(s);
 }
 
-/* The index of the root for dir, added (and attached) the first time. */
-static int add_root(struct cgroup_scan *s, int version, const char *dir)
+/* The index of the root for dir, added (and attached) the first time; it reads what too. */
+static int add_root(struct cgroup_scan *s, int version, const char *dir, unsigned what)
 {
         for (size_t i = 0; i < s->nroots; i++)
-                if (s->roots[i].version == version && strcmp(s->roots[i].dir, dir) == 0)
+                if (s->roots[i].version == version && strcmp(s->roots[i].dir, dir) == 0) {
+                        s->roots[i].want |= what;
                         return (int)i;
+                }
         if (version != 1 && version != 2)
                 return -EINVAL;
         struct scan_root *roots = realloc(s->roots, (s->nroots + 1) * sizeof(*roots));
@@ -155,7 +169,8 @@ static int add_root(struct cgroup_scan *s, int version, const char *dir)
                 return -ENOMEM;
         s->roots = roots;
         struct scan_root *root = &roots[s->nroots];
-        *root = (struct scan_root){ .version = version, .dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) };
+        *root = (struct scan_root){ .version = version, .want = what,
+                                    .dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) };
         if (root->dir_fd < 0)
                 return -errno;
         union bpf_iter_link_info info = { .cgroup = { .cgroup_fd = (__u32)root->dir_fd,
@@ -186,7 +201,8 @@ static int cgroup_id_of(const char *dir, uint64_t *ret)
         return 0;
 }
 
-int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret)
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, enum cgroup_scan_counter what,
+                      struct cgroup_scan_ref *ret)
 {
         char parent[PATH_MAX];
         uint64_t id = 0;
@@ -195,7 +211,7 @@ int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir
         int r = cgroup_id_of(cgroup_dir, &id);
         if (r < 0)
                 return r;
-        int root = add_root(s, version, dirname(parent));
+        int root = add_root(s, version, dirname(parent), (unsigned)what);
         if (root < 0)
                 return root;
         *ret = (struct cgroup_scan_ref){ .root = root, .id = id };
@@ -205,8 +221,14 @@ int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir
 /* One walk: a fresh iterator over the root, read to its end. */
 static int walk(struct cgroup_scan *s, size_t i)
 {
-        s->skel->bss->root_index = (__u32)i;
-        int fd = bpf_iter_create(bpf_link__fd(s->roots[i].link));
+        struct scan_root *root = &s->roots[i];
+        struct cgroup_scan_bpf__bss *bss = s->skel->bss;
+        bss->root_index = (__u32)i;
+        bss->want = root->want;
+        bss->prev_at = root->prev_start; /* where its cgroups' ids are from the last scan */
+        bss->prev_end = root->prev_end;
+        root->cur_start = bss->count;
+        int fd = bpf_iter_create(bpf_link__fd(root->link));
         if (fd < 0)
                 return -errno;
         char buf[64];
@@ -215,6 +237,7 @@ static int walk(struct cgroup_scan *s, size_t i)
                 ; /* the walk prints nothing: its records are in the program's global data */
         int r = n < 0 ? -errno : 0;
         close(fd);
+        root->cur_end = bss->count;
         return r;
 }
 
@@ -231,10 +254,16 @@ int cgroup_scan_run(struct cgroup_scan *s, bool peaks)
         bss->count = 0;
         bss->dropped = 0;
         bss->want_peak = peaks;
+        bss->ident_half = s->prev_half ^ 1; /* a failed scan leaves the last successful one's idents */
         for (size_t i = 0; i < s->nroots; i++) {
                 int r = walk(s, i);
                 if (r < 0)
                         return r;
+        }
+        s->prev_half ^= 1;
+        for (size_t i = 0; i < s->nroots; i++) {
+                s->roots[i].prev_start = s->roots[i].cur_start;
+                s->roots[i].prev_end = s->roots[i].cur_end;
         }
         s->seen = bss->count;
         s->hashed = false;
@@ -289,6 +318,15 @@ static const struct scan_record *find(struct cgroup_scan *s, struct cgroup_scan_
                 }
         }
         return NULL;
+}
+
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref)
+{
+        if (s->valid && ref->root >= 0 && ref->hint < s->seen) {
+                const struct scan_record *r = &s->skel->bss->records[ref->hint];
+                __builtin_prefetch(r);
+                __builtin_prefetch((const char *)(r + 1) - 1); /* a record may span two lines */
+        }
 }
 
 bool cgroup_scan_get(struct cgroup_scan *s, struct cgroup_scan_ref *cpu, struct cgroup_scan_ref *mem,

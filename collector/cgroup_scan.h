@@ -49,9 +49,19 @@ struct cgroup_scan_ref {
 
 #define CGROUP_SCAN_REF_NONE ((struct cgroup_scan_ref){ .root = -1 })
 
-/* Watches a sandbox's cgroup folder (v1 hierarchy or v2 tree): its parent
- * becomes a folder every run walks (once per parent). Returns 0 or -errno. */
-int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, struct cgroup_scan_ref *ret);
+/* The counters a cgroup is watched for: a walk reads, of each cgroup under a
+ * root, only what some cgroup under it was watched for (each costs cache
+ * misses). */
+enum cgroup_scan_counter {
+        CGROUP_SCAN_CPU = 1,
+        CGROUP_SCAN_MEM = 2,
+};
+
+/* Watches a sandbox's cgroup folder (v1 hierarchy or v2 tree) for a counter:
+ * its parent becomes a folder every run walks (once per parent), reading
+ * that counter too from then on. Returns 0 or -errno. */
+int cgroup_scan_watch(struct cgroup_scan *s, int version, const char *cgroup_dir, enum cgroup_scan_counter what,
+                      struct cgroup_scan_ref *ret);
 
 /* Walks every root. peaks: read memory watermarks too. Returns 0, or -errno
  * (then no reading is available until the next successful run). */
@@ -60,6 +70,10 @@ int cgroup_scan_run(struct cgroup_scan *s, bool peaks);
 /* Cgroups the last run saw, and those it could not record (array full). */
 size_t cgroup_scan_seen(const struct cgroup_scan *s);
 size_t cgroup_scan_dropped(const struct cgroup_scan *s);
+
+/* Asks the cache for the record cgroup_scan_get will look at first for ref
+ * (a hint: nothing is read). */
+void cgroup_scan_prefetch(const struct cgroup_scan *s, const struct cgroup_scan_ref *ref);
 
 /* One sandbox's reading from the last run: its CPU cgroup and its memory
  * cgroup (NULL: it has no memory counter file, and memory reads 0 as in

@@ -60,6 +60,25 @@ static void tick_records(struct collector *c)
         records_apply(c);
 }
 
+/* At 10,000s of sandboxes, each sandbox's struct and its walk records are
+ * cache misses at every tick, taken one after another by the loop below. So
+ * the loop asks for them ahead of time: the structs PREFETCH_FAR places ahead,
+ * and, once a struct is in (it says where they are), its records
+ * PREFETCH_NEAR places ahead. Hints only: nothing is read early. */
+#define PREFETCH_FAR 8
+#define PREFETCH_NEAR 4
+
+static void prefetch_ahead(const struct collector *c, size_t i)
+{
+        if (i + PREFETCH_FAR < c->table.n) {
+                const char *s = (const char *)c->table.list[i + PREFETCH_FAR];
+                for (size_t off = 0; off < sizeof(struct sandbox); off += 64)
+                        __builtin_prefetch(s + off);
+        }
+        if (i + PREFETCH_NEAR < c->table.n)
+                counters_prefetch(&c->counters, c->table.list[i + PREFETCH_NEAR]);
+}
+
 /* One tick: a reading of every live sandbox. */
 static void sample_all(struct collector *c)
 {
@@ -70,6 +89,7 @@ static void sample_all(struct collector *c)
         uint64_t samples = 0, errors = 0, file_reads = 0;
         for (size_t i = 0; i < c->table.n; i++) {
                 struct sandbox *s = c->table.list[i];
+                prefetch_ahead(c, i);
                 if (s->finished || s->state == STATE_STOPPED || s->starting)
                         continue;
                 if (s->files.version == 0 && counters_open(&c->counters, s) < 0)

@@ -72,11 +72,20 @@ static void watch_cgroups(struct counters *cn, struct sandbox *s)
 {
         struct cgroup_scan_ref cpu, mem = CGROUP_SCAN_REF_NONE;
         s->scan_cpu = s->scan_mem = CGROUP_SCAN_REF_NONE;
-        if (!cn->scan || cgroup_scan_watch(cn->scan, s->cgroup_version, s->cpu_dir, &cpu) < 0 ||
-            (s->files.mem_path && cgroup_scan_watch(cn->scan, s->cgroup_version, s->mem_dir, &mem) < 0))
+        if (!cn->scan || cgroup_scan_watch(cn->scan, s->cgroup_version, s->cpu_dir, CGROUP_SCAN_CPU, &cpu) < 0 ||
+            (s->files.mem_path &&
+             cgroup_scan_watch(cn->scan, s->cgroup_version, s->mem_dir, CGROUP_SCAN_MEM, &mem) < 0))
                 return;
         s->scan_cpu = cpu;
         s->scan_mem = mem;
+}
+
+void counters_prefetch(const struct counters *cn, const struct sandbox *s)
+{
+        if (!cn->scanned)
+                return;
+        cgroup_scan_prefetch(cn->scan, &s->scan_cpu);
+        cgroup_scan_prefetch(cn->scan, &s->scan_mem);
 }
 
 /* This tick's reading of a sandbox from the scan, if it saw the sandbox's

@@ -46,6 +46,9 @@ void counters_close(struct counters *cn, struct sandbox *s);
  * failure this tick reads files. */
 void counters_scan_tick(struct counters *cn, bool peaks);
 
+/* Asks the cache for what counters_read_scanned will read of s (a hint). */
+void counters_prefetch(const struct counters *cn, const struct sandbox *s);
+
 /* This tick's reading of s from the walk, if it saw s's cgroups (its peak
  * too when the walk read watermarks). False: read s's files. */
 bool counters_read_scanned(struct counters *cn, struct sandbox *s, struct cgroup_reading *rd);

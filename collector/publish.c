@@ -23,6 +23,7 @@ static int produce(struct publisher *p, const char *account, const char *payload
                 log_warn("could not queue a sample", "error=\"%s\"", rd_kafka_err2str(e));
                 return -EIO;
         }
+        p->outq++;
         return 0;
 }
 
@@ -59,7 +60,7 @@ static int announce_epoch(struct publisher *p, struct sandbox *s)
 /* Samples waiting for the broker: v1 messages are one each; a batch counts its samples. */
 static bool queue_has_room(struct publisher *p)
 {
-        int64_t waiting = (int64_t)rd_kafka_outq_len(p->rk) - (int64_t)p->batch_messages + (int64_t)p->batch_samples +
+        int64_t waiting = (int64_t)p->outq - (int64_t)p->batch_messages + (int64_t)p->batch_samples +
                           (int64_t)p->batched;
         return waiting < p->queue_max;
 }
@@ -311,6 +312,7 @@ int publisher_connect(struct publisher *p, const struct collector_options *opt, 
                 snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);
                 return -EINVAL;
         }
+        p->outq = (size_t)rd_kafka_outq_len(p->rk);
         if (p->spool.count)
                 log_info("re-sending final samples left in the spool", "count=%zu", p->spool.count);
         return 0;
@@ -332,7 +334,8 @@ void publisher_close(struct publisher *p)
 void publisher_poll(struct publisher *p)
 {
         rd_kafka_poll(p->rk, 0);
-        M_SET(p->m, queue_depth, rd_kafka_outq_len(p->rk));
+        p->outq = (size_t)rd_kafka_outq_len(p->rk);
+        M_SET(p->m, queue_depth, p->outq);
         M_SET(p->m, spool_entries, p->spool.count);
         M_SET(p->m, spool_bytes, p->spool.bytes);
 }

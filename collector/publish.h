@@ -36,6 +36,10 @@ struct publisher {
         int64_t queue_max;            /* ordinary samples waiting for the broker, at most */
         const char *host_id;          /* borrowed: used when a record names no host */
         struct collector_metrics *m;  /* borrowed */
+        /* librdkafka's queue length (rd_kafka_outq_len) without asking it per sample: it falls only
+         * when delivery reports are served (publisher_poll, which reads it again), and each produce
+         * adds one. */
+        size_t outq;
         size_t npending;              /* sandboxes whose newest sample waits in its pending_buf */
         size_t pending_next;          /* where publish_pending resumes, so no sandbox starves */
         bool fatal;                   /* the producer failed for good */

@@ -23,10 +23,11 @@ struct probe {
         struct cgroup_scan_ref cpu, mem; /* mem.root -1: no memory counter file */
 };
 
-static struct cgroup_scan_ref watch(struct cgroup_scan *s, int version, const char *dir)
+static struct cgroup_scan_ref watch(struct cgroup_scan *s, int version, const char *dir,
+                                    enum cgroup_scan_counter what)
 {
         struct cgroup_scan_ref ref;
-        int r = cgroup_scan_watch(s, version, dir, &ref);
+        int r = cgroup_scan_watch(s, version, dir, what, &ref);
         CHECK(r == 0, "could not watch %s: %s", dir, strerror(-r));
         return ref;
 }
@@ -42,8 +43,8 @@ static void setup(struct probe *p, struct cgroup_scan *s, const char *state, con
         /* the layout the host gave it (a pure v2 host has no v1) */
         int r = cgroup_files_open(p->sb.version, p->sb.cpu_dir, p->sb.mem_dir, true, true, &p->files);
         CHECK(r == 0, "could not open the files of %s: %s", p->sb.cpu_dir, strerror(-r));
-        p->cpu = watch(s, p->sb.version, p->sb.cpu_dir);
-        p->mem = p->files.mem_path ? watch(s, p->sb.version, p->sb.mem_dir) : CGROUP_SCAN_REF_NONE;
+        p->cpu = watch(s, p->sb.version, p->sb.cpu_dir, CGROUP_SCAN_CPU);
+        p->mem = p->files.mem_path ? watch(s, p->sb.version, p->sb.mem_dir, CGROUP_SCAN_MEM) : CGROUP_SCAN_REF_NONE;
 }
 
 /* The files' reading, taken twice around nothing: the processes hold still, so both agree. */
@@ -142,6 +143,22 @@ int main(void)
         CHECK(cgroup_scan_run(s, false) == 0, "the walk failed");
         CHECK(get(s, &probes[0], &sr) && !sr.has_peak && sr.mem_peak_bytes == 0,
               "a walk without peaks reported one");
+
+        /* A cgroup removed and made again at the same path between two walks (a sandbox whose
+         * cgroup the vmm recreated) is another cgroup: the walk must not give its counters to
+         * the reference of the one removed, which the walk before listed at the same place. */
+        for (int i = 1; i < 4; i += 2) {
+                struct probe gone = probes[i];
+                cgroup_files_close(&probes[i].files);
+                tsb_stop(&probes[i].sb, state);
+                tsb_remove(&probes[i].sb, state);
+                setup(&probes[i], s, state, gone.sb.rec.id, versions[i], burns[i] / 2);
+                CHECK(probes[i].cpu.id != gone.cpu.id, "%s: made again under the same id", gone.sb.cpu_dir);
+                CHECK(cgroup_scan_run(s, true) == 0, "the walk failed after a cgroup was made again");
+                CHECK(!get(s, &gone, &sr), "the walk read the new %s under the removed one's identity",
+                      gone.sb.cpu_dir);
+        }
+        compare(s, probes, 4);
 
         /* A removed cgroup is absent, so the collector reads its files and sees it gone. */
         for (int i = 1; i < 4; i += 2) {
