@@ -10,17 +10,15 @@
 -- textregexeq was 8.5 % of PostgreSQL's CPU. The rule is the same: one to
 -- 64 characters, each from the set (all single-byte, so octet_length counts
 -- them). The constraints keep their names.
-ALTER TABLE sandboxes DROP CONSTRAINT sandboxes_id_check,
-    ADD CONSTRAINT sandboxes_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE accounts DROP CONSTRAINT accounts_id_check,
-    ADD CONSTRAINT accounts_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE api_keys DROP CONSTRAINT api_keys_id_check,
-    ADD CONSTRAINT api_keys_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE people DROP CONSTRAINT people_id_check,
-    ADD CONSTRAINT people_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE price_plans DROP CONSTRAINT price_plans_id_check,
-    ADD CONSTRAINT price_plans_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE alert_destinations DROP CONSTRAINT alert_destinations_id_check,
-    ADD CONSTRAINT alert_destinations_id_check CHECK (id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(id) <= 64);
-ALTER TABLE host_registry DROP CONSTRAINT host_registry_host_id_check,
-    ADD CONSTRAINT host_registry_host_id_check CHECK (host_id ~ '^[A-Za-z0-9_.:-]+$' AND octet_length(host_id) <= 64);
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT * FROM (VALUES ('sandboxes', 'id'), ('accounts', 'id'), ('api_keys', 'id'), ('people', 'id'),
+                                   ('price_plans', 'id'), ('alert_destinations', 'id'),
+                                   ('host_registry', 'host_id')) AS v(tab, col) LOOP
+        EXECUTE format('ALTER TABLE %1$I DROP CONSTRAINT %3$I,'
+                       ' ADD CONSTRAINT %3$I CHECK (%2$I ~ ''^[A-Za-z0-9_.:-]+$'' AND octet_length(%2$I) <= 64)',
+                       t.tab, t.col, t.tab || '_' || t.col || '_check');
+    END LOOP;
+END $$;
