@@ -338,7 +338,8 @@ static int consumer_open(struct agg *a)
          * local queue is over the queued.* limits. Catching up on a backlog, the
          * last 40 messages of scripts/bench aggregator's preload came 260-530 ms
          * after the rest, the broker's high watermark already past them; at
-         * 10 ms they came at once (e2e 0.82 -> 1.21 M samples/s). Later
+         * 10 and 20 ms they came at once in four runs of five (e2e 0.82 M
+         * samples/s in five runs before, 1.21-1.28 M in those four). Later
          * librdkafka calls the wait for a full queue fetch.queue.backoff.ms
          * (1 s by default): set where it is known. */
         static const char *const consumer_settings[] = {
