@@ -68,6 +68,7 @@ struct agg {
         struct batch *inflight;         /* the other, while the writer commits it; NULL: none */
         struct ledger wledger;          /* every commit's connection */
         struct writer writer;
+        int64_t due_asked_ns;           /* monotonic: when due_mid_poll last asked */
         struct intake intake;
         struct poison poison;
         struct enforce enforce;
@@ -265,8 +266,13 @@ static bool commit_due(struct agg *a, bool quiet);
  * between polls. */
 static bool due_mid_poll(struct agg *a)
 {
-        if (time_mono_ns() - a->batch->started_ns < a->cfg->batch_ms * NS_PER_MS)
+        int64_t now = time_mono_ns();
+        /* Asked at most once a millisecond: the writer's state takes its lock and
+         * commit_due asks every partition's watermarks, too much for each message
+         * of a backlog of one-sample messages while a grown batch waits. */
+        if (now - a->batch->started_ns < a->cfg->batch_ms * NS_PER_MS || now - a->due_asked_ns < NS_PER_MS)
                 return false;
+        a->due_asked_ns = now;
         if (a->inflight && !writer_finished(&a->writer))
                 return false;
         return commit_due(a, false);
