@@ -68,6 +68,15 @@ int enforce_open(struct enforce *e, const char *brokers, const struct kafka_clie
                 log_error("could not create the control producer", "error=\"%s\"", err);
                 return -EIO;
         }
+        e->control = rd_kafka_topic_new(e->producer, TOPIC_CONTROL, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        rd_kafka_resp_err_t ke = e->control ? rd_kafka_metadata(e->producer, 0, e->control, &md, 2000)
+                                            : rd_kafka_last_error();
+        if (ke)
+                log_warn("control topic not looked up yet: a first command may wait for it", "error=\"%s\"",
+                         rd_kafka_err2str(ke));
+        if (md)
+                rd_kafka_metadata_destroy(md);
         return 0;
 }
 
@@ -86,6 +95,9 @@ void enforce_poll(struct enforce *e)
 
 void enforce_close(struct enforce *e)
 {
+        if (e->control)
+                rd_kafka_topic_destroy(e->control);
+        e->control = NULL;
         if (e->producer) {
                 rd_kafka_flush(e->producer, 10000);
                 rd_kafka_destroy(e->producer);

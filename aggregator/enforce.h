@@ -31,11 +31,16 @@ struct key_throttle {
 
 struct enforce {
         rd_kafka_t *producer;
+        rd_kafka_topic_t *control;      /* held so its metadata stays known */
         struct key_throttle *throttle;
         size_t nthrottle;
 };
 
-/* Creates the control producer. 0, or -EIO (logged). */
+/* Creates the control producer and looks the control topic up at once (up
+ * to 2 s; a broker not up yet is only logged): librdkafka holds a producer's
+ * first message to a topic it has no metadata for until its next metadata
+ * request, 250-1,000 ms later, and a key's first pause waited that long.
+ * 0, or -EIO (logged). */
 int enforce_open(struct enforce *e, const char *brokers, const struct kafka_client_settings *kafka);
 
 /* Publishes the n commands of a committed batch: each key at most once a
@@ -46,5 +51,5 @@ void enforce_publish(struct enforce *e, const struct command *cmds, int n, bool 
 /* Serves the producer's delivery reports. */
 void enforce_poll(struct enforce *e);
 
-/* Flushes (up to 10 s) and destroys the producer; NULL-safe parts. */
+/* Flushes (up to 10 s) and destroys the producer and its topic; NULL-safe parts. */
 void enforce_close(struct enforce *e);

@@ -88,6 +88,7 @@ VMM_PID=
 cleanup() {
   [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null
   [ -z "${LOG_DIR:-}" ] || { mkdir -p "$LOG_DIR" && cp "$WORK"/agg.*.log "$LOG_DIR"/ 2>/dev/null; }
+  [ -z "${LOG_DIR:-}" ] || cp "$WORK"/freeze.txt "$WORK"/vmm.log "$LOG_DIR"/ 2>/dev/null || true
   [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
   stop_test_services "$WORK"
 }
