@@ -117,13 +117,16 @@ void batch_written(struct batch *b, struct sandbox_cache *c, int64_t now_mono_ns
                 s->db_state = (int)s->fold.state + 1;
                 memcpy(s->db_host, s->host, sizeof(s->db_host));
                 s->net_unsaved = false;
+                s->no_row = false;
                 s->version++;
                 s->used_ns = now_mono_ns;
         }
         for (size_t i = 0; i < b->nevents; i++) {
                 struct sandbox *s = sandbox_find(c, b->events[i].sandbox);
-                if (s)
+                if (s) {
                         s->db_state = 0; /* the event may have changed the row's state */
+                        s->no_row = false;
+                }
         }
         release_sandboxes(b);
 }

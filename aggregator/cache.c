@@ -216,7 +216,10 @@ struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id)
                 if (s)
                         return s;
         }
-        return sandbox_new(c, id);
+        struct sandbox *s = sandbox_new(c, id);
+        if (s)
+                s->no_row = true; /* absent: neither fold state nor a sandboxes row */
+        return s;
 }
 
 /* The next sandbox id named in a message from *at on, read without decoding

@@ -38,6 +38,9 @@ struct sandbox {
          * its host there: the row is only written when they change. */
         int db_state;
         char db_host[EVENT_ID_MAX + 1];
+        /* The ledger has no sandboxes row for it: none when it was looked up,
+         * and no commit of this aggregator has written one since. */
+        bool no_row;
         int64_t version;        /* fold_state.version it was read or last written at; 0: no row */
         /* Network bytes (recorded, not priced): the highest cumulative counters
          * its samples carried, and whether the sandboxes row is behind them. */
