@@ -347,10 +347,18 @@ static int consumer_open(struct agg *a)
          * 10 and 20 ms they came at once in four runs of five (e2e 0.82 M
          * samples/s in five runs before, 1.21-1.28 M in those four). Later
          * librdkafka calls the wait for a full queue fetch.queue.backoff.ms
-         * (1 s by default): set where it is known. */
+         * (1 s by default): set where it is known.
+         * queued.max.messages.kbytes: librdkafka 2.0 stops fetching every
+         * partition once the local queue holds this much (64 MiB by default)
+         * and looks again only when its broker thread next wakes, up to 1 s
+         * later. Usage batches of 2,500 samples filled 64 MiB 120 ms into
+         * scripts/bench aggregator's preload, and fetching stood still for
+         * 880 ms while the loop ran dry (librdkafka's debug=fetch). 256 MiB
+         * holds more than the loop folds in that second. */
         static const char *const consumer_settings[] = {
                 "fetch.max.bytes=16777216", "max.partition.fetch.bytes=4194304", "fetch.wait.max.ms=20",
-                "queued.min.messages=200000", "fetch.error.backoff.ms=20", KAFKA_METADATA_REFRESH, NULL };
+                "queued.min.messages=200000", "queued.max.messages.kbytes=262144", "fetch.error.backoff.ms=20",
+                KAFKA_METADATA_REFRESH, NULL };
         if (rd_kafka_conf_set(conf, "fetch.queue.backoff.ms", "20", err, sizeof(err)) == RD_KAFKA_CONF_INVALID) {
                 rd_kafka_conf_destroy(conf);
                 log_error("bad consumer setting", "error=\"%s\"", err);
