@@ -21,12 +21,14 @@
  *      counts a usage batch once per sample it carries, as its help says,
  *      not once per message: 6 batches of 15 records in all add 9 to the
  *      message count.
- *   7. One poll holding many batches (8 batches of a sample of each of
+ *   7. One poll holding many batches (24 batches of a sample of each of
  *      2,000 sandboxes, all waiting before the aggregator starts: one
  *      partition's messages come in one poll), batch_ms 1: the open batch
  *      goes to the writer in the middle of the poll once it is due, so they
  *      commit in two batches or more (the batch was looked at between polls
- *      only: one), every sample billed once; the sandboxes, in the ledger
+ *      only: one; a rest of a quarter of the batch or less would join it,
+ *      hence 24 and not 8: the batch is looked at once a millisecond, and
+ *      seven had been folded by then), every sample billed once; the sandboxes, in the ledger
  *      but not in this aggregator's memory, have their fold states read a
  *      poll at a time (their ids peeked out of the batches), not one query
  *      each.
@@ -246,7 +248,7 @@ int main(void)
         /* 7. Many batches in one poll, batch_ms 1: first the sandboxes'
          * created events and first samples, committed; then eight batches of
          * a sample of each, all waiting before the aggregator starts. */
-        enum { POLL_SANDBOXES = 2000, POLL_ROUNDS = 9 };
+        enum { POLL_SANDBOXES = 2000, POLL_ROUNDS = 25 };
         for (int k = 1; k <= POLL_ROUNDS; k++) {
                 begin(&o, base + k * 10 * SEC);
                 for (int i = 0; i < POLL_SANDBOXES; i++) {
@@ -287,7 +289,7 @@ int main(void)
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not exit cleanly");
         char *exact = aggtest_query(&t, "SELECT count(*) FROM (SELECT sandbox_id FROM usage_hourly"
                                         " WHERE sandbox_id LIKE 'sb-v2-poll-%' GROUP BY sandbox_id"
-                                        " HAVING sum(cpu_ns) = 9000000000 AND sum(mem_byte_ns) = 96636764160000000000"
+                                        " HAVING sum(cpu_ns) = 25000000000 AND sum(mem_byte_ns) = 268435456000000000000"
                                         " AND sum(storage_byte_ns) = 0) s");
         CHECK(exact && atoi(exact) == POLL_SANDBOXES, "sandboxes of the poll's batches billed exactly: %s of %d",
               exact ? exact : "?", POLL_SANDBOXES);
