@@ -63,8 +63,10 @@ int mark_dirty(struct batch *b, struct sandbox *sb)
 
 int batch_add_event(struct batch *b, const struct usage_event *ev)
 {
-        if (grow((void **)&b->events, &b->capevents, b->nevents + 1, sizeof(*b->events)) < 0)
+        if (grow((void **)&b->events, &b->capevents, b->nevents + 1, sizeof(*b->events)) < 0 ||
+            grow((void **)&b->announced, &b->capannounced, b->nevents + 1, sizeof(*b->announced)) < 0)
                 return -ENOMEM;
+        b->announced[b->nevents] = false;
         b->events[b->nevents++] = *ev; /* the batch owns it now */
         return 0;
 }
@@ -142,6 +144,8 @@ void batch_clear(struct batch *b)
         for (size_t i = 0; i < b->nwaiting; i++)
                 free(b->waiting[i].raw);
         b->npieces = b->ndirty = b->nevents = b->ndead = b->messages = b->nstamps = b->nwaiting = 0;
+        b->events_scanned = 0;
+        b->gen++;
 }
 
 void batch_free(struct batch *b)
@@ -150,6 +154,7 @@ void batch_free(struct batch *b)
         free(b->pieces);
         free(b->dirty);
         free(b->events);
+        free(b->announced);
         free(b->dead);
         free(b->waiting);
         free(b->stamps);

@@ -64,6 +64,12 @@ struct batch {
         size_t ndirty, capdirty;
         struct usage_event *events;     /* lifecycle events for the sandboxes table */
         size_t nevents, capevents;
+        /* Per event: a `created` row committed ahead of the batch, while it
+         * was folded (lifecycle_announce); events_scanned: how many of the
+         * events were looked at for that. */
+        bool *announced;
+        size_t capannounced, events_scanned;
+        uint64_t gen;                   /* moves on at every batch_clear */
         struct dead_letter *dead;
         size_t ndead, capdead;
         struct waiting *waiting;        /* held readings, this batch's and those read back */

@@ -68,43 +68,106 @@ static int created_row(struct text *t, const struct usage_event *ev)
         return r;
 }
 
+/* The events of b that are `created` and the first event of their sandbox in
+ * the batch, in sandbox id order (strcmp's), those before `from` left out:
+ * their indexes in *ret (free it), *ret_n of them. 0 or -ENOMEM. */
+static int first_created(const struct batch *b, size_t from, size_t **ret, size_t *ret_n)
+{
+        *ret = NULL;
+        *ret_n = 0;
+        if (b->nevents <= from)
+                return 0;
+        struct event_ref *refs = malloc(b->nevents * sizeof(*refs));
+        size_t *idx = malloc(b->nevents * sizeof(*idx));
+        if (!refs || !idx) {
+                free(refs);
+                free(idx);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < b->nevents; i++)
+                refs[i] = (struct event_ref){ b->events[i].sandbox, i };
+        qsort(refs, b->nevents, sizeof(*refs), event_ref_cmp);
+        size_t n = 0;
+        for (size_t k = 0; k < b->nevents; k++)
+                if ((k == 0 || strcmp(refs[k - 1].sandbox, refs[k].sandbox) != 0) &&
+                    b->events[refs[k].i].type == EVENT_CREATED && refs[k].i >= from)
+                        idx[n++] = refs[k].i;
+        free(refs);
+        *ret = idx;
+        *ret_n = n;
+        return 0;
+}
+
+/* COPY of the rows in t into stage_created, then the one upsert. */
+static int write_created(struct ledger *l, const struct text *t)
+{
+        int r = copy_rows(l, "COPY stage_created FROM STDIN", t->buf, t->len);
+        if (r == 0) {
+                PGresult *res = PQexec(l->db, created_sql);
+                r = query_ok(l, res, PGRES_COMMAND_OK, "created");
+                PQclear(res);
+        }
+        return r;
+}
+
 int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text *t, bool **ret_staged, size_t *ret_n)
 {
         *ret_staged = NULL;
         *ret_n = 0;
         if (!b->nevents)
                 return 0;
-        struct event_ref *refs = malloc(b->nevents * sizeof(*refs));
+        size_t *idx, n;
         bool *staged = calloc(b->nevents, sizeof(*staged));
-        if (!refs || !staged) {
-                free(refs);
+        if (!staged || first_created(b, 0, &idx, &n) < 0) {
                 free(staged);
                 return -ENOMEM;
         }
-        for (size_t i = 0; i < b->nevents; i++)
-                refs[i] = (struct event_ref){ b->events[i].sandbox, i };
-        qsort(refs, b->nevents, sizeof(*refs), event_ref_cmp);
         t->len = 0;
         int r = 0;
-        size_t n = 0;
-        for (size_t k = 0; r == 0 && k < b->nevents; k++) {
-                const struct usage_event *ev = &b->events[refs[k].i];
-                if ((k && strcmp(refs[k - 1].sandbox, refs[k].sandbox) == 0) || ev->type != EVENT_CREATED)
-                        continue;
-                r = created_row(t, ev);
-                staged[refs[k].i] = true;
-                n++;
+        size_t rows = 0;
+        for (size_t k = 0; r == 0 && k < n; k++) {
+                staged[idx[k]] = true; /* (one committed ahead is in the ledger already) */
+                if (!b->announced[idx[k]]) {
+                        r = created_row(t, &b->events[idx[k]]);
+                        rows++;
+                }
         }
-        free(refs);
+        free(idx);
         *ret_staged = staged;
         *ret_n = n;
-        if (r == 0 && n)
-                r = copy_rows(l, "COPY stage_created FROM STDIN", t->buf, t->len);
-        if (r == 0 && n) {
-                PGresult *res = PQexec(l->db, created_sql);
-                r = query_ok(l, res, PGRES_COMMAND_OK, "created");
-                PQclear(res);
+        return r == 0 && rows ? write_created(l, t) : r;
+}
+
+int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **ret_idx, size_t *ret_n)
+{
+        size_t *idx, n;
+        if (first_created(b, b->events_scanned, &idx, &n) < 0)
+                return -ENOMEM;
+        t->len = 0;
+        int r = 0;
+        for (size_t k = 0; r == 0 && k < n; k++)
+                r = created_row(t, &b->events[idx[k]]);
+        if (r < 0) {
+                free(idx);
+                return r;
         }
+        *ret_idx = idx;
+        *ret_n = n;
+        return 0;
+}
+
+int lifecycle_announce(struct ledger *l, const struct text *rows)
+{
+        int r = db_ensure(l);
+        PGresult *res = r == 0 ? PQexec(l->db, "BEGIN") : NULL;
+        if (r == 0 && (r = query_ok(l, res, PGRES_COMMAND_OK, "begin")) == 0) {
+                r = write_created(l, rows);
+                PGresult *end = PQexec(l->db, r == 0 ? "COMMIT" : "ROLLBACK");
+                int e = query_ok(l, end, PGRES_COMMAND_OK, r == 0 ? "commit" : "rollback");
+                PQclear(end);
+                r = r ? r : e;
+        }
+        PQclear(res);
         return r;
 }
 

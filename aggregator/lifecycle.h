@@ -21,10 +21,24 @@
 #include <stddef.h>
 
 /* Writes the batch's first-of-their-sandbox `created` events (COPY into
- * stage_created, then one upsert), using t as scratch. *staged (free it)
- * marks them per event, *n counts them. 0, or -EIO (last_error says why),
- * -ENOMEM. */
+ * stage_created, then one upsert), using t as scratch, but for those
+ * committed ahead (b->announced). *staged (free it) marks them all per
+ * event, *n counts them. 0, or -EIO (last_error says why), -ENOMEM. */
 int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text *t, bool **staged, size_t *n);
+
+/* The rows (stage_created's COPY text, into t) of the `created` events of
+ * the open batch b from b->events_scanned on that are the first event of
+ * their sandbox in it: what lifecycle_announce commits ahead of the batch.
+ * Their indexes in *idx (free it), *n of them. 0 or -ENOMEM. */
+int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **idx, size_t *n);
+
+/* Commits rows (lifecycle_announce_rows) to the sandboxes table in a
+ * transaction of their own, ahead of their batch: a `created` event's row
+ * says only what the sandbox was made with (never its state or host once
+ * written), so writing it again when the batch is read again changes
+ * nothing. The batch (lifecycle_stage_created) then skips those marked in
+ * b->announced. 0, or -EIO (last_error says why), -ENOMEM. */
+int lifecycle_announce(struct ledger *l, const struct text *rows);
 
 /* Sends ev's statement for the sandboxes table in the caller's pipeline:
  * 1; 0 when the event needs none (forked: each copy has its own `created`);

@@ -17,6 +17,7 @@
  * callback, and the loop's timing rules. */
 #include "aggregator.h"
 
+#include "announce.h"
 #include "batch.h"
 #include "cache.h"
 #include "enforce.h"
@@ -68,6 +69,7 @@ struct agg {
         struct batch *inflight;         /* the other, while the writer commits it; NULL: none */
         struct ledger wledger;          /* every commit's connection */
         struct writer writer;
+        struct announcer announcer;     /* created rows the writer commits ahead of their batch */
         int64_t due_asked_ns;           /* monotonic: when due_mid_poll last asked */
         size_t held_rest;               /* messages of the poll not folded yet (take_held) */
         rd_kafka_queue_t *fetched;      /* the consumer's queue: messages fetched, not polled */
@@ -169,6 +171,7 @@ static void failed(struct agg *a, struct batch *b, int r)
  * Returns that commit's result (0 when there was none). */
 static int settle(struct agg *a)
 {
+        announce_settle(&a->announcer, &a->writer);
         if (!a->inflight)
                 return 0;
         int r = writer_wait(&a->writer);
@@ -275,7 +278,7 @@ static bool due_mid_poll(struct agg *a)
         if (now - a->batch->started_ns < a->cfg->batch_ms * NS_PER_MS || now - a->due_asked_ns < NS_PER_MS)
                 return false;
         a->due_asked_ns = now;
-        if (a->inflight && !writer_finished(&a->writer))
+        if ((a->inflight || a->announcer.running) && !writer_finished(&a->writer))
                 return false;
         return commit_due(a, false);
 }
@@ -547,11 +550,15 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         while (!*stop) {
                 size_t n = poll_held(&a, held);
                 take_held(&a, held, n);
-                if (a.inflight && writer_finished(&a.writer))
+                if ((a.inflight || a.announcer.running) && writer_finished(&a.writer))
                         settle(&a);
                 housekeeping(&a); /* (here: between a commit's end and the next one's start) */
-                if (a.batch->messages && !a.inflight && commit_due(&a, n == 0))
-                        start_commit(&a);
+                if (a.batch->messages && !a.inflight && !a.announcer.running) {
+                        if (commit_due(&a, n == 0))
+                                start_commit(&a);
+                        else
+                                announce_start(&a.announcer, &a.writer, &a.wledger, a.batch);
+                }
                 enforce_poll(&a.enforce);
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
                         last_report = time_mono_ns();

@@ -1,6 +1,8 @@
 /* writer.c — see writer.h. */
 #include "writer.h"
 
+#include "lifecycle.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +17,8 @@ static void *writer_main(void *arg)
                         continue;
                 }
                 pthread_mutex_unlock(&w->mu);
-                int r = store_finish(w->ledger, w->batch, &w->positions, w->metrics, &w->rep);
+                int r = w->announce ? lifecycle_announce(w->ledger, &w->rows)
+                                    : store_finish(w->ledger, w->batch, &w->positions, w->metrics, &w->rep);
                 pthread_mutex_lock(&w->mu);
                 w->result = r;
                 w->state = WRITER_DONE;
@@ -46,6 +49,7 @@ void writer_stop(struct writer *w)
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         free(w->positions.parts);
+        free(w->rows.buf);
         store_report_free(&w->rep);
         w->started = false;
 }

@@ -11,6 +11,7 @@
 #include "metrics.h"
 #include "partitions.h"
 #include "store.h"
+#include "text.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -29,6 +30,10 @@ struct writer {
         struct partitions positions;    /* the partitions as the batch left them (parts copied) */
         struct agg_metrics *metrics;
         struct commit_report rep;
+        /* Instead of a commit: rows of `created` events to commit ahead of
+         * their batch (lifecycle_announce). */
+        bool announce;
+        struct text rows;
         int result;
 };
 
@@ -43,7 +48,8 @@ void writer_stop(struct writer *w);
 int writer_positions(struct writer *w, const struct partitions *src);
 
 /* Runs store_finish(w->ledger, w->batch, &w->positions, w->metrics, &w->rep)
- * on the thread; the writer must be idle. */
+ * on the thread, or with announce set lifecycle_announce(w->ledger,
+ * &w->rows); the writer must be idle. */
 void writer_submit(struct writer *w);
 
 /* Has the commit submitted finished (writer_wait will not wait)? */

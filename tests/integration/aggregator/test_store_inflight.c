@@ -18,7 +18,15 @@
  * both held) fill one batch, and its `created` event, in the same poll,
  * opens the next. The event must find them, though the batch holding them
  * was still committing: the sandbox is billed its final counter and nothing
- * stays held. */
+ * stays held.
+ *
+ * Then `created` rows committed ahead of their batch (announce.h): 100 new
+ * sandboxes' created events and two samples each, waiting before the
+ * aggregator starts (batch_ms 2000: the batch is not due when the idle
+ * writer is free). Their sandboxes rows must be in the ledger while the
+ * batch's own commit still waits on `hosts`; that commit is then lost (its
+ * backend ended), the batch read again, its created events written again:
+ * every row as its created event says, each sandbox billed once. */
 #include "aggtest.h"
 #include "storetest.h"
 #include "support.h"
@@ -130,6 +138,57 @@ int main(void)
         if (test_result() != 0)
                 store_log_dump(&t, 1, 4000);
         CHECK(aggtest_terminate(agg) == 0, "the second aggregator did not stop cleanly");
+
+        /* 3: created rows ahead of a batch whose commit is then lost. */
+        enum { AHEAD = 100 };
+        for (int k = 1; k <= 2; k++)
+                for (int i = 0; i < AHEAD; i++) {
+                        char sb[32];
+                        snprintf(sb, sizeof(sb), "sb_ahead_%d", i);
+                        struct usage_event ev = aggtest_sample("acct_ahead", "key_ahead", sb, 1, (uint64_t)k,
+                                                               t0 + k * 10 * NS_PER_SEC, STATE_RUNNING,
+                                                               (uint64_t)k * 4 * NS_PER_SEC, 256 * MIB, 0, 2);
+                        aggtest_produce(&t, &ev); /* (its created event first, the first time) */
+                }
+        aggtest_flush(&t);
+        lock = PQconnectdb(t.db_url);
+        CHECK(PQstatus(lock) == CONNECTION_OK, "lock session: %s", PQerrorMessage(lock));
+        PQclear(PQexec(lock, "BEGIN"));
+        r = PQexec(lock, "LOCK TABLE hosts IN EXCLUSIVE MODE");
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "lock hosts: %s", PQresultErrorMessage(r));
+        PQclear(r);
+        const char *slow[] = { "--batch-ms", "2000", "--log-level", "debug", NULL };
+        agg = aggtest_spawn(&t, slow);
+        writer = -1;
+        for (int i = 0; i < 500 && writer < 0; i++) {
+                time_sleep_ns(20 * NS_PER_MS);
+                writer = blocked_writer(&t);
+        }
+        CHECK(writer > 0, "the batch's commit never waited on hosts");
+        CHECK(store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb_ahead_%' AND account_id = 'acct_ahead'"
+                            " AND key_id = 'key_ahead' AND vcpus = 2 AND state = 'running'") == AHEAD,
+              "the created rows were not in the ledger while their batch's commit waited");
+        CHECK(store_int(&t, "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'sb_ahead_%'") == 0,
+              "usage committed while the batch's commit waited");
+        snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)::int", (long long)writer);
+        CHECK(store_int(&t, sql) == 1, "could not end the writer's backend %lld", (long long)writer);
+        PQclear(PQexec(lock, "ROLLBACK"));
+        PQfinish(lock);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the batch was not billed after its lost commit");
+        CHECK(store_log_has(&t, 2, "created events committed ahead of their batch"),
+              "the aggregator did not say it committed created events ahead");
+        /* By hand: the last counter, 2 x 4 s of CPU; 10 s x 256 MiB between the two samples. */
+        for (int i = 0; i < AHEAD; i++) {
+                char sb[32];
+                snprintf(sb, sizeof(sb), "sb_ahead_%d", i);
+                aggtest_expect_billed(&t, sb, "8000000000/2684354560000000000/0", "created rows committed ahead");
+        }
+        CHECK(store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb_ahead_%' AND vcpus = 2"
+                            " AND state = 'running' AND host <> ''") == AHEAD,
+              "the sandboxes rows are not as their created events and samples say");
+        if (test_result() != 0)
+                store_log_dump(&t, 2, 6000);
+        CHECK(aggtest_terminate(agg) == 0, "the third aggregator did not stop cleanly");
         aggtest_stop(&t);
         return test_result();
 }
