@@ -10,7 +10,8 @@
 
 void announce_start(struct announcer *an, struct writer *w, struct ledger *l, struct batch *b)
 {
-        if (an->running || b->nevents - b->events_scanned < ANNOUNCE_MIN)
+        size_t fresh = b->nevents - b->events_scanned;
+        if (an->running || fresh < ANNOUNCE_MIN || fresh < b->events_scanned)
                 return;
         size_t *idx = NULL, n = 0;
         if (lifecycle_announce_rows(b, &w->rows, &idx, &n) < 0)

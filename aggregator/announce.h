@@ -22,7 +22,9 @@ struct announcer {
         int64_t t0;
 };
 
-/* When ANNOUNCE_MIN events or more came into b since it was last looked at:
+/* When ANNOUNCE_MIN events or more came into b since it was last looked at,
+ * and at least as many as were looked at before (each look sorts all of b's
+ * events: a batch of n events is looked at log2(n) times at most, not n/64):
  * the rows of its `created` events among them that are the first event of
  * their sandbox in b (lifecycle_announce_rows) go to the writer, which must
  * be idle, to commit on l. */
