@@ -435,6 +435,12 @@ static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
         return n;
 }
 
+/* Messages here and not folded yet: the poll's rest and librdkafka's queue. */
+static int64_t fetched(const struct agg *a)
+{
+        return (int64_t)(a->held_rest + (a->fetched ? rd_kafka_queue_length(a->fetched) : 0));
+}
+
 /* Commit when the batch is full, old enough, or nothing more is waiting:
  * when idle a sample is committed without delay. Unless the consumer is
  * behind: a quiet poll while the broker holds more for us is the fetcher
@@ -450,12 +456,6 @@ static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
  * a poll of many batches, which goes on in the next one (due_mid_poll).
  * quiet: nothing came within the first poll's wait (not merely an empty
  * queue between fetches). */
-/* Messages here and not folded yet: the poll's rest and librdkafka's queue. */
-static int64_t fetched(const struct agg *a)
-{
-        return (int64_t)(a->held_rest + (a->fetched ? rd_kafka_queue_length(a->fetched) : 0));
-}
-
 static bool commit_due(struct agg *a, bool quiet)
 {
         int64_t age = time_mono_ns() - a->batch->started_ns, batch_ns = a->cfg->batch_ms * NS_PER_MS;
