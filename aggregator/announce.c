@@ -13,6 +13,8 @@ void announce_start(struct announcer *an, struct writer *w, struct ledger *l, st
         size_t fresh = b->nevents - b->events_scanned;
         if (an->running || fresh < ANNOUNCE_MIN || fresh < b->events_scanned)
                 return;
+        if (b->nstamps && time_wall_ns() / NS_PER_MS - b->stamps[b->nstamps - 1].kafka_ms > ANNOUNCE_BEHIND_MS)
+                return; /* catching up */
         size_t *idx = NULL, n = 0;
         if (lifecycle_announce_rows(b, &w->rows, &idx, &n) < 0)
                 return;
