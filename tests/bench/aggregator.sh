@@ -48,7 +48,8 @@
 #                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data (perf report
 #                              --sort comm,dso,sym -i FILE shows where the CPU went)
 #  LOG_DIR                     when set, the aggregator's debug logs of every phase are copied there
-#                              at the end (each batch's step times: "batch committed")
+#                              at the end (each batch's step times: "batch committed"), with the
+#                              freeze phase's trials (freeze.txt) and tally-vmm's log
 #  --kafka apache              also runs the end-to-end, ceiling and commit-latency phases, in the
 #                              same run, against one real Apache Kafka node (scripts/kafka, same
 #                              partitions, a database of their own), keyed apache_... (and
