@@ -68,10 +68,7 @@ static int created_row(struct text *t, const struct usage_event *ev)
         return r;
 }
 
-/* The events of b that are `created` and the first event of their sandbox in
- * the batch, in sandbox id order (strcmp's), those before `from` left out:
- * their indexes in *ret (free it), *ret_n of them. 0 or -ENOMEM. */
-static int first_created(const struct batch *b, size_t from, size_t **ret, size_t *ret_n)
+int lifecycle_first_created(const struct batch *b, size_t from, size_t **ret, size_t *ret_n)
 {
         *ret = NULL;
         *ret_n = 0;
@@ -118,7 +115,7 @@ int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text
                 return 0;
         size_t *idx, n;
         bool *staged = calloc(b->nevents, sizeof(*staged));
-        if (!staged || first_created(b, 0, &idx, &n) < 0) {
+        if (!staged || lifecycle_first_created(b, 0, &idx, &n) < 0) {
                 free(staged);
                 return -ENOMEM;
         }
@@ -141,7 +138,7 @@ int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text
 int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **ret_idx, size_t *ret_n)
 {
         size_t *idx, n;
-        if (first_created(b, b->events_scanned, &idx, &n) < 0)
+        if (lifecycle_first_created(b, b->events_scanned, &idx, &n) < 0)
                 return -ENOMEM;
         t->len = 0;
         int r = 0;

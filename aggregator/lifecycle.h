@@ -20,6 +20,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The events of b that are `created` and the first event of their sandbox in
+ * the batch (what lifecycle_stage_created writes), in sandbox id order
+ * (strcmp's), those before `from` left out: their indexes in *idx (free
+ * it), *n of them. 0 or -ENOMEM. */
+int lifecycle_first_created(const struct batch *b, size_t from, size_t **idx, size_t *n);
+
 /* Writes the batch's first-of-their-sandbox `created` events (COPY into
  * stage_created, then one upsert), using t as scratch, but for those
  * committed ahead (b->announced). *staged (free it) marks them all per
