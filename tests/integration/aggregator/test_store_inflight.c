@@ -27,7 +27,11 @@
  * events (64 or more) must be in the ledger while the batch's own commit
  * still waits on `hosts`; that commit is then lost (its
  * backend ended), the batch read again, its created events written again:
- * every row as its created event says, each sandbox billed once. */
+ * every row as its created event says, each sandbox billed once.
+ *
+ * Last, the rows ahead are what fails: their backend is ended while they
+ * wait on a lock of `sandboxes`. The aggregator says so, and the batch
+ * writes them itself: every row there, each sandbox billed once. */
 #include "aggtest.h"
 #include "storetest.h"
 #include "support.h"
@@ -54,11 +58,91 @@ static void produce_round(struct aggtest *t, int64_t t0, int r)
         aggtest_flush(t);
 }
 
-/* The backend of a session waiting for a lock on hosts (the writer's), or -1. */
-static int64_t blocked_writer(struct aggtest *t)
+/* The backend of a session waiting for a lock with an INSERT INTO table (the
+ * writer's), or -1. */
+static int64_t blocked_writer(struct aggtest *t, const char *table)
 {
-        return store_int(t, "SELECT coalesce(min(pid), -1) FROM pg_stat_activity"
-                            " WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO hosts%'");
+        char sql[256];
+        snprintf(sql, sizeof(sql), "SELECT coalesce(min(pid), -1) FROM pg_stat_activity"
+                                   " WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO %s %%'", table);
+        return store_int(t, sql);
+}
+
+/* Waits (up to 10 s) for blocked_writer(t, table). */
+static int64_t wait_blocked(struct aggtest *t, const char *table)
+{
+        int64_t pid = -1;
+        for (int i = 0; i < 500 && pid < 0; i++) {
+                time_sleep_ns(20 * NS_PER_MS);
+                pid = blocked_writer(t, table);
+        }
+        return pid;
+}
+
+/* AHEAD new sandboxes PREFIX_i of acct_ahead: their created events in one
+ * burst (so a poll holds ANNOUNCE_MIN, 64, or more), then two samples each,
+ * 10 s apart, 4 s of CPU each, 256 MiB, 2 vCPUs. */
+#define AHEAD 100
+static void produce_new_sandboxes(struct aggtest *t, const char *prefix, int64_t t0)
+{
+        char buf[4096];
+        for (int k = 0; k <= 2; k++) {
+                for (int i = 0; i < AHEAD; i++) {
+                        char sb[32];
+                        snprintf(sb, sizeof(sb), "%s_%d", prefix, i);
+                        int round = k ? k : 1;
+                        struct usage_event ev = aggtest_sample("acct_ahead", "key_ahead", sb, 1, (uint64_t)round,
+                                                               t0 + round * 10 * NS_PER_SEC, STATE_RUNNING,
+                                                               (uint64_t)round * 4 * NS_PER_SEC, 256 * MIB, 0, 2);
+                        if (k == 0)
+                                ev = aggtest_created_for(&ev);
+                        int len = event_encode(&ev, buf, sizeof(buf));
+                        CHECK(len > 0, "encode");
+                        aggtest_produce_raw(t, "acct_ahead", buf, len > 0 ? (size_t)len : 0);
+                }
+                aggtest_flush(t);
+        }
+}
+
+/* Each of PREFIX_0.. billed its last counter, 2 x 4 s of CPU, and 10 s x
+ * 256 MiB between its two samples (by hand); its row as its created event
+ * and samples say. */
+static void expect_new_sandboxes(struct aggtest *t, const char *prefix, const char *what)
+{
+        for (int i = 0; i < AHEAD; i++) {
+                char sb[32];
+                snprintf(sb, sizeof(sb), "%s_%d", prefix, i);
+                aggtest_expect_billed(t, sb, "8000000000/2684354560000000000/0", what);
+        }
+        char sql[256];
+        snprintf(sql, sizeof(sql), "SELECT count(*) FROM sandboxes WHERE id LIKE '%s\\_%%' AND vcpus = 2"
+                                   " AND state = 'running' AND host <> '' AND account_id = 'acct_ahead'", prefix);
+        CHECK(store_int(t, sql) == AHEAD, "%s: the sandboxes rows are not as their created events and samples say",
+              what);
+}
+
+/* A session holding table locked (EXCLUSIVE: reads pass, writes wait). */
+static PGconn *lock_table(struct aggtest *t, const char *table)
+{
+        PGconn *lock = PQconnectdb(t->db_url);
+        CHECK(PQstatus(lock) == CONNECTION_OK, "lock session: %s", PQerrorMessage(lock));
+        PQclear(PQexec(lock, "BEGIN"));
+        char sql[128];
+        snprintf(sql, sizeof(sql), "LOCK TABLE %s IN EXCLUSIVE MODE", table);
+        PGresult *r = PQexec(lock, sql);
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "lock %s: %s", table, PQresultErrorMessage(r));
+        PQclear(r);
+        return lock;
+}
+
+/* Ends backend pid, then the lock session. */
+static void end_backend(struct aggtest *t, int64_t pid, PGconn *lock)
+{
+        char sql[128];
+        snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)::int", (long long)pid);
+        CHECK(store_int(t, sql) == 1, "could not end the writer's backend %lld", (long long)pid);
+        PQclear(PQexec(lock, "ROLLBACK"));
+        PQfinish(lock);
 }
 
 int main(void)
@@ -73,19 +157,9 @@ int main(void)
         CHECK(aggtest_wait_caught_up(&t, 30) == 0, "round 1 was not billed");
         int64_t after1 = aggtest_committed(&t);
 
-        PGconn *lock = PQconnectdb(t.db_url);
-        CHECK(PQstatus(lock) == CONNECTION_OK, "lock session: %s", PQerrorMessage(lock));
-        PQclear(PQexec(lock, "BEGIN"));
-        PGresult *r = PQexec(lock, "LOCK TABLE hosts IN EXCLUSIVE MODE");
-        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "lock hosts: %s", PQresultErrorMessage(r));
-        PQclear(r);
-
+        PGconn *lock = lock_table(&t, "hosts");
         produce_round(&t, t0, 2);
-        int64_t writer = -1;
-        for (int i = 0; i < 300 && writer < 0; i++) {
-                time_sleep_ns(20 * NS_PER_MS);
-                writer = blocked_writer(&t);
-        }
+        int64_t writer = wait_blocked(&t, "hosts");
         CHECK(writer > 0, "round 2's commit never waited on hosts");
 
         /* Round 3 is taken into the next batch while round 2's commit waits. */
@@ -93,12 +167,7 @@ int main(void)
         time_sleep_ns(NS_PER_SEC);
         CHECK(aggtest_committed(&t) == after1, "something committed past round 1 while hosts was locked");
 
-        char sql[128];
-        snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)::int", (long long)writer);
-        CHECK(store_int(&t, sql) == 1, "could not end the writer's backend %lld", (long long)writer);
-        PQclear(PQexec(lock, "ROLLBACK"));
-        PQfinish(lock);
-
+        end_backend(&t, writer, lock);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "rounds 2 and 3 were not billed after the failed commit");
         /* By hand: the last counter, 3 x 4 s of CPU; memory between the first
          * and the last reading, 20 s x 256 MiB. */
@@ -143,66 +212,49 @@ int main(void)
         /* 3: created rows ahead of a batch whose commit is then lost. Produced
          * once the aggregator has its partitions: rows are committed ahead only
          * for a consumer at the head of the stream (announce.h). */
-        enum { AHEAD = 100 };
-        lock = PQconnectdb(t.db_url);
-        CHECK(PQstatus(lock) == CONNECTION_OK, "lock session: %s", PQerrorMessage(lock));
-        PQclear(PQexec(lock, "BEGIN"));
-        r = PQexec(lock, "LOCK TABLE hosts IN EXCLUSIVE MODE");
-        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK, "lock hosts: %s", PQresultErrorMessage(r));
-        PQclear(r);
+        lock = lock_table(&t, "hosts");
         const char *slow[] = { "--batch-ms", "2000", "--log-level", "debug", NULL };
         agg = aggtest_spawn(&t, slow);
         for (int i = 0; i < 600 && !store_log_has(&t, 2, "partition assigned"); i++)
                 time_sleep_ns(50 * NS_PER_MS);
-        /* The created events in one burst, then the samples: the first poll
-         * holds ANNOUNCE_MIN (64) created events or more. */
-        for (int k = 0; k <= 2; k++) {
-                for (int i = 0; i < AHEAD; i++) {
-                        char sb[32];
-                        snprintf(sb, sizeof(sb), "sb_ahead_%d", i);
-                        struct usage_event ev = aggtest_sample("acct_ahead", "key_ahead", sb, 1, (uint64_t)(k ? k : 1),
-                                                               t0 + (k ? k : 1) * 10 * NS_PER_SEC, STATE_RUNNING,
-                                                               (uint64_t)(k ? k : 1) * 4 * NS_PER_SEC, 256 * MIB, 0, 2);
-                        if (k == 0)
-                                ev = aggtest_created_for(&ev);
-                        int len = event_encode(&ev, buf, sizeof(buf));
-                        CHECK(len > 0, "encode");
-                        aggtest_produce_raw(&t, "acct_ahead", buf, len > 0 ? (size_t)len : 0);
-                }
-                aggtest_flush(&t);
-        }
-        writer = -1;
-        for (int i = 0; i < 500 && writer < 0; i++) {
-                time_sleep_ns(20 * NS_PER_MS);
-                writer = blocked_writer(&t);
-        }
+        produce_new_sandboxes(&t, "sb_ahead", t0);
+        writer = wait_blocked(&t, "hosts");
         CHECK(writer > 0, "the batch's commit never waited on hosts");
-        int64_t ahead = store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb_ahead_%'"
+        int64_t ahead = store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb\\_ahead\\_%'"
                                       " AND account_id = 'acct_ahead' AND key_id = 'key_ahead' AND vcpus = 2"
                                       " AND state = 'running'");
         CHECK(ahead >= 64 && ahead <= AHEAD, "%lld created rows in the ledger while their batch's commit waited",
               (long long)ahead);
-        CHECK(store_int(&t, "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'sb_ahead_%'") == 0,
+        CHECK(store_int(&t, "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'sb\\_ahead\\_%'") == 0,
               "usage committed while the batch's commit waited");
-        snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%lld)::int", (long long)writer);
-        CHECK(store_int(&t, sql) == 1, "could not end the writer's backend %lld", (long long)writer);
-        PQclear(PQexec(lock, "ROLLBACK"));
-        PQfinish(lock);
+        end_backend(&t, writer, lock);
         CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the batch was not billed after its lost commit");
         CHECK(store_log_has(&t, 2, "created events committed ahead of their batch"),
               "the aggregator did not say it committed created events ahead");
-        /* By hand: the last counter, 2 x 4 s of CPU; 10 s x 256 MiB between the two samples. */
-        for (int i = 0; i < AHEAD; i++) {
-                char sb[32];
-                snprintf(sb, sizeof(sb), "sb_ahead_%d", i);
-                aggtest_expect_billed(&t, sb, "8000000000/2684354560000000000/0", "created rows committed ahead");
-        }
-        CHECK(store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb_ahead_%' AND vcpus = 2"
-                            " AND state = 'running' AND host <> ''") == AHEAD,
-              "the sandboxes rows are not as their created events and samples say");
+        expect_new_sandboxes(&t, "sb_ahead", "created rows committed ahead");
         if (test_result() != 0)
                 store_log_dump(&t, 2, 6000);
         CHECK(aggtest_terminate(agg) == 0, "the third aggregator did not stop cleanly");
+
+        /* 4: the rows ahead are what fails (their backend ended while they wait
+         * on a lock of sandboxes): said, and the batch writes them itself. */
+        agg = aggtest_spawn(&t, slow);
+        for (int i = 0; i < 600 && !store_log_has(&t, 3, "partition assigned"); i++)
+                time_sleep_ns(50 * NS_PER_MS);
+        lock = lock_table(&t, "sandboxes"); /* (after the start: its statements are prepared then) */
+        produce_new_sandboxes(&t, "sb_ahead2", t0);
+        writer = wait_blocked(&t, "sandboxes");
+        CHECK(writer > 0, "the created rows ahead never waited on sandboxes");
+        CHECK(store_int(&t, "SELECT count(*) FROM sandboxes WHERE id LIKE 'sb\\_ahead2\\_%'") == 0,
+              "created rows in the ledger while their upsert waited");
+        end_backend(&t, writer, lock);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the batch was not billed after the rows ahead failed");
+        CHECK(store_log_has(&t, 3, "could not commit created events ahead of their batch; the batch writes them"),
+              "the aggregator did not say the rows ahead failed");
+        expect_new_sandboxes(&t, "sb_ahead2", "created rows ahead lost");
+        if (test_result() != 0)
+                store_log_dump(&t, 3, 6000);
+        CHECK(aggtest_terminate(agg) == 0, "the fourth aggregator did not stop cleanly");
         aggtest_stop(&t);
         return test_result();
 }
