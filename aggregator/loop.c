@@ -589,6 +589,7 @@ out:
         settle(&a);
         writer_stop(&a.writer);
         enforce_close(&a.enforce);
+        agg_log_lag_histogram(a.lag_hist, LAG_BUCKETS);
         if (r == 0)
                 log_info("aggregator stopped", "messages=%" PRIu64 " batches=%" PRIu64 " dead=%" PRIu64 " fenced=%" PRIu64
                                                " commit_lag_ms_p50=%" PRId64 " commit_lag_ms_p99=%" PRId64,

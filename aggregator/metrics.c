@@ -1,6 +1,8 @@
 /* metrics.c — see metrics.h. Reads the counters, never writes them. */
 #include "metrics.h"
 
+#include "log.h"
+
 #include <inttypes.h>
 #include <stddef.h>
 
@@ -73,4 +75,20 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size)
 int agg_metrics_page(const void *m, char *buf, size_t size)
 {
         return agg_metrics_text(m, buf, size);
+}
+
+void agg_log_lag_histogram(const uint64_t *hist, int buckets)
+{
+        char line[800];
+        size_t len = 0;
+        for (int i = 0; i < buckets; i++) {
+                if (hist[i]) {
+                        len += (size_t)snprintf(line + len, sizeof(line) - len, "%s%d:%" PRIu64, len ? " " : "", i,
+                                                hist[i]);
+                }
+                if (len && (i == buckets - 1 || len > sizeof(line) - 48)) {
+                        log_debug("commit lag histogram", "ms_samples=\"%s\"", line);
+                        len = 0;
+                }
+        }
 }

@@ -50,3 +50,8 @@ int agg_metrics_text(const struct agg_metrics *m, char *buf, size_t size);
 
 /* The same, as the page of a metrics_http server (arg: the struct agg_metrics). */
 int agg_metrics_page(const void *m, char *buf, size_t size);
+
+/* Logs (debug) the commit lag histogram hist of `buckets` 1 ms buckets: lines of
+ * "ms:samples" pairs for the buckets not empty, for a benchmark to merge the
+ * histograms of several aggregators. */
+void agg_log_lag_histogram(const uint64_t *hist, int buckets);

@@ -571,16 +571,26 @@ void store_report_free(struct commit_report *rep)
 void store_log_committed(const struct commit_report *rep, const struct batch *b)
 {
         const int64_t *at = rep->at;
+        /* The batch's commit lag, oldest and newest sample (Kafka create time to now). */
+        int64_t now_ms = time_wall_ns() / NS_PER_MS, oldest = INT64_MAX, newest = INT64_MIN;
+        for (size_t i = 0; i < b->nstamps; i++) {
+                oldest = b->stamps[i].kafka_ms < oldest ? b->stamps[i].kafka_ms : oldest;
+                newest = b->stamps[i].kafka_ms > newest ? b->stamps[i].kafka_ms : newest;
+        }
+        if (!b->nstamps)
+                oldest = newest = now_ms;
         if (rep->fired)
                 log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld waived_sandboxes=%ld", rep->fired,
                          rep->blocked, rep->waived);
         log_debug("batch committed",
                   "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
                   " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64
-                  " commit_ms=%" PRId64,
+                  " commit_ms=%" PRId64 " open_ms=%" PRId64 " lag_ms_oldest=%" PRId64 " lag_ms_newest=%" PRId64
+                  " noticed_ms=%" PRId64,
                   b->messages, rep->rows, b->ndirty, b->nevents, b->ndead, (at[STEP_STAGE] - rep->t0) / NS_PER_MS,
                   (at[STEP_ROWS] - at[STEP_STAGE]) / NS_PER_MS, (at[STEP_HOSTS] - at[STEP_ROWS]) / NS_PER_MS,
                   (time_mono_ns() - rep->t0) / NS_PER_MS, (at[STEP_FOLD] - at[STEP_STAGE]) / NS_PER_MS,
                   (at[STEP_APPLY] - at[STEP_FOLD]) / NS_PER_MS, (at[STEP_RATE] - at[STEP_APPLY]) / NS_PER_MS,
-                  (at[STEP_COMMIT] - at[STEP_HOSTS]) / NS_PER_MS);
+                  (at[STEP_COMMIT] - at[STEP_HOSTS]) / NS_PER_MS, (rep->t0 - b->started_ns) / NS_PER_MS,
+                  now_ms - oldest, now_ms - newest, (time_mono_ns() - at[STEP_COMMIT]) / NS_PER_MS);
 }

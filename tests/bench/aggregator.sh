@@ -35,6 +35,11 @@
 #                              the same on 5,000 more new sandboxes whose created events were
 #                              committed before their samples start (a vmm announces a sandbox a
 #                              collector's tick or more before its first sample)
+#  commit_latency_N_aggregators_ms_p50/p99, commit_latency_created_ahead_N_aggregators_ms_p50/p99
+#                              the two above again, on 5,000 more new sandboxes each, with
+#                              LAT_AGGREGATORS (N, 2) tally-aggregators in the group sharing the
+#                              partitions, each committing its own on a PostgreSQL connection of
+#                              its own (their histograms, logged at exit, merged)
 #  freeze_latency_ms_p50/p99   the sample that crosses a key's daily limit produced -> pause command
 #                              published -> consumed by a real tally-vmm -> its process
 #                              sandbox's freezer cgroup reads FROZEN
@@ -45,7 +50,8 @@
 #                              the keys above, each further one gets them prefixed with its name
 #                              (v2_e2e_samples_per_s, ...). A format is a case of produce() below.
 #  PERF_DIR                    when set, `perf record -g` of the aggregator and PostgreSQL over each
-#                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data (perf report
+#                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data, and each
+#                              commit-latency phase, into PERF_DIR/lat.PREFIXFORMAT.WHEN.data (perf report
 #                              --sort comm,dso,sym -i FILE shows where the CPU went)
 #  LOG_DIR                     when set, the aggregator's debug logs of every phase are copied there
 #                              at the end (each batch's step times: "batch committed"), with the
@@ -63,6 +69,7 @@ SANDBOXES=${SANDBOXES:-10000}
 SAMPLES=${SAMPLES:-100}
 LAT_RATE=${LAT_RATE:-200000}
 LAT_SANDBOXES=5000
+LAT_AGGREGATORS=${LAT_AGGREGATORS:-2}
 FORMATS=${FORMATS:-v1 v2}
 # The development broker keeps 5 MiB per partition by default (librdkafka's mock cluster) and
 # drops older messages: most of a 1,000,000-sample preload. Here it is told to keep 2 GiB (and
@@ -87,7 +94,7 @@ WORK=$(mktemp -d /tmp/tally-bench-aggregator.XXXXXX)
 AGG_PID=
 VMM_PID=
 cleanup() {
-  [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null
+  [ -n "$AGG_PID" ] && kill $AGG_PID 2>/dev/null
   [ -z "${LOG_DIR:-}" ] || { mkdir -p "$LOG_DIR" && cp "$WORK"/agg.*.log "$LOG_DIR"/ 2>/dev/null; }
   [ -z "${LOG_DIR:-}" ] || cp "$WORK"/freeze.txt "$WORK"/vmm.log "$LOG_DIR"/ 2>/dev/null || true
   [ -n "$VMM_PID" ] && kill "$VMM_PID" 2>/dev/null && wait "$VMM_PID" 2>/dev/null
@@ -196,34 +203,95 @@ copy_ceiling() {
   say "PostgreSQL COPY: $COPY_RATE rows/s, $COPY_NS ns of its CPU a row"
 }
 
-# latency FORMAT PFX LABEL PREFIX WHEN: the commit latency of LAT_SANDBOXES x SAMPLES samples offered at
-# a steady LAT_RATE a second, of 5,000 sandboxes the ledger has never seen (PREFIX-N): every sample is
-# new usage to fold, rate and write, none a duplicate of the end-to-end phase's. WHEN: the sandboxes'
-# created events with their first samples, in the same round (with), or produced and committed
-# before the samples start, as a vmm announces a sandbox a collector's tick or more before its first
-# sample (ahead; the aggregator is started again for the samples, so its histogram holds samples
-# only). Sets LAT_P50, LAT_P99 (the aggregator's own histogram at exit), LAT_ROWS, LAT_BATCHES.
+# perf_start FILE: `perf record -g` of the aggregator (AGG_PID) and PostgreSQL's backends into FILE, in
+# the background; prints its pid, for perf_stop (a child of the subshell that printed it, not waitable).
+perf_start() {
+  mkdir -p "$(dirname "$1")"
+  perf record -q -F 499 -g -o "$1" \
+    -p "$(echo $AGG_PID $(pgrep -P "$(head -1 "$WORK/pg/data/postmaster.pid")") | tr ' ' ',')" >/dev/null 2>&1 &
+  echo $!
+}
+perf_stop() { # PID (none: nothing) — ends the recording and waits for its file to be written
+  [ -n "$1" ] || return 0
+  kill -INT "$1" 2>/dev/null || true
+  while kill -0 "$1" 2>/dev/null; do sleep 0.1; done
+}
+
+# run_aggregator LOG: one more tally-aggregator in the group (debug log into LOG); its pid added to
+# AGG_PID (a list: `kill $AGG_PID` and `wait $AGG_PID` take them all).
+run_aggregator() {
+  : >"$1"
+  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$1" &
+  AGG_PID="${AGG_PID:+$AGG_PID }$!"
+}
+stop_aggregators() { [ -z "$AGG_PID" ] || { kill -TERM $AGG_PID; wait $AGG_PID || true; }; AGG_PID=; }
+
+# wait_assigned TIMEOUT_S LOG...: until the group has settled: the aggregator of every LOG holds a
+# partition, and together they hold all PARTITIONS (a log's assigned less its released).
+wait_assigned() {
+  local end=$(( $(date +%s) + $1 )) f held total owners
+  shift
+  while :; do
+    total=0 owners=0
+    for f in "$@"; do
+      held=$(( $(grep -c 'msg="partition assigned"' "$f" || true) - $(grep -c 'msg="partition released"' "$f" || true) ))
+      total=$(( total + held ))
+      [ "$held" -le 0 ] || owners=$(( owners + 1 ))
+    done
+    [ "$owners" != $# ] || [ "$total" != "$PARTITIONS" ] || return 0
+    [ "$(date +%s)" -lt "$end" ] || die "the group did not settle in $1 s: $owners of $# aggregators hold $total of $PARTITIONS partitions"
+    sleep 0.1
+  done
+}
+
+# lag_quantiles LOG...: "P50 P99" of the commit lag (ms) of every sample the aggregators of LOG
+# committed: their histograms (each logs its own at exit, "commit lag histogram") merged, with
+# the aggregator's own rule for a quantile (the first 1 ms bucket at or past ceil(total x q)).
+lag_quantiles() {
+  grep -h 'msg="commit lag histogram"' "$@" | sed 's/.*ms_samples="\([^"]*\)".*/\1/' | tr ' ' '\n' |
+    awk -F: 'NF == 2 { n[$1] += $2; t += $2; if ($1 + 0 > mx) mx = $1 + 0 }
+      END {
+        if (!t) { print "-1 -1"; exit }
+        w50 = int((t * 50 + 99) / 100); w99 = int((t * 99 + 99) / 100); c = 0; p50 = -1
+        for (i = 0; i <= mx; i++) { c += n[i]; if (p50 < 0 && c >= w50) p50 = i; if (c >= w99) { print p50, i; exit } }
+      }'
+}
+
+# latency FORMAT PFX LABEL PREFIX WHEN [AGGREGATORS]: the commit latency of LAT_SANDBOXES x SAMPLES
+# samples offered at a steady LAT_RATE a second, of 5,000 sandboxes the ledger has never seen
+# (PREFIX-N): every sample is new usage to fold, rate and write, none a duplicate of the end-to-end
+# phase's. WHEN: the sandboxes' created events with their first samples, in the same round (with),
+# or produced and committed before the samples start, as a vmm announces a sandbox a collector's
+# tick or more before its first sample (ahead; the aggregators are started again for the samples,
+# so their histograms hold samples only). AGGREGATORS (1): how many tally-aggregators share the
+# partitions, each with its own connection to PostgreSQL. Sets LAT_P50, LAT_P99 (the aggregators'
+# own histograms at exit, merged), LAT_ROWS, LAT_BATCHES.
 latency() {
-  local fmt=$1 pfx=$2 label=$3 prefix=$4 when=$5 log="$WORK/agg.lat.$2$1.$5.log" before w
-  say "[$label] commit latency at a steady $LAT_RATE samples/s offered, on fresh samples, created events $when"
+  local fmt=$1 pfx=$2 label=$3 prefix=$4 when=$5 aggs=${6:-1} before w k logs=()
+  local name="agg.lat.$pfx$fmt.$when$([ "$aggs" = 1 ] || echo ".${aggs}aggregators")"
+  say "[$label] commit latency at a steady $LAT_RATE samples/s offered, on fresh samples, created events $when, $aggs aggregator(s)"
   before=$(billed "$prefix")
   [ "$before" = "0 0 0" ] || die "the latency phase's sandboxes were billed before it: $before"
   if [ "$when" = ahead ]; then
-    "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$WORK/agg.lat.$pfx$fmt.announce.log" &
-    AGG_PID=$!
+    run_aggregator "$WORK/$name.announce.log"
     produce "$fmt" 0 "$prefix" "$LAT_SANDBOXES" only
     w=$(watermarks)
     wait_committed "$(offsets_sum "$w")" 300
-    kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+    stop_aggregators
   fi
-  "$AGG" --database-url "$(pg_role_url "$DB" tally_aggregator)" --kafka-brokers "$BROKERS" ${AGG_KAFKA:+--kafka-settings "$AGG_KAFKA"} --log-level debug 2>"$log" &
-  AGG_PID=$!
-  wait_log "$log" "partition assigned" 30
+  for k in $(seq 1 "$aggs"); do
+    logs+=("$WORK/$name$([ "$aggs" = 1 ] || echo ".$k").log")
+    run_aggregator "${logs[-1]}"
+  done
+  wait_assigned 60 "${logs[@]}"
   sleep 1
+  local perf_pid=
+  [ -z "${PERF_DIR:-}" ] || perf_pid=$(perf_start "$PERF_DIR/lat.$pfx$fmt.$when.${aggs}.data")
   produce "$fmt" "$LAT_RATE" "$prefix" "$LAT_SANDBOXES" "$([ "$when" = ahead ] && echo none || echo with)"
   w=$(watermarks)
   wait_committed "$(offsets_sum "$w")" 300
-  kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
+  perf_stop "$perf_pid"
+  stop_aggregators
   local got want
   got=$(billed "$prefix")
   want=$(want_billed "$LAT_SANDBOXES")
@@ -231,13 +299,15 @@ latency() {
   [ "$got" = "$want" ] || die "the latency phase's samples were not all billed: $got, want $want"
   LAT_ROWS=$(psql -tAc "SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE '$prefix-%'")
   local ln lm lu lsb lt lmx
-  read -r ln lm lu lsb lt lmx <<<"$(batch_sums "$log")"
+  read -r ln lm lu lsb lt lmx <<<"$(cat "${logs[@]}" | batch_sums /dev/stdin)"
   LAT_BATCHES="$ln batches, $(( lm / (ln ? ln : 1) )) messages each on average, $(( lt / (ln ? ln : 1) )) ms each on average, longest $lmx ms"
   say "[$label] latency phase: $LAT_BATCHES"
-  local lat
-  lat=$(grep 'msg="aggregator stopped"' "$log")
-  LAT_P50=$(sed -n 's/.*commit_lag_ms_p50=\([0-9-]*\).*/\1/p' <<<"$lat")
-  LAT_P99=$(sed -n 's/.*commit_lag_ms_p99=\([0-9-]*\).*/\1/p' <<<"$lat")
+  read -r LAT_P50 LAT_P99 <<<"$(lag_quantiles "${logs[@]}")"
+  if [ "$aggs" = 1 ]; then # the merge, checked against the aggregator's own figures
+    local own
+    own=$(sed -n 's/.*msg="aggregator stopped".*commit_lag_ms_p50=\([0-9-]*\) commit_lag_ms_p99=\([0-9-]*\).*/\1 \2/p' "${logs[0]}")
+    [ "$own" = "$LAT_P50 $LAT_P99" ] || die "the merged commit lag histogram says $LAT_P50 $LAT_P99, the aggregator $own"
+  fi
 }
 
 # The end-to-end, ceiling and commit-latency phases of FORMAT against BROKERS, billing into DB.
@@ -273,14 +343,11 @@ phases() { # FORMAT PFX (key prefix) LABEL
   local perf_pid=
   if [ -n "${PERF_DIR:-}" ]; then
     wait_log "$WORK/agg.e2e.$pfx$fmt.log" "partition assigned" 60
-    mkdir -p "$PERF_DIR"
-    perf record -q -F 499 -g -o "$PERF_DIR/e2e.$pfx$fmt.data" \
-      -p "$(echo $AGG_PID $(pgrep -P "$(head -1 "$WORK/pg/data/postmaster.pid")") | tr ' ' ',')" 2>/dev/null &
-    perf_pid=$!
+    perf_pid=$(perf_start "$PERF_DIR/e2e.$pfx$fmt.data")
   fi
   wait_committed "$(offsets_sum "$w1")" 600
   t1=$(date +%s%N)
-  [ -z "$perf_pid" ] || { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" || true; }  # (perf ends by itself when a process it follows ends)
+  perf_stop "$perf_pid"
   local cpu_agg cpu_pg cpu_br
   cpu_agg=$(cpu_of $AGG_PID) cpu_pg=$(( $(pg_cpu) - pg0 )) cpu_br=$(( $(broker_cpu) - br0 ))
   kill -TERM $AGG_PID; wait $AGG_PID || true; AGG_PID=
@@ -349,7 +416,12 @@ phases() { # FORMAT PFX (key prefix) LABEL
   local p50=$LAT_P50 p99=$LAT_P99 lat_rows=$LAT_ROWS lat_batches=$LAT_BATCHES
   latency "$fmt" "$pfx" "$label" "bench-lat-ahead-$fmt" ahead
   local a50=$LAT_P50 a99=$LAT_P99 a_batches=$LAT_BATCHES
-  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms (created events ahead: $a50/$a99 ms)"
+  local n=$LAT_AGGREGATORS
+  latency "$fmt" "$pfx" "$label" "bench-lat$n-$fmt" with "$n"
+  local m50=$LAT_P50 m99=$LAT_P99 m_batches=$LAT_BATCHES
+  latency "$fmt" "$pfx" "$label" "bench-lat$n-ahead-$fmt" ahead "$n"
+  local ma50=$LAT_P50 ma99=$LAT_P99 ma_batches=$LAT_BATCHES
+  say "[$label] e2e $e2e samples/s ($e2e_with_join with the join), $ratio of consume only; commit latency p50/p99 $p50/$p99 ms (created events ahead: $a50/$a99 ms; $n aggregators: $m50/$m99 ms, ahead $ma50/$ma99 ms)"
 
   line "[$label] e2e samples/s" "$e2e" ">= 1000000 (development broker), >= 500000 (Apache Kafka); quoted baseline, not measured here: a billing engine's published 10000 events/s"
   [ -z "$note" ] || line "  e2e samples/s is" "" "$note"
@@ -363,10 +435,15 @@ phases() { # FORMAT PFX (key prefix) LABEL
   line "  commit latency p99 (ms)" "$p99" "<= 250"
   line "  created ahead: p50 (ms)" "$a50" "the same with the sandboxes' created events committed before their samples start ($a_batches)"
   line "  created ahead: p99 (ms)" "$a99" "<= 250"
-  JSON+=$(printf ', "%se2e_samples_per_s": %s, "%se2e_samples_per_s_with_join": %s, "%se2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "%se2e_load_average_1m": "%s", "%se2e_rows_per_1000_samples": %s, "%sconsume_only_messages_per_s": %s, "%sconsume_only_samples_per_s": %s, "%sconsume_only_cpu_ns_per_sample": %s, "%se2e_of_consume_only": %s, "%scopy_only_samples_per_s": %s, "%scommit_latency_offered_samples_per_s": %s, "%scommit_latency_ms_p50": %s, "%scommit_latency_ms_p99": %s, "%scommit_latency_usage_rows": %s, "%scommit_latency_created_ahead_ms_p50": %s, "%scommit_latency_created_ahead_ms_p99": %s' \
+  line "  $n aggregators: p50 (ms)" "$m50" "the first two with $n aggregators sharing the partitions, one PostgreSQL connection each ($m_batches)"
+  line "  $n aggregators: p99 (ms)" "$m99" "<= 250"
+  line "  $n, created ahead: p50 (ms)" "$ma50" "($ma_batches)"
+  line "  $n, created ahead: p99 (ms)" "$ma99" "<= 250"
+  JSON+=$(printf ', "%se2e_samples_per_s": %s, "%se2e_samples_per_s_with_join": %s, "%se2e_cpu_ns_per_sample_aggregator_postgres_broker": [%s], "%se2e_load_average_1m": "%s", "%se2e_rows_per_1000_samples": %s, "%sconsume_only_messages_per_s": %s, "%sconsume_only_samples_per_s": %s, "%sconsume_only_cpu_ns_per_sample": %s, "%se2e_of_consume_only": %s, "%scopy_only_samples_per_s": %s, "%scommit_latency_offered_samples_per_s": %s, "%scommit_latency_ms_p50": %s, "%scommit_latency_ms_p99": %s, "%scommit_latency_usage_rows": %s, "%scommit_latency_created_ahead_ms_p50": %s, "%scommit_latency_created_ahead_ms_p99": %s, "%scommit_latency_%s_aggregators_ms_p50": %s, "%scommit_latency_%s_aggregators_ms_p99": %s, "%scommit_latency_created_ahead_%s_aggregators_ms_p50": %s, "%scommit_latency_created_ahead_%s_aggregators_ms_p99": %s' \
     "$pfx" "$e2e_json" "$pfx" "$e2e_with_join" "$pfx" "$cpu_json" "$pfx" "$load" "$pfx" "$rows_per_ksample" \
     "$pfx" "$cons_msg_s" "$pfx" "$cons_smp_s" "$pfx" "$cons_ns" "$pfx" "$ratio" "$pfx" "$pg_only" \
-    "$pfx" "$LAT_RATE" "$pfx" "$p50" "$pfx" "$p99" "$pfx" "$lat_rows" "$pfx" "$a50" "$pfx" "$a99")
+    "$pfx" "$LAT_RATE" "$pfx" "$p50" "$pfx" "$p99" "$pfx" "$lat_rows" "$pfx" "$a50" "$pfx" "$a99" \
+    "$pfx" "$n" "$m50" "$pfx" "$n" "$m99" "$pfx" "$n" "$ma50" "$pfx" "$n" "$ma99")
 }
 
 # Every format on one broker: the first format's keys carry PFX alone, a further one's PFX + its name.
