@@ -51,7 +51,8 @@
 #                              (v2_e2e_samples_per_s, ...). A format is a case of produce() below.
 #  PERF_DIR                    when set, `perf record -g` of the aggregator and PostgreSQL over each
 #                              end-to-end phase, into PERF_DIR/e2e.PREFIXFORMAT.data, and each
-#                              commit-latency phase, into PERF_DIR/lat.PREFIXFORMAT.WHEN.data (perf report
+#                              commit-latency phase, into
+#                              PERF_DIR/lat.PREFIXFORMAT.WHEN.AGGREGATORS.data (perf report
 #                              --sort comm,dso,sym -i FILE shows where the CPU went)
 #  LOG_DIR                     when set, the aggregator's debug logs of every phase are copied there
 #                              at the end (each batch's step times: "batch committed"), with the
