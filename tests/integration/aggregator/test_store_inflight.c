@@ -136,6 +136,16 @@ static PGconn *lock_table(struct aggtest *t, const char *table)
 }
 
 /* Ends backend pid, then the lock session. */
+/* Starts the n-th aggregator of the test (its log n) and waits up to 30 s
+ * for its partitions. */
+static pid_t spawn_assigned(struct aggtest *t, const char *const *args, int n)
+{
+        pid_t agg = aggtest_spawn(t, args);
+        for (int i = 0; i < 600 && !store_log_has(t, n, "partition assigned"); i++)
+                time_sleep_ns(50 * NS_PER_MS);
+        return agg;
+}
+
 static void end_backend(struct aggtest *t, int64_t pid, PGconn *lock)
 {
         char sql[128];
@@ -214,9 +224,7 @@ int main(void)
          * for a consumer at the head of the stream (announce.h). */
         lock = lock_table(&t, "hosts");
         const char *slow[] = { "--batch-ms", "2000", "--log-level", "debug", NULL };
-        agg = aggtest_spawn(&t, slow);
-        for (int i = 0; i < 600 && !store_log_has(&t, 2, "partition assigned"); i++)
-                time_sleep_ns(50 * NS_PER_MS);
+        agg = spawn_assigned(&t, slow, 2);
         produce_new_sandboxes(&t, "sb_ahead", t0);
         writer = wait_blocked(&t, "hosts");
         CHECK(writer > 0, "the batch's commit never waited on hosts");
@@ -238,9 +246,7 @@ int main(void)
 
         /* 4: the rows ahead are what fails (their backend ended while they wait
          * on a lock of sandboxes): said, and the batch writes them itself. */
-        agg = aggtest_spawn(&t, slow);
-        for (int i = 0; i < 600 && !store_log_has(&t, 3, "partition assigned"); i++)
-                time_sleep_ns(50 * NS_PER_MS);
+        agg = spawn_assigned(&t, slow, 3);
         lock = lock_table(&t, "sandboxes"); /* (after the start: its statements are prepared then) */
         produce_new_sandboxes(&t, "sb_ahead2", t0);
         writer = wait_blocked(&t, "sandboxes");
