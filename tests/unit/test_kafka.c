@@ -11,9 +11,13 @@
 #include "config.h"
 #include "kafka.h"
 
+#include <dirent.h>
+#include <stdbool.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 static void get(rd_kafka_conf_t *conf, const char *name, char *buf, size_t size)
 {
@@ -101,6 +105,52 @@ static void test_settings_table(void **state)
         config_free(table, &c);
 }
 
+/* The timer slack of this process's thread named name, in ns; -1 when it has none. */
+static long thread_slack(const char *name)
+{
+        DIR *d = opendir("/proc/self/task");
+        assert_non_null(d);
+        long slack = -1;
+        for (struct dirent *e; slack < 0 && (e = readdir(d));) {
+                char path[300], comm[64] = "";
+                snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+                FILE *f = fopen(path, "r");
+                if (!f)
+                        continue;
+                bool match = fgets(comm, sizeof(comm), f) && strcspn(comm, "\n") == strlen(name) &&
+                             strncmp(comm, name, strlen(name)) == 0;
+                fclose(f);
+                snprintf(path, sizeof(path), "/proc/%s/timerslack_ns", e->d_name); /* (a thread's id works there) */
+                if (match && (f = fopen(path, "r"))) {
+                        assert_int_equal(fscanf(f, "%ld", &slack), 1);
+                        fclose(f);
+                }
+        }
+        closedir(d);
+        return slack;
+}
+
+/* Every client's librdkafka main thread sleeps with a 5 ms timer slack
+ * (common/kafka.c: librdkafka 2.0 busy-waits up to a millisecond before each
+ * of its timers otherwise); the thread that made the client keeps its own. */
+static void test_main_thread_timer_slack(void **state)
+{
+        (void)state;
+        char err[512];
+        long own = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        /* No broker needed: librdkafka starts its threads at once and connects in the background. */
+        rd_kafka_t *producer = kafka_producer_new("127.0.0.1:9", NULL, NULL, err, sizeof(err));
+        assert_non_null(producer);
+        assert_int_equal(thread_slack("rdk:main"), 5000000);
+        rd_kafka_destroy(producer);
+        assert_int_equal(thread_slack("rdk:main"), -1); /* (gone with its client) */
+        rd_kafka_t *consumer = kafka_consumer_new("127.0.0.1:9", "slack-test", NULL, NULL, err, sizeof(err));
+        assert_non_null(consumer);
+        assert_int_equal(thread_slack("rdk:main"), 5000000);
+        rd_kafka_destroy(consumer);
+        assert_int_equal(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), own);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -108,6 +158,7 @@ int main(void)
                 cmocka_unit_test(test_empty_and_null_change_nothing),
                 cmocka_unit_test(test_bad_settings_are_refused_with_a_reason),
                 cmocka_unit_test(test_settings_table),
+                cmocka_unit_test(test_main_thread_timer_slack),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
