@@ -172,6 +172,7 @@ int collector_new(const struct collector_options *opt, struct collector **ret, c
         }
         c->opt = *opt;
         c->watch.fd = -1;
+        c->pub.wake_fd = -1;
         int r;
         snprintf(c->state_dir, sizeof(c->state_dir), "%s", opt->state_dir);
         snprintf(c->registry_dir, sizeof(c->registry_dir), "%s/" REGISTRY_DIR, opt->state_dir);
@@ -265,13 +266,17 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
                         next_rescan = now + c->opt.rescan_s * NS_PER_SEC;
                 }
                 daemon_memory_trim(now); /* at most every DAEMON_TRIM_INTERVAL_S */
-                int64_t wait_ms = (next_tick - time_mono_ns()) / NS_PER_MS;
-                if (wait_ms > 100)
-                        wait_ms = 100; /* delivery reports are served between waits */
+                /* Asleep until the tick, a record changing, or librdkafka having
+                 * something to serve (delivery reports: publisher_wake_fd), and
+                 * at least once a second, for a stop signal another thread took. */
+                int64_t until = next_tick < next_rescan ? next_tick : next_rescan;
+                int64_t wait_ms = (until - time_mono_ns() + NS_PER_MS - 1) / NS_PER_MS;
+                if (wait_ms > 1000)
+                        wait_ms = 1000;
                 if (wait_ms < 0)
                         wait_ms = 0;
-                struct pollfd p = { c->watch.fd, POLLIN, 0 };
-                if (poll(&p, 1, (int)wait_ms) > 0)
+                struct pollfd p[] = { { c->watch.fd, POLLIN, 0 }, { c->pub.wake_fd, POLLIN, 0 } };
+                if (poll(p, 2, (int)wait_ms) > 0 && (p[0].revents & POLLIN))
                         drain_inotify(c);
                 publisher_poll(&c->pub);
         }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 static int produce(struct publisher *p, const char *account, const char *payload, size_t len, void *opaque)
 {
@@ -274,6 +276,7 @@ void publish_forget(struct publisher *p, struct sandbox *s)
 int publisher_open_spool(struct publisher *p, const char *state_dir, const char *host_id,
                          struct collector_metrics *m)
 {
+        p->wake_fd = -1;
         p->host_id = host_id;
         p->m = m;
         return spool_open(&p->spool, state_dir);
@@ -312,6 +315,14 @@ int publisher_connect(struct publisher *p, const struct collector_options *opt, 
                 snprintf(err, errlen, "could not create the Kafka producer: %s", kerr);
                 return -EINVAL;
         }
+        if ((p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+                snprintf(err, errlen, "could not make an eventfd: %s", strerror(errno));
+                return -errno;
+        }
+        static const uint64_t one = 1; /* what an eventfd takes: 8 bytes, added to its count */
+        rd_kafka_queue_t *q = rd_kafka_queue_get_main(p->rk);
+        rd_kafka_queue_io_event_enable(q, p->wake_fd, &one, sizeof(one));
+        rd_kafka_queue_destroy(q);
         p->outq = (size_t)rd_kafka_outq_len(p->rk);
         if (p->spool.count)
                 log_info("re-sending final samples left in the spool", "count=%zu", p->spool.count);
@@ -323,6 +334,9 @@ void publisher_close(struct publisher *p)
         if (p->rk)
                 rd_kafka_destroy(p->rk);
         p->rk = NULL;
+        if (p->wake_fd >= 0) /* (after the producer: it writes to it until destroyed) */
+                close(p->wake_fd);
+        p->wake_fd = -1;
         for (int32_t i = 0; i < p->nout; i++)
                 free(p->out[i].buf);
         free(p->out);
@@ -333,7 +347,10 @@ void publisher_close(struct publisher *p)
 
 void publisher_poll(struct publisher *p)
 {
-        rd_kafka_poll(p->rk, 0);
+        uint64_t n;
+        if (p->wake_fd >= 0 && read(p->wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+                log_warn("could not read the producer's eventfd", "error=\"%s\"", strerror(errno));
+        rd_kafka_poll(p->rk, 0); /* (after the read: what comes meanwhile writes it again) */
         p->outq = (size_t)rd_kafka_outq_len(p->rk);
         M_SET(p->m, queue_depth, p->outq);
         M_SET(p->m, spool_entries, p->spool.count);

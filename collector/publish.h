@@ -32,6 +32,10 @@ struct batch_out {
 
 struct publisher {
         rd_kafka_t *rk;
+        /* Readable once librdkafka has queued something for publisher_poll
+         * (a delivery report, an error): an eventfd its main queue writes to
+         * when it stops being empty. -1 until publisher_connect. */
+        int wake_fd;
         struct spool spool;
         int64_t queue_max;            /* ordinary samples waiting for the broker, at most */
         const char *host_id;          /* borrowed: used when a record names no host */
@@ -63,7 +67,7 @@ int publisher_open_spool(struct publisher *p, const char *state_dir, const char 
  * a reason in err. */
 int publisher_connect(struct publisher *p, const struct collector_options *opt, char *err, size_t errlen);
 
-/* Destroys the producer and frees the spool's list (its files stay). */
+/* Destroys the producer, closes wake_fd and frees the spool's list (its files stay). */
 void publisher_close(struct publisher *p);
 
 /* Publishes buf (an encoded sample of s, len bytes), or keeps it as s's
