@@ -540,6 +540,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         if (db_ensure(&a.ledger) < 0 || db_ensure(&a.wledger) < 0 ||
             enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0)
                 goto out;
+        store_warm(&a.wledger); /* (a failure costs the first commit the time) */
         if (writer_start(&a.writer) < 0) {
                 log_error("could not start the writer thread", NULL);
                 goto out;

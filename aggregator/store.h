@@ -54,6 +54,13 @@ int store_finish(struct ledger *l, struct batch *b, const struct partitions *ps,
                  struct commit_report *ret);
 void store_report_free(struct commit_report *rep);
 
+/* Runs every statement of a commit once on l's empty staging tables, in a
+ * transaction rolled back: a session's first commit parses the catalogs of
+ * the tables and their triggers and compiles the triggers' PL/pgSQL, which
+ * the aggregator pays at start instead of in its first batch's latency.
+ * 0, or -EIO (logged; the first commit then pays it). */
+int store_warm(struct ledger *l);
+
 /* Logs what a committed batch did and how long each part of it took. */
 void store_log_committed(const struct commit_report *rep, const struct batch *b);
 

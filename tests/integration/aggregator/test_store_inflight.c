@@ -166,6 +166,9 @@ int main(void)
         produce_round(&t, t0, 1);
         CHECK(aggtest_wait_caught_up(&t, 30) == 0, "round 1 was not billed");
         int64_t after1 = aggtest_committed(&t);
+        /* The writer's session ran every commit statement once at start, rolled back (store_warm). */
+        CHECK(store_log_has(&t, 0, "msg=\"ledger session warmed\""),
+              "the aggregator did not warm its writer's session at start");
 
         PGconn *lock = lock_table(&t, "hosts");
         produce_round(&t, t0, 2);
@@ -225,6 +228,9 @@ int main(void)
         lock = lock_table(&t, "hosts");
         const char *slow[] = { "--batch-ms", "2000", "--log-level", "debug", NULL };
         agg = spawn_assigned(&t, slow, 2);
+        /* Started while hosts is locked: it gave up warming its session (lock_timeout), not starting. */
+        CHECK(store_log_has(&t, 2, "could not warm the ledger session"),
+              "the aggregator started beside a locked hosts table did not say it could not warm its session");
         produce_new_sandboxes(&t, "sb_ahead", t0);
         writer = wait_blocked(&t, "hosts");
         CHECK(writer > 0, "the batch's commit never waited on hosts");
