@@ -267,7 +267,7 @@ int collector_run(struct collector *c, volatile sig_atomic_t *stop)
                 }
                 daemon_memory_trim(now); /* at most every DAEMON_TRIM_INTERVAL_S */
                 /* Asleep until the tick, a record changing, or librdkafka having
-                 * something to serve (delivery reports: publisher_wake_fd), and
+                 * something to serve (delivery reports: the publisher's wake_fd), and
                  * at least once a second, for a stop signal another thread took. */
                 int64_t until = next_tick < next_rescan ? next_tick : next_rescan;
                 int64_t wait_ms = (until - time_mono_ns() + NS_PER_MS - 1) / NS_PER_MS;

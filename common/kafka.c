@@ -66,12 +66,12 @@ int kafka_client_settings_check(const struct kafka_client_settings *s, char *err
  * next of its timers in whole milliseconds rounded down, then serves its queue
  * with a timeout of 0 in a loop until the timer is due: up to a millisecond of
  * busy waiting at every timer (later releases round the sleep up). Its
- * 1-second timer alone cost 837-905 us of CPU a second in an idle
+ * 1-second timer alone cost 837-924 us of CPU a second in an idle
  * tally-collector (the thread's /proc/PID/task/TID/schedstat over 15-20 s),
  * as much again as the collector's own idle loop, in every tally daemon's
  * every client. With a timer slack of 5 ms on that thread the kernel may end
  * its sleep up to 5 ms late, past the timer, and the loop finds it due:
- * 78-105 us a second. Its timers are housekeeping (that 1 s scan, metadata
+ * 29-105 us a second. Its timers are housekeeping (that 1 s scan, metadata
  * refreshes, group heartbeats, the idempotent producer's id), to which 5 ms
  * late is nothing; an operation queued for it still wakes it at once. */
 #define MAIN_THREAD_TIMER_SLACK_NS 5000000
