@@ -599,6 +599,11 @@ void store_report_free(struct commit_report *rep)
 void store_log_committed(const struct commit_report *rep, const struct batch *b)
 {
         const int64_t *at = rep->at;
+        if (rep->fired)
+                log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld waived_sandboxes=%ld", rep->fired,
+                         rep->blocked, rep->waived);
+        if (log_get_level() > LOG_LEVEL_DEBUG)
+                return; /* (not a pass over the batch's stamps for a line nobody reads) */
         /* The batch's commit lag, oldest and newest sample (Kafka create time to now). */
         int64_t now_ms = time_wall_ns() / NS_PER_MS, oldest = INT64_MAX, newest = INT64_MIN;
         for (size_t i = 0; i < b->nstamps; i++) {
@@ -607,9 +612,6 @@ void store_log_committed(const struct commit_report *rep, const struct batch *b)
         }
         if (!b->nstamps)
                 oldest = newest = now_ms;
-        if (rep->fired)
-                log_info("spend alerts recorded", "alerts=%ld blocked_keys=%ld waived_sandboxes=%ld", rep->fired,
-                         rep->blocked, rep->waived);
         log_debug("batch committed",
                   "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
                   " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64

@@ -135,7 +135,6 @@ static PGconn *lock_table(struct aggtest *t, const char *table)
         return lock;
 }
 
-/* Ends backend pid, then the lock session. */
 /* Starts the n-th aggregator of the test (its log n) and waits up to 30 s
  * for its partitions. */
 static pid_t spawn_assigned(struct aggtest *t, const char *const *args, int n)
@@ -146,6 +145,7 @@ static pid_t spawn_assigned(struct aggtest *t, const char *const *args, int n)
         return agg;
 }
 
+/* Ends backend pid, then the lock session. */
 static void end_backend(struct aggtest *t, int64_t pid, PGconn *lock)
 {
         char sql[128];
