@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -74,5 +75,6 @@ int main(void)
         publisher_close(&p);
         CHECK(p.wake_fd == -1, "wake_fd %d left open after publisher_close", p.wake_fd);
         test_remove_tree(dir);
+        free(dir);
         return test_result();
 }
