@@ -316,8 +316,9 @@ int publisher_connect(struct publisher *p, const struct collector_options *opt, 
                 return -EINVAL;
         }
         if ((p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
-                snprintf(err, errlen, "could not make an eventfd: %s", strerror(errno));
-                return -errno;
+                int e = errno; /* (before snprintf, which may set it) */
+                snprintf(err, errlen, "could not make an eventfd: %s", strerror(e));
+                return -e;
         }
         static const uint64_t one = 1; /* what an eventfd takes: 8 bytes, added to its count */
         rd_kafka_queue_t *q = rd_kafka_queue_get_main(p->rk);
