@@ -21,6 +21,7 @@ struct aggregator_config {
         char *group;
         int64_t batch_messages;  /* commit after this many messages... */
         int64_t batch_ms;        /* ...or this long after the batch's first */
+        int64_t commit_groups;   /* while keeping up, batches take the partitions owned in turn, this many groups */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
         int64_t metrics_port;    /* /metrics on this port; 0: off */
         int64_t keep_stopped_ms; /* a stopped sandbox leaves memory this long after its last commit */

@@ -125,7 +125,7 @@ static bool valid_id(const char *s, size_t n)
  * memory, in one query, with the size and key their `created` event gave (a
  * sandbox only created so far has no fold state: it comes back unknown, with
  * its size); those the ledger has no row for are remembered as
- * absent (new sandboxes) until the next prefetch. Returns 0, -EIO, -ENOMEM,
+ * absent (new sandboxes) until sandboxes_forget_absent. Returns 0, -EIO, -ENOMEM,
  * or -EPROTO for a row this aggregator cannot read (written by a newer one:
  * billing it from nothing would bill it twice, so nothing is billed). */
 static int load_sandboxes(struct sandbox_cache *c, char (*ids)[EVENT_ID_MAX + 1], size_t n)
@@ -253,7 +253,6 @@ static bool peek_sandbox(const rd_kafka_message_t *m, size_t *at, char *id)
  * reads each one again. */
 void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
 {
-        sandboxes_forget_absent(c);
         char (*ids)[EVENT_ID_MAX + 1] = NULL;
         size_t nids = 0, cap = 0;
         bool full = false;
@@ -266,7 +265,9 @@ void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n)
                          * tick's batch names the sandboxes the last one did, so one in memory
                          * says the rest are too (one that is not is read alone, in
                          * sandbox_add), and a batch costs one lookup here, not one a sample. */
-                        if (sandbox_find(c, id)) {
+                        /* (Known already: in memory, or looked up since absent and unheld were
+                         * forgotten, found new and with nothing held.) */
+                        if (sandbox_find(c, id) || (id_set_has(&c->absent, id) && id_set_has(&c->unheld, id))) {
                                 if (batch)
                                         break;
                                 continue;

@@ -83,8 +83,10 @@ struct sandbox *sandbox_find(struct sandbox_cache *c, const char *id);
 struct sandbox *sandbox_add(struct sandbox_cache *c, const char *id);
 
 /* Before messages are folded: the fold state of every sandbox among them not
- * in memory, read in one query. A failure is not fatal here: sandbox_add
- * reads each one again. */
+ * in memory, read in one query (but for those an earlier prefetch found
+ * absent and unheld, not forgotten since: messages looked at again while
+ * they wait for their commit group, loop.c). A failure is not fatal here:
+ * sandbox_add reads each one again. */
 void prefetch(struct sandbox_cache *c, rd_kafka_message_t **msgs, size_t n);
 
 /* Did the last prefetch (since the last commit) find that the ledger holds
@@ -94,8 +96,9 @@ bool sandbox_unheld(const struct sandbox_cache *c, const char *id);
 /* Forgets which sandboxes have no held readings: called at every commit. */
 void sandboxes_forget_unheld(struct sandbox_cache *c);
 
-/* Forgets which sandboxes the last prefetch found the ledger has no row for
- * (once its messages are taken: another aggregator may write them later). */
+/* Forgets which sandboxes prefetches found the ledger has no row for, and
+ * which have no held readings (once the messages looked up are taken:
+ * another aggregator may write them later). */
 void sandboxes_forget_absent(struct sandbox_cache *c);
 
 /* Drops the state of every sandbox of partitions p < ndrop for which drop[p]

@@ -43,6 +43,10 @@
 
 #define LAG_BUCKETS 60000                    /* 1 ms each: commit latency histogram up to 60 s */
 #define HOLD_MAX 4096                        /* messages taken from the consumer at once */
+#define DEFER_MAX HOLD_MAX                   /* messages of other commit groups waiting, at most */
+#define ABSENT_MAX 20000                     /* new sandboxes remembered while messages wait */
+#define ARRIVALS_SLOTS 10                    /* a second of high watermarks, ... */
+#define ARRIVALS_STEP_NS (100 * NS_PER_MS)   /* ... one every 100 ms */
 #define METERING_CHECK_NS (5 * NS_PER_SEC)   /* how often the metering_gaps view is read */
 
 /* A batch of a consumer that is behind may grow past batch_ms, up to this
@@ -71,7 +75,23 @@ struct agg {
         struct writer writer;
         struct announcer announcer;     /* created rows the writer commits ahead of their batch */
         int64_t due_asked_ns;           /* monotonic: when due_mid_poll last asked */
-        size_t held_rest;               /* messages of the poll not folded yet (take_held) */
+        /* Messages polled and not folded yet, in the order polled, with the
+         * monotonic time of their poll: a poll's, and those of commit groups
+         * other than the open batch's, waiting for a batch of their own
+         * (see "Commit groups" below). Polled before seek_gen moved: stale. */
+        rd_kafka_message_t **pend;
+        int64_t *pend_at;
+        size_t npend;
+        uint64_t pend_gen;
+        int open_group;                 /* the open batch's commit group, or PARTITION_GROUP_ALL */
+        /* The messages the broker took for the partitions owned in the last
+         * second (-1: not known yet): high_watermarks' sum, sampled every
+         * ARRIVALS_STEP_NS into a ring of ARRIVALS_SLOTS (nhw of them filled). */
+        int64_t arrivals;
+        int64_t hw_sum[ARRIVALS_SLOTS], hw_at[ARRIVALS_SLOTS];
+        int nhw, hw_next;
+        bool groups_were_off;           /* groups_off's last answer, for the log */
+        size_t held_rest;               /* messages polled not folded yet (take_held) */
         rd_kafka_queue_t *fetched;      /* the consumer's queue: messages fetched, not polled */
         struct intake intake;
         struct poison poison;
@@ -207,6 +227,8 @@ static int start_commit(struct agg *a)
                 failed(a, b, r);
                 return r;
         }
+        for (int32_t p = 0; p < w->positions.nparts; p++)
+                w->rep.partitions += w->positions.parts[p].touched;
         batch_written(b, &a->cache, time_mono_ns());
         partitions_untouch(&a->parts);
         w->ledger = &a->wledger;
@@ -239,6 +261,13 @@ static void hand_off(struct agg *a)
                 settle(a);
 }
 
+/* Forgets the samples (the partitions owned changed). */
+static void forget_arrivals(struct agg *a)
+{
+        a->nhw = a->hw_next = 0;
+        a->arrivals = -1;
+}
+
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,
                          void *opaque)
 {
@@ -250,12 +279,16 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic
                         log_error("could not claim partitions; retrying", NULL);
                         time_sleep_ns(NS_PER_SEC);
                 }
+                partitions_group(&a->parts, (int)a->cfg->commit_groups);
+                forget_arrivals(a); /* (other partitions: measured again) */
                 rd_kafka_assign(rk, parts);
         } else {
                 /* Revoked or lost: what we hold commits only if our generation
                  * still owns the partitions; then the state is dropped. */
                 commit_batch(a);
                 release(&a->parts, parts);
+                partitions_group(&a->parts, (int)a->cfg->commit_groups);
+                forget_arrivals(a);
                 rd_kafka_assign(rk, NULL);
         }
 }
@@ -290,54 +323,181 @@ static bool due_mid_poll(struct agg *a)
         return false;
 }
 
-/* Folds the held messages in order (and destroys them), committing whenever
- * the batch reaches its limit or is due (due_mid_poll). A commit that fails
- * resyncs: the rest are stale then and dropped (the consumer delivers them
- * again). */
-static void take_held(struct agg *a, rd_kafka_message_t **held, size_t n)
+/* ---- commit groups ----
+ *
+ * Every batch of a consumer that keeps up holds a row per sandbox it
+ * touched, whatever the batch's length, and a sample waits for the commit
+ * under way and then for its own: two commits of every sandbox. With
+ * commit_groups G > 1 the partitions owned are numbered in order and
+ * grouped by number modulo G (partitions_group), and a batch takes the
+ * messages of one group only: a sample then waits for the commits of the
+ * other groups and its own, each of 1/G of the sandboxes, about (1 + 1/G)
+ * commits of all instead of two. A message of another group waits in pend
+ * for a batch of its group; the groups take turns oldest first (the empty
+ * batch takes the group of the oldest message waiting). A partition's
+ * messages are folded in order, its position moves only as they are, and
+ * the waiting ones go with any seek (they come again from the ledger's
+ * position), so what a batch holds changes, never what is billed.
+ *
+ * Batches take every partition (PARTITION_GROUP_ALL) unless the consumer
+ * keeps up: while more messages are behind than the broker took in the last
+ * second (catching up, where larger batches write fewer rows a sample, see
+ * commit_due), until that second is measured (after a rebalance), while more
+ * than DEFER_MAX messages wait, and while the poison rule searches a failing
+ * batch. */
+
+static bool groups_off(struct agg *a)
+{
+        if (a->cfg->commit_groups <= 1)
+                return true;
+        int64_t behind = backlog(&a->parts, PARTITION_GROUP_ALL);
+        bool off = poison_searching(&a->poison) || a->arrivals < 0 || behind > a->arrivals;
+        if (off != a->groups_were_off) {
+                a->groups_were_off = off;
+                log_debug(off ? "batches take every partition" : "batches take one commit group",
+                          "behind=%" PRId64 " arrivals=%" PRId64, behind, a->arrivals);
+        }
+        return off;
+}
+
+/* Samples the high watermarks every ARRIVALS_STEP_NS or so; arrivals: what
+ * they moved since the oldest sample kept (a second or more ago once the
+ * ring is full), as messages a second. */
+static void measure_arrivals(struct agg *a, int64_t now_mono)
+{
+        int last = (a->hw_next + ARRIVALS_SLOTS - 1) % ARRIVALS_SLOTS;
+        if (a->nhw && now_mono - a->hw_at[last] < ARRIVALS_STEP_NS)
+                return;
+        int64_t sum = high_watermarks(&a->parts);
+        if (sum < 0 || (a->nhw && sum < a->hw_sum[last])) {
+                forget_arrivals(a); /* (not known yet; or back: a new topic) */
+                if (sum < 0)
+                        return;
+        }
+        int oldest = a->nhw < ARRIVALS_SLOTS ? 0 : a->hw_next;
+        a->arrivals = a->nhw ? (sum - a->hw_sum[oldest]) * NS_PER_SEC / (now_mono - a->hw_at[oldest]) : -1;
+        a->hw_sum[a->hw_next] = sum;
+        a->hw_at[a->hw_next] = now_mono;
+        a->hw_next = (a->hw_next + 1) % ARRIVALS_SLOTS;
+        if (a->nhw < ARRIVALS_SLOTS)
+                a->nhw++;
+}
+
+/* The commit group of m: its partition's; PARTITION_GROUP_ALL for one no batch
+ * keeps (a partition not owned, or none: the consumer's own errors). */
+static int group_of(struct agg *a, const rd_kafka_message_t *m)
+{
+        if (m->partition < 0 || m->partition >= a->parts.nparts || !a->parts.parts[m->partition].owned)
+                return PARTITION_GROUP_ALL;
+        return a->parts.parts[m->partition].group;
+}
+
+static void drop_pending(struct agg *a)
+{
+        for (size_t i = 0; i < a->npend; i++)
+                rd_kafka_message_destroy(a->pend[i]);
+        a->npend = 0;
+        a->pend_gen = a->parts.seek_gen;
+}
+
+/* Folds one message into the open batch (and destroys it), committing when
+ * the batch reaches its limit or is due (due_mid_poll). at_ns: when it was
+ * polled; a commit group's batch is as old as its first message's poll. */
+static void take_one(struct agg *a, rd_kafka_message_t *m, int64_t at_ns)
+{
+        if (!m->err) {
+                size_t before = a->batch->messages;
+                if (take_message(&a->intake, m) < 0) {
+                        log_error("could not take a message (memory, or the ledger unreadable);"
+                                  " dropping the batch to read it again", NULL);
+                        if (settle(a) == 0) { /* (a failure there resynced already) */
+                                batch_drop(a);
+                                resync(&a->parts);
+                        }
+                        time_sleep_ns(NS_PER_SEC / 2);
+                } else if (before == 0 && a->batch->messages == 1) {
+                        keep_first(a->batch, &(struct raw){ .partition = m->partition, .offset = m->offset,
+                                                             .payload = m->payload, .len = m->len });
+                        if (a->open_group != PARTITION_GROUP_ALL && at_ns < a->batch->started_ns)
+                                a->batch->started_ns = at_ns; /* (it may have waited for its group) */
+                }
+        } else if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET) {
+                /* Commit first: the gap moves the offset in the ledger. */
+                struct partition *p = part(&a->parts, m->partition);
+                if (p && p->owned && commit_batch(a) == 0)
+                        offset_reset(&a->parts, m->partition);
+        } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
+        }
+        rd_kafka_message_destroy(m);
+        if (a->batch->messages && ((int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages) ||
+                                   due_mid_poll(a)))
+                hand_off(a);
+}
+
+/* Folds the messages waiting in order, those of the open batch's commit
+ * group (or all), and keeps the others in order at pend's head. When the
+ * open batch changes group (a commit started, or groups went off), the ones
+ * kept come first again. A commit that fails resyncs: every message waiting
+ * is stale then and dropped (the consumer delivers them again). */
+static void take_held(struct agg *a)
 {
         uint64_t gen = a->parts.seek_gen;
+        if (a->pend_gen != gen) {
+                drop_pending(a);
+                return;
+        }
         /* Held readings the writer's commit stores or deletes: read back only
          * once it is through (a failure resyncs: these messages are stale). */
-        if (n && a->inflight && a->inflight->nwaiting)
+        if (a->npend && a->inflight && a->inflight->nwaiting)
                 settle(a);
-        prefetch(&a->cache, held, n);
-        for (size_t i = 0; i < n; i++) {
-                rd_kafka_message_t *m = held[i];
-                if (a->parts.seek_gen == gen) {
-                        if (!m->err) {
-                                size_t before = a->batch->messages;
-                                if (take_message(&a->intake, m) < 0) {
-                                        log_error("could not take a message (memory, or the ledger unreadable);"
-                                                  " dropping the batch to read it again", NULL);
-                                        if (settle(a) == 0) { /* (a failure there resynced already) */
-                                                batch_drop(a);
-                                                resync(&a->parts);
-                                        }
-                                        time_sleep_ns(NS_PER_SEC / 2);
-                                } else if (before == 0 && a->batch->messages == 1) {
-                                        keep_first(a->batch, &(struct raw){ .partition = m->partition,
-                                                                             .offset = m->offset,
-                                                                             .payload = m->payload, .len = m->len });
-                                }
-                        } else if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET) {
-                                /* Commit first: the gap moves the offset in the ledger. */
-                                struct partition *p = part(&a->parts, m->partition);
-                                if (p && p->owned && commit_batch(a) == 0)
-                                        offset_reset(&a->parts, m->partition);
-                        } else if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-                                log_warn("consumer error", "error=\"%s\"", rd_kafka_message_errstr(m));
-                        }
-                        a->held_rest = n - i - 1;
-                        if (a->batch->messages &&
-                            ((int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages) ||
-                             due_mid_poll(a)))
-                                hand_off(a);
+        prefetch(&a->cache, a->pend, a->npend);
+        uint64_t commits = a->committed_batches;
+        size_t kept = 0;
+        size_t i;
+        for (i = 0; i < a->npend && a->parts.seek_gen == gen; i++) {
+                rd_kafka_message_t *m = a->pend[i];
+                int g = group_of(a, m);
+                if (a->batch->messages == 0)
+                        a->open_group = groups_off(a) ? PARTITION_GROUP_ALL : g;
+                if (g != PARTITION_GROUP_ALL && a->open_group != PARTITION_GROUP_ALL && g != a->open_group) {
+                        a->pend_at[kept] = a->pend_at[i]; /* (kept <= i: the slot is free) */
+                        a->pend[kept++] = m;
+                        if (kept < DEFER_MAX)
+                                continue;
+                        a->open_group = PARTITION_GROUP_ALL; /* too many waiting: this batch takes all */
+                } else {
+                        int64_t at = a->pend_at[i];
+                        a->held_rest = a->npend - i - 1 + kept;
+                        take_one(a, m, at);
                 }
-                rd_kafka_message_destroy(m);
+                if (kept && (a->batch->messages == 0 || a->open_group == PARTITION_GROUP_ALL)) {
+                        /* The ones kept may be taken now, before the rest. */
+                        size_t rest = a->npend - i - 1;
+                        memmove(a->pend + kept, a->pend + i + 1, rest * sizeof(*a->pend));
+                        memmove(a->pend_at + kept, a->pend_at + i + 1, rest * sizeof(*a->pend_at));
+                        a->npend = kept + rest;
+                        kept = 0;
+                        i = (size_t)-1;
+                        if (a->committed_batches != commits) { /* (a commit forgets what prefetch found) */
+                                commits = a->committed_batches;
+                                prefetch(&a->cache, a->pend, a->npend);
+                        }
+                }
         }
         a->held_rest = 0;
-        sandboxes_forget_absent(&a->cache);
+        if (a->parts.seek_gen != gen) { /* what waits was polled before the seek */
+                for (; i < a->npend; i++)
+                        a->pend[kept++] = a->pend[i];
+                a->npend = kept;
+                drop_pending(a);
+                return;
+        }
+        a->npend = kept;
+        /* What prefetch found new goes with the messages it looked at (and
+         * is looked up again past ABSENT_MAX ids: memory). */
+        if (!kept || a->cache.absent.n > ABSENT_MAX)
+                sandboxes_forget_absent(&a->cache);
 }
 
 /* Creates the consumer (offsets kept in the ledger, never committed to
@@ -406,32 +566,30 @@ static int consumer_open(struct agg *a)
         return 0;
 }
 
-/* Takes what is waiting (up to HOLD_MAX messages) into held, so that the
- * fold state of the sandboxes among them not in memory is read in one query
- * before any is folded. Messages taken before a rebalance or a seek are
- * stale: dropped, delivered again. Returns how many it holds. */
-static size_t poll_held(struct agg *a, rd_kafka_message_t **held)
+/* Takes what is waiting (up to HOLD_MAX messages) into pend, after those
+ * waiting there already, so that the fold state of the sandboxes among them
+ * not in memory is read in one query before any is folded. Messages taken
+ * before a rebalance or a seek are stale: dropped, delivered again. Returns
+ * how many it took. */
+static size_t poll_held(struct agg *a)
 {
-        uint64_t gen = a->parts.seek_gen;
+        if (a->pend_gen != a->parts.seek_gen)
+                drop_pending(a);
+        /* Messages waiting that the empty open batch can take: no wait. */
+        int wait_ms = a->npend && !a->batch->messages ? 0 : a->batch->messages || a->inflight ? 5 : 100;
         size_t n = 0;
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, a->batch->messages || a->inflight ? 5 : 100);
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, wait_ms);
         while (m) {
-                if (a->parts.seek_gen != gen) {
-                        for (size_t i = 0; i < n; i++)
-                                rd_kafka_message_destroy(held[i]);
-                        n = 0;
-                        gen = a->parts.seek_gen;
-                }
-                held[n++] = m;
-                if (n == HOLD_MAX)
+                if (a->parts.seek_gen != a->pend_gen)
+                        drop_pending(a);
+                a->pend_at[a->npend] = time_mono_ns();
+                a->pend[a->npend++] = m;
+                if (++n == HOLD_MAX)
                         break;
                 m = rd_kafka_consumer_poll(a->consumer, 0);
         }
-        if (a->parts.seek_gen != gen) {
-                for (size_t i = 0; i < n; i++)
-                        rd_kafka_message_destroy(held[i]);
-                n = 0;
-        }
+        if (a->parts.seek_gen != a->pend_gen)
+                drop_pending(a);
         return n;
 }
 
@@ -454,6 +612,9 @@ static int64_t fetched(const struct agg *a)
  * end of a backlog: 62 usage batches left over made a fifth commit of all
  * 10,000 sandboxes, 152 ms, in scripts/bench aggregator); more than that is
  * a poll of many batches, which goes on in the next one (due_mid_poll).
+ * A batch of one commit group is taken only while the consumer keeps up
+ * (groups_off): it commits once batch_ms old, or sooner when quiet with
+ * nothing of its group behind.
  * quiet: nothing came within the first poll's wait (not merely an empty
  * queue between fetches). */
 static bool commit_due(struct agg *a, bool quiet)
@@ -463,12 +624,13 @@ static bool commit_due(struct agg *a, bool quiet)
                                                                                 : CATCHUP_BATCH_NS;
         bool commit = (int64_t)a->batch->messages >= batch_limit(&a->poison, a->cfg->batch_messages);
         if (!commit && (quiet || age >= batch_ns)) {
-                int64_t behind = backlog(&a->parts);
+                int64_t behind = backlog(&a->parts, a->open_group);
                 if (age >= catchup_ns)
                         commit = true;
                 else if (age >= batch_ns)
-                        commit = behind < (int64_t)a->batch->messages &&
-                                 !(behind > 0 && behind * 4 <= (int64_t)a->batch->messages && behind <= fetched(a));
+                        commit = a->open_group != PARTITION_GROUP_ALL ||
+                                 (behind < (int64_t)a->batch->messages &&
+                                 !(behind > 0 && behind * 4 <= (int64_t)a->batch->messages && behind <= fetched(a)));
                 else
                         commit = behind == 0;
         }
@@ -482,6 +644,7 @@ static void housekeeping(struct agg *a)
 {
         const struct aggregator_config *cfg = a->cfg;
         int64_t now_mono = time_mono_ns();
+        measure_arrivals(a, now_mono);
         int64_t sweep_every = cfg->keep_stopped_ms * NS_PER_MS < 5 * NS_PER_SEC ? cfg->keep_stopped_ms * NS_PER_MS
                                                                                : 5 * NS_PER_SEC;
         /* Not while a commit is under way (a sandbox it writes, evicted, would be
@@ -506,10 +669,10 @@ static void housekeeping(struct agg *a)
 
 int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
 {
-        struct agg a = { .cfg = cfg, .stop = stop };
+        struct agg a = { .cfg = cfg, .stop = stop, .open_group = PARTITION_GROUP_ALL, .arrivals = -1,
+                         .groups_were_off = true };
         int r = -EIO;
         struct metrics_http *ms = NULL;
-        rd_kafka_message_t **held = NULL;
         a.lag_hist = calloc(LAG_BUCKETS, sizeof(*a.lag_hist));
         a.metrics = calloc(1, sizeof(*a.metrics));
         if (!a.lag_hist || !a.metrics) {
@@ -550,14 +713,15 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64, cfg->group,
                  cfg->batch_messages, cfg->batch_ms);
         int64_t last_report = time_mono_ns();
-        held = calloc(HOLD_MAX, sizeof(*held));
-        if (!held) {
+        a.pend = calloc(DEFER_MAX + HOLD_MAX, sizeof(*a.pend));
+        a.pend_at = calloc(DEFER_MAX + HOLD_MAX, sizeof(*a.pend_at));
+        if (!a.pend || !a.pend_at) {
                 r = -ENOMEM;
                 goto out;
         }
         while (!*stop) {
-                size_t n = poll_held(&a, held);
-                take_held(&a, held, n);
+                size_t n = poll_held(&a);
+                take_held(&a);
                 if ((a.inflight || a.announcer.running) && writer_finished(&a.writer))
                         settle(&a);
                 housekeeping(&a); /* (here: between a commit's end and the next one's start) */
@@ -579,7 +743,9 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         commit_batch(&a);
         r = 0;
 out:
-        free(held);
+        drop_pending(&a);
+        free(a.pend);
+        free(a.pend_at);
         metrics_http_stop(ms);
         if (a.fetched)
                 rd_kafka_queue_destroy(a.fetched);

@@ -20,6 +20,9 @@ static const struct setting settings[] = {
           1000000, "Commit a batch after this many messages..." },
         { "batch_ms", SETTING_INT, "100", false, offsetof(struct aggregator_config, batch_ms), 1, 60000,
           "...or this many milliseconds after its first message (while behind: up to 10 times as long, 5 s at least)" },
+        { "commit_groups", SETTING_INT, "2", false, offsetof(struct aggregator_config, commit_groups), 1, 64,
+          "While keeping up, a batch takes one of this many groups of the partitions owned, in turn: a sample then "
+          "waits for a commit of its own group's sandboxes, not of all (1: every batch takes every partition)" },
         { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
           offsetof(struct aggregator_config, consumer_settings), 0, 0,
           "Further librdkafka consumer settings, name=value separated by commas" },

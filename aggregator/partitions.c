@@ -282,17 +282,39 @@ void check_metering_gaps(struct partitions *ps)
 /* Messages the broker holds beyond those taken, in the partitions owned: the
  * consumer's high watermarks as its last fetches saw them (no request to the
  * broker), less each partition's next offset. */
-int64_t backlog(struct partitions *ps)
+int64_t backlog(struct partitions *ps, int group)
 {
         int64_t lag = 0;
         for (int32_t p = 0; p < ps->nparts; p++) {
                 int64_t lo = -1, hi = -1;
-                if (ps->parts[p].owned &&
+                if (ps->parts[p].owned && (group == PARTITION_GROUP_ALL || ps->parts[p].group == group) &&
                     rd_kafka_get_watermark_offsets(ps->consumer, TOPIC_USAGE, p, &lo, &hi) == RD_KAFKA_RESP_ERR_NO_ERROR &&
                     hi > ps->parts[p].position)
                         lag += hi - ps->parts[p].position;
         }
         return lag;
+}
+
+int64_t high_watermarks(struct partitions *ps)
+{
+        int64_t sum = 0;
+        for (int32_t p = 0; p < ps->nparts; p++) {
+                int64_t lo = -1, hi = -1;
+                if (!ps->parts[p].owned)
+                        continue;
+                if (rd_kafka_get_watermark_offsets(ps->consumer, TOPIC_USAGE, p, &lo, &hi) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+                    hi < 0)
+                        return -1;
+                sum += hi;
+        }
+        return sum;
+}
+
+void partitions_group(struct partitions *ps, int ngroups)
+{
+        int n = 0;
+        for (int32_t p = 0; p < ps->nparts; p++)
+                ps->parts[p].group = ps->parts[p].owned ? n++ % ngroups : 0;
 }
 
 void partitions_untouch(struct partitions *ps)

@@ -30,6 +30,7 @@ struct partition {
         int64_t generation;
         int64_t position;       /* next offset to process */
         bool touched;           /* moved in this batch */
+        int group;              /* its commit group (loop.c): the partitions owned, numbered in order, modulo the groups */
 };
 
 struct partitions {
@@ -67,8 +68,19 @@ void offset_reset(struct partitions *ps, int32_t pn);
 /* Logs and counts hosts with running sandboxes and no recent sample. */
 void check_metering_gaps(struct partitions *ps);
 
-/* Messages the broker holds beyond those taken, in the partitions owned. */
-int64_t backlog(struct partitions *ps);
+/* Messages the broker holds beyond those taken, in the partitions owned
+ * (of commit group `group` only; PARTITION_GROUP_ALL: in all of them). */
+#define PARTITION_GROUP_ALL (-1)
+int64_t backlog(struct partitions *ps, int group);
+
+/* The sum of the partitions owned's high watermarks, as the consumer last
+ * heard them (the messages the broker took for them, ever); -1 while one of
+ * them is not known yet (no fetch answered for it). */
+int64_t high_watermarks(struct partitions *ps);
+
+/* Numbers the partitions owned in order and sets each one's group to its
+ * number modulo ngroups (>= 1). Call when ownership changes. */
+void partitions_group(struct partitions *ps, int ngroups);
 
 /* Marks every partition untouched (the batch was committed or dropped). */
 void partitions_untouch(struct partitions *ps);

@@ -131,3 +131,8 @@ int64_t batch_limit(const struct poison *po, int64_t batch_messages)
 {
         return po->split_limit ? po->split_limit : batch_messages;
 }
+
+bool poison_searching(const struct poison *po)
+{
+        return po->fail_reason[0] || po->split_limit;
+}

@@ -40,6 +40,9 @@ int poison_step(struct poison *po, struct ledger *l, const struct batch *b, stru
  * split batch is through, and the previous failure is forgotten. */
 void poison_committed(struct poison *po, size_t messages);
 
+/* Is a failing batch being retried or split (batches are then taken whole)? */
+bool poison_searching(const struct poison *po);
+
 /* The batch size now: batch_messages, or smaller while a failing batch is
  * being split. */
 int64_t batch_limit(const struct poison *po, int64_t batch_messages);

@@ -613,11 +613,11 @@ void store_log_committed(const struct commit_report *rep, const struct batch *b)
         if (!b->nstamps)
                 oldest = newest = now_ms;
         log_debug("batch committed",
-                  "messages=%zu usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
+                  "messages=%zu partitions=%d usage_rows=%zu sandboxes=%zu events=%zu dead=%zu stage_ms=%" PRId64 " apply_ms=%" PRId64
                   " limits_ms=%" PRId64 " ms=%" PRId64 " fold_ms=%" PRId64 " usage_ms=%" PRId64 " rate_ms=%" PRId64
                   " commit_ms=%" PRId64 " open_ms=%" PRId64 " lag_ms_oldest=%" PRId64 " lag_ms_newest=%" PRId64
                   " noticed_ms=%" PRId64,
-                  b->messages, rep->rows, b->ndirty, b->nevents, b->ndead, (at[STEP_STAGE] - rep->t0) / NS_PER_MS,
+                  b->messages, rep->partitions, rep->rows, b->ndirty, b->nevents, b->ndead, (at[STEP_STAGE] - rep->t0) / NS_PER_MS,
                   (at[STEP_ROWS] - at[STEP_STAGE]) / NS_PER_MS, (at[STEP_HOSTS] - at[STEP_ROWS]) / NS_PER_MS,
                   (time_mono_ns() - rep->t0) / NS_PER_MS, (at[STEP_FOLD] - at[STEP_STAGE]) / NS_PER_MS,
                   (at[STEP_APPLY] - at[STEP_FOLD]) / NS_PER_MS, (at[STEP_RATE] - at[STEP_APPLY]) / NS_PER_MS,

@@ -26,6 +26,7 @@
 /* What a committed transaction produced, for the caller to act on. */
 struct commit_report {
         size_t rows;            /* usage rows (sandbox, hour) written */
+        int partitions;         /* partitions whose offsets it moves (set by the caller, for the log) */
         long fired, blocked;    /* alerts recorded; keys newly blocked */
         long waived;            /* sandboxes whose paused storage a new block waives */
         struct command *cmds;   /* enforcement to publish after COMMIT; the caller frees it */

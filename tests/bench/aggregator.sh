@@ -164,7 +164,7 @@ ns_per_sample() { echo $(( $1 * 10000000 / TOTAL )); } # CPU hundredths of a sec
 # The batches' debug lines of a log: "batches messages usage_rows sandboxes commit_ms_total commit_ms_longest".
 batch_sums() {
   grep 'msg="batch committed"' "$1" |
-    sed 's/.* messages=\([0-9]*\) usage_rows=\([0-9]*\) sandboxes=\([0-9]*\) .* ms=\([0-9]*\) fold_ms.*/\1 \2 \3 \4/' |
+    sed 's/.* messages=\([0-9]*\) .*usage_rows=\([0-9]*\) sandboxes=\([0-9]*\) .* ms=\([0-9]*\) fold_ms.*/\1 \2 \3 \4/' |
     awk '$1 > 0 { n++; m += $1; u += $2; s += $3; t += $4; if ($4 > mx) mx = $4 } END { printf "%d %d %d %d %d %d\n", n, m, u, s, t, mx }'
 }
 

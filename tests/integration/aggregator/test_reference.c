@@ -14,7 +14,9 @@
  * Modes (environment):
  * - default: one round of the fixed seeds, one from the clock (printed) and
  *   every corpus case of tests/reference/corpus/ (the minimal streams earlier
- *   differences were shrunk to); TALLY_REFERENCE_SEED=n runs only seed n;
+ *   differences were shrunk to), produced a millisecond apart so that the
+ *   aggregator keeps up and takes its partitions in commit groups (checked
+ *   in its log); TALLY_REFERENCE_SEED=n runs only seed n;
  * - TALLY_REFERENCE_SECONDS=s (scripts/fuzz billing): rounds of
  *   TALLY_REFERENCE_STREAMS small streams (default 4000) until s seconds
  *   have passed, a kill in every other round; a stream that differs is
@@ -53,6 +55,13 @@ static const char *refdir;
 
 /* messages produced ahead of the ledger's offsets at most, a round's total */
 #define PRODUCE_AHEAD 10000
+
+/* The fixed round's messages are paced (a millisecond apart): an aggregator
+ * that keeps up takes its partitions in commit groups (aggregator/loop.c),
+ * the messages of one group waiting while the other's batch commits, so the
+ * round is billed through them; its log (debug) says when they engaged. */
+static bool paced;
+#define PACE_NS NS_PER_MS
 
 /* Runs a shell command; returns its exit status (-1 if it did not exit). */
 static int sh(const char *cmd)
@@ -145,6 +154,8 @@ static int64_t produce_stream(struct aggtest *t, const char *path, int round, in
                 *tab = '\0';
                 aggtest_produce_raw(t, line, tab + 1, (size_t)(line + len - tab - 1));
                 n++;
+                if (paced)
+                        time_sleep_ns(PACE_NS);
         }
         free(line);
         fclose(f);
@@ -232,7 +243,7 @@ static int wait_nothing_held(struct aggtest *t, int timeout_s)
 
 static pid_t spawn(struct aggtest *t, const char *grace_ms)
 {
-        const char *extra[] = { "--provenance-grace-ms", grace_ms, NULL };
+        const char *extra[] = { "--provenance-grace-ms", grace_ms, paced ? "--log-level" : NULL, "debug", NULL };
         return aggtest_spawn(t, extra);
 }
 
@@ -410,9 +421,15 @@ static int fixed(void)
                  model);
         CHECK(sh(cmd) == 0, "the generator or the model failed: %s", cmd);
         int64_t t0 = time_wall_ns();
+        paced = true;
         pid_t agg = spawn(&t, GRACE);
         struct round_result res;
         int rc = run_round(&t, 0, stream, model, &agg, true, GRACE, &res);
+        snprintf(cmd, sizeof(cmd), "%s/aggregator.0.log", t.dir);
+        char *log = test_read_file(cmd);
+        CHECK(log && strstr(log, "msg=\"batches take one commit group\""),
+              "the first aggregator, kept up with, never took its partitions in commit groups");
+        free(log);
         fprintf(stderr, "%" PRId64 " messages of %" PRId64 " streams folded and compared in %" PRId64
                         " ms; the first aggregator SIGKILLed with %" PRId64 " of the round's messages produced and %"
                         PRId64 " committed, a second one took over\n",
