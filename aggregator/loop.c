@@ -44,6 +44,7 @@
 #define LAG_BUCKETS 60000                    /* 1 ms each: commit latency histogram up to 60 s */
 #define HOLD_MAX 4096                        /* messages taken from the consumer at once */
 #define DEFER_MAX HOLD_MAX                   /* messages of other commit groups waiting, at most */
+#define GROUPS_BEHIND_MIN 32                 /* messages behind never too many for commit groups */
 #define ABSENT_MAX 20000                     /* new sandboxes remembered while messages wait */
 #define ARRIVALS_SLOTS 10                    /* a second of high watermarks, ... */
 #define ARRIVALS_STEP_NS (100 * NS_PER_MS)   /* ... one every 100 ms */
@@ -341,8 +342,8 @@ static bool due_mid_poll(struct agg *a)
  *
  * Batches take every partition (PARTITION_GROUP_ALL) unless the consumer
  * keeps up: while more messages are behind than the broker took in the last
- * second (catching up, where larger batches write fewer rows a sample, see
- * commit_due), until that second is measured (after a rebalance), while more
+ * second, and more than GROUPS_BEHIND_MIN (catching up, where larger
+ * batches write fewer rows a sample, see commit_due), until that second is measured (after a rebalance), while more
  * than DEFER_MAX messages wait, and while the poison rule searches a failing
  * batch. */
 
@@ -351,7 +352,8 @@ static bool groups_off(struct agg *a)
         if (a->cfg->commit_groups <= 1)
                 return true;
         int64_t behind = backlog(&a->parts, PARTITION_GROUP_ALL);
-        bool off = poison_searching(&a->poison) || a->arrivals < 0 || behind > a->arrivals;
+        bool off = poison_searching(&a->poison) || a->arrivals < 0 ||
+                   (behind > a->arrivals && behind > GROUPS_BEHIND_MIN);
         if (off != a->groups_were_off) {
                 a->groups_were_off = off;
                 log_debug(off ? "batches take every partition" : "batches take one commit group",
