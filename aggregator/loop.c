@@ -84,6 +84,8 @@ struct agg {
         int64_t *pend_at;
         size_t npend;
         uint64_t pend_gen;
+        size_t prefetched;              /* pend's first messages prefetch has looked at... */
+        uint64_t prefetch_commits;      /* ...since the commit that made committed_batches this */
         int open_group;                 /* the open batch's commit group, or PARTITION_GROUP_ALL */
         /* The messages the broker took for the partitions owned in the last
          * second (-1: not known yet): high_watermarks' sum, sampled every
@@ -398,8 +400,19 @@ static void drop_pending(struct agg *a)
 {
         for (size_t i = 0; i < a->npend; i++)
                 rd_kafka_message_destroy(a->pend[i]);
-        a->npend = 0;
+        a->npend = a->prefetched = 0;
         a->pend_gen = a->parts.seek_gen;
+}
+
+/* Has prefetch look at the messages waiting that it has not seen since the
+ * last commit (a commit forgets which sandboxes have no held readings):
+ * those polled since, or all of them. */
+static void prefetch_pending(struct agg *a)
+{
+        size_t from = a->prefetch_commits == a->committed_batches && a->prefetched <= a->npend ? a->prefetched : 0;
+        prefetch(&a->cache, a->pend + from, a->npend - from);
+        a->prefetched = a->npend;
+        a->prefetch_commits = a->committed_batches;
 }
 
 /* Folds one message into the open batch (and destroys it), committing when
@@ -453,8 +466,7 @@ static void take_held(struct agg *a)
          * once it is through (a failure resyncs: these messages are stale). */
         if (a->npend && a->inflight && a->inflight->nwaiting)
                 settle(a);
-        prefetch(&a->cache, a->pend, a->npend);
-        uint64_t commits = a->committed_batches;
+        prefetch_pending(a);
         size_t kept = 0;
         size_t i;
         for (i = 0; i < a->npend && a->parts.seek_gen == gen; i++) {
@@ -481,10 +493,8 @@ static void take_held(struct agg *a)
                         a->npend = kept + rest;
                         kept = 0;
                         i = (size_t)-1;
-                        if (a->committed_batches != commits) { /* (a commit forgets what prefetch found) */
-                                commits = a->committed_batches;
-                                prefetch(&a->cache, a->pend, a->npend);
-                        }
+                        a->prefetched = a->npend; /* (looked at, all of them: again after a commit) */
+                        prefetch_pending(a);
                 }
         }
         a->held_rest = 0;
@@ -495,11 +505,13 @@ static void take_held(struct agg *a)
                 drop_pending(a);
                 return;
         }
-        a->npend = kept;
+        a->npend = a->prefetched = kept;
         /* What prefetch found new goes with the messages it looked at (and
          * is looked up again past ABSENT_MAX ids: memory). */
-        if (!kept || a->cache.absent.n > ABSENT_MAX)
+        if (!kept || a->cache.absent.n > ABSENT_MAX) {
                 sandboxes_forget_absent(&a->cache);
+                a->prefetched = 0;
+        }
 }
 
 /* Creates the consumer (offsets kept in the ledger, never committed to

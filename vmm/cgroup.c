@@ -520,12 +520,14 @@ int cgroup_cpu_final(const struct sandbox_cgroup *cg, pid_t init, int timeout_ms
                 return r;
         /* Released is not yet charged: a task reaped by its own exit (the
          * kernel's autoreap) leaves pids.current before its last slice is
-         * accounted, at its final switch. So the counter once it holds still:
-         * for 2 ms after a release (a cgroup v2 guest under TCG saw 20 ms of a
-         * fork's CPU land after the release), for 20 ms without one (no pids
-         * controller, or a task never reaped); at most timeout_ms more. */
+         * accounted, at its final switch. So the counter once it holds still
+         * for 20 ms, released or not (no pids controller, or a task never
+         * reaped); at most timeout_ms more. 2 ms after a release was too
+         * short: a cgroup v2 guest under TCG saw 20 ms of a fork's CPU land
+         * after the release, and, in CI, a fork bomb's 24 dying tasks 202 µs
+         * after 2 ms of stillness. */
         until = time_mono_ns() + timeout_ms * NS_PER_MS;
-        int64_t still_ns = (released ? 2 : 20) * NS_PER_MS;
+        int64_t still_ns = 20 * NS_PER_MS;
         do {
                 last = cpu;
                 time_sleep_ns(still_ns);
