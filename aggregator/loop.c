@@ -87,9 +87,10 @@ struct agg {
         size_t prefetched;              /* pend's first messages prefetch has looked at... */
         uint64_t prefetch_commits;      /* ...since the commit that made committed_batches this */
         int open_group;                 /* the open batch's commit group, or PARTITION_GROUP_ALL */
-        /* The messages the broker took for the partitions owned in the last
-         * second (-1: not known yet): high_watermarks' sum, sampled every
-         * ARRIVALS_STEP_NS into a ring of ARRIVALS_SLOTS (nhw of them filled). */
+        /* The messages the broker took for the partitions owned, a second,
+         * over about the last second (-1: not known yet): high_watermarks'
+         * sum, sampled every ARRIVALS_STEP_NS into a ring of ARRIVALS_SLOTS
+         * (nhw of them filled). */
         int64_t arrivals;
         int64_t hw_sum[ARRIVALS_SLOTS], hw_at[ARRIVALS_SLOTS];
         int nhw, hw_next;
@@ -345,9 +346,9 @@ static bool due_mid_poll(struct agg *a)
  * Batches take every partition (PARTITION_GROUP_ALL) unless the consumer
  * keeps up: while more messages are behind than the broker took in the last
  * second, and more than GROUPS_BEHIND_MIN (catching up, where larger
- * batches write fewer rows a sample, see commit_due), until that second is measured (after a rebalance), while more
- * than DEFER_MAX messages wait, and while the poison rule searches a failing
- * batch. */
+ * batches write fewer rows a sample, see commit_due); until that rate is
+ * measured (after a rebalance); while more than DEFER_MAX messages wait;
+ * and while the poison rule searches a failing batch. */
 
 static bool groups_off(struct agg *a)
 {
