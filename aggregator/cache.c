@@ -325,7 +325,7 @@ void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop)
  * ledger; a later message reads it back by id. Never one the open batch
  * points at (dirty, or with a piece), and never while a commit is under way
  * (the caller's rule). */
-void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms)
+size_t sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms)
 {
         int64_t now = time_mono_ns();
         size_t evicted = 0;
@@ -347,8 +347,12 @@ void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep
         }
         atomic_store_explicit(&c->metrics->sandboxes_in_memory, c->nsandboxes, memory_order_relaxed);
         atomic_fetch_add_explicit(&c->metrics->sandboxes_evicted, evicted, memory_order_relaxed);
-        if (evicted)
+        if (evicted) {
                 log_debug("sandboxes evicted from memory", "evicted=%zu kept=%zu", evicted, c->nsandboxes);
+                /* One this aggregator wrote since a prefetch found it new is new no more. */
+                sandboxes_forget_absent(c);
+        }
+        return evicted;
 }
 
 void sandboxes_forget_absent(struct sandbox_cache *c)

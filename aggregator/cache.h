@@ -107,9 +107,10 @@ void sandboxes_forget_absent(struct sandbox_cache *c);
 void sandboxes_drop(struct sandbox_cache *c, const bool *drop, int32_t ndrop);
 
 /* Evicts sandboxes unused for keep_idle_ms, and stopped ones unused for
- * keep_stopped_ms, but none the open batch points at. Never while a commit
- * is under way. */
-void sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms);
+ * keep_stopped_ms, but none the open batch points at, and then forgets which
+ * were absent (an evicted one may have been). Never while a commit is under
+ * way. Returns how many it evicted. */
+size_t sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t keep_stopped_ms);
 
 /* Frees every sandbox and the table (the cache may be used again). */
 void sandbox_cache_free(struct sandbox_cache *c);

@@ -380,7 +380,10 @@ static void measure_arrivals(struct agg *a, int64_t now_mono)
                         return;
         }
         int oldest = a->nhw < ARRIVALS_SLOTS ? 0 : a->hw_next;
-        a->arrivals = a->nhw ? (sum - a->hw_sum[oldest]) * NS_PER_SEC / (now_mono - a->hw_at[oldest]) : -1;
+        int64_t moved = sum - a->hw_sum[oldest];
+        if (moved > INT64_MAX / NS_PER_SEC) /* (a jump no broker makes in a second: no overflow) */
+                moved = INT64_MAX / NS_PER_SEC;
+        a->arrivals = a->nhw ? moved * NS_PER_SEC / (now_mono - a->hw_at[oldest]) : -1;
         a->hw_sum[a->hw_next] = sum;
         a->hw_at[a->hw_next] = now_mono;
         a->hw_next = (a->hw_next + 1) % ARRIVALS_SLOTS;
@@ -667,7 +670,8 @@ static void housekeeping(struct agg *a)
          * sandboxes are kept (sandboxes_sweep). */
         if (!a->inflight && now_mono - a->last_sweep_ns >= sweep_every) {
                 a->last_sweep_ns = now_mono;
-                sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms);
+                if (sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms))
+                        a->prefetched = 0; /* (what it found absent is forgotten: looked up again) */
         }
         if (now_mono - a->last_gap_check_ns >= METERING_CHECK_NS) {
                 a->last_gap_check_ns = now_mono;
