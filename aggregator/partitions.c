@@ -295,21 +295,6 @@ int64_t backlog(struct partitions *ps, int group)
         return lag;
 }
 
-int64_t high_watermarks(struct partitions *ps)
-{
-        int64_t sum = 0;
-        for (int32_t p = 0; p < ps->nparts; p++) {
-                int64_t lo = -1, hi = -1;
-                if (!ps->parts[p].owned)
-                        continue;
-                if (rd_kafka_get_watermark_offsets(ps->consumer, TOPIC_USAGE, p, &lo, &hi) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-                    hi < 0)
-                        return -1;
-                sum += hi;
-        }
-        return sum;
-}
-
 void partitions_group(struct partitions *ps, int ngroups)
 {
         int n = 0;

@@ -73,11 +73,6 @@ void check_metering_gaps(struct partitions *ps);
 #define PARTITION_GROUP_ALL (-1)
 int64_t backlog(struct partitions *ps, int group);
 
-/* The sum of the partitions owned's high watermarks, as the consumer last
- * heard them (the messages the broker took for them, ever); -1 while one of
- * them is not known yet (no fetch answered for it). */
-int64_t high_watermarks(struct partitions *ps);
-
 /* Numbers the partitions owned in order and sets each one's group to its
  * number modulo ngroups (>= 1). Call when ownership changes. */
 void partitions_group(struct partitions *ps, int ngroups);
