@@ -22,7 +22,6 @@ struct aggregator_config {
         int64_t batch_messages;  /* commit after this many messages... */
         int64_t batch_ms;        /* ...or this long after the batch's first */
         int64_t commit_groups;   /* while keeping up, batches take the partitions owned in turn, this many groups */
-        int64_t commit_writers;  /* commits under way at once, of different groups, a connection each */
         char *consumer_settings; /* extra librdkafka consumer settings: name=value,name=value */
         int64_t metrics_port;    /* /metrics on this port; 0: off */
         int64_t keep_stopped_ms; /* a stopped sandbox leaves memory this long after its last commit */

@@ -47,7 +47,6 @@ struct sandbox {
         uint64_t net_rx, net_tx;
         bool net_unsaved;
         int64_t used_ns;        /* monotonic time of its last commit, for eviction */
-        uint64_t commit_seq;    /* the aggregator's number of the last commit started that writes it (loop.c) */
         size_t piece;           /* its newest piece in the open batch, + 1; 0: none (batch.h) */
         struct sandbox *next;   /* hash chain */
 };

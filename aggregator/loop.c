@@ -44,7 +44,6 @@
 #define LAG_BUCKETS 60000                    /* 1 ms each: commit latency histogram up to 60 s */
 #define HOLD_MAX 4096                        /* messages taken from the consumer at once */
 #define DEFER_MAX HOLD_MAX                   /* messages of other commit groups waiting, at most */
-#define LANES_MAX 8                          /* commits under way at once, at most (commit_writers) */
 #define GROUPS_BEHIND_MIN 32                 /* messages behind never too many for commit groups */
 #define ABSENT_MAX 20000                     /* new sandboxes remembered while messages wait */
 #define GROUPS_LATE_MS 1000                  /* a batch's first message older: the consumer is behind */
@@ -60,16 +59,6 @@
 #endif
 #define CATCHUP_BATCH_NS (5 * NS_PER_SEC)
 
-/* A commit under way: its batch, on a writer thread and a ledger
- * connection of its own. */
-struct lane {
-        struct ledger wledger;
-        struct writer writer;
-        struct batch *inflight;         /* NULL: none */
-        int group;                      /* the in-flight batch's commit group */
-        uint64_t seq;                   /* its number among the commits started: its sandboxes carry it */
-};
-
 struct agg {
         const struct aggregator_config *cfg;
         volatile sig_atomic_t *stop;
@@ -79,12 +68,12 @@ struct agg {
         struct ledger ledger;           /* reads: fold states, held readings, positions */
         struct sandbox_cache cache;
         struct partitions parts;
-        struct batch batches[LANES_MAX + 1];
+        struct batch batches[2];
         struct batch *batch;            /* the batch being folded: one of batches */
-        struct lane lanes[LANES_MAX];   /* the commits under way (see "Lanes" below) */
-        int nlanes;
-        uint64_t commits_started;
-        struct announcer announcer;     /* created rows lanes[0]'s writer commits ahead of their batch */
+        struct batch *inflight;         /* the other, while the writer commits it; NULL: none */
+        struct ledger wledger;          /* every commit's connection */
+        struct writer writer;
+        struct announcer announcer;     /* created rows the writer commits ahead of their batch */
         int64_t due_asked_ns;           /* monotonic: when due_mid_poll last asked */
         /* Messages polled and not folded yet, in the order polled, with the
          * monotonic time of their poll: a poll's, and those of commit groups
@@ -167,10 +156,10 @@ static void committed(struct agg *a, struct batch *b, const struct commit_report
         batch_clear(b);
 }
 
-/* A commit that failed (on ledger l): the batch is dropped and the state
- * read back from the ledger (resync); a failure that repeats is narrowed
- * down to its message (poison_step). No commit may be under way. */
-static void failed(struct agg *a, struct ledger *l, struct batch *b, int r)
+/* A commit that failed: the batch is dropped and the state read back from
+ * the ledger (resync); a failure that repeats is narrowed down to its
+ * message (poison_step). */
+static void failed(struct agg *a, struct batch *b, int r)
 {
         if (r == -ESTALE || r == -EBUSY) {
                 a->fenced++;
@@ -183,8 +172,8 @@ static void failed(struct agg *a, struct ledger *l, struct batch *b, int r)
         } else {
                 atomic_fetch_add_explicit(&a->metrics->batches_failed, 1, memory_order_relaxed);
                 log_error("could not commit a batch; it will be read again", "messages=%zu", b->messages);
-                if (content_error(l, r)) /* the database will say the same again: no need to wait */
-                        a->dead_total += (uint64_t)poison_step(&a->poison, l, b, &a->parts, a->metrics);
+                if (content_error(&a->wledger, r)) /* the database will say the same again: no need to wait */
+                        a->dead_total += (uint64_t)poison_step(&a->poison, &a->wledger, b, &a->parts, a->metrics);
                 else
                         time_sleep_ns(NS_PER_SEC / 2); /* do not spin on a database that keeps refusing */
         }
@@ -193,238 +182,79 @@ static void failed(struct agg *a, struct ledger *l, struct batch *b, int r)
         resync(&a->parts);
 }
 
-/* ---- lanes ----
- *
- * Up to commit_writers commits run at once, each on a lane: a writer thread
- * and a ledger connection of its own. Commits of one commit group's batches
- * use a lane each while another group's is under way, so a sample waits for
- * the commit under way of its own group and then its own, not for the other
- * groups' too; the machine's second core runs the other commit. Two batches
- * under way never share a partition (one per group at most; a batch of
- * every partition only alone), so a partition's offsets move in order, and
- * never a sandbox (commit_seq: the later waits for the earlier's end), so a
- * sandbox's fold state does; each is "the ledger + that batch" for what it
- * writes. Rows they may share wait for each other's locks: hosts, taken last
- * and in host order by both, and after partitions are added an account's
- * spend rows (the sandboxes are not shared; a deadlock there is PostgreSQL's
- * to break, a failed commit read again). A failure drops the open batch,
- * waits for the other lanes' commits, then reads everything back. */
-
-static bool any_inflight(const struct agg *a)
+/* Takes the result of the commit the writer holds, waiting for it. On
+ * failure the open batch goes too: it was folded on top of the failed one.
+ * Returns that commit's result (0 when there was none). */
+static int settle(struct agg *a)
 {
-        for (int k = 0; k < a->nlanes; k++)
-                if (a->lanes[k].inflight)
-                        return true;
-        return false;
-}
-
-static int settle_lane(struct agg *a, int k);
-
-/* Takes the result of lane k's commit, waiting for it. On failure the open
- * batch goes too (it may have been folded on top of the failed one), the
- * other lanes are waited for, and everything is read back. Returns that
- * commit's result (0 when there was none). */
-static int settle_lane(struct agg *a, int k)
-{
-        struct lane *ln = &a->lanes[k];
-        if (k == 0)
-                announce_settle(&a->announcer, &ln->writer);
-        if (!ln->inflight)
+        announce_settle(&a->announcer, &a->writer);
+        if (!a->inflight)
                 return 0;
-        int r = writer_wait(&ln->writer);
-        struct batch *b = ln->inflight;
-        ln->inflight = NULL;
+        int r = writer_wait(&a->writer);
+        struct batch *b = a->inflight;
+        a->inflight = NULL;
         if (r == 0) {
-                committed(a, b, &ln->writer.rep);
+                committed(a, b, &a->writer.rep);
         } else {
                 if (a->batch->messages)
                         log_info("the batch folded during a failed commit is dropped too; both are read again",
                                  "messages=%zu", a->batch->messages);
                 batch_clear(a->batch);
-                partitions_untouch(&a->parts);
-                for (int j = 0; j < a->nlanes; j++)
-                        if (j != k)
-                                settle_lane(a, j); /* (what they commit is read back below) */
-                failed(a, &ln->wledger, b, r);
+                failed(a, b, r);
         }
-        free(ln->writer.rep.cmds);
-        ln->writer.rep.cmds = NULL;
+        free(a->writer.rep.cmds);
+        a->writer.rep.cmds = NULL;
         return r;
-}
-
-/* Every lane's commit and the announcement: the first failure (0: none). */
-static int settle_all(struct agg *a)
-{
-        int r = 0;
-        for (int k = 0; k < a->nlanes; k++) {
-                int e = settle_lane(a, k);
-                r = r ? r : e;
-        }
-        return r;
-}
-
-/* The lanes whose commit (or announcement) is through, without waiting. */
-static void settle_finished(struct agg *a)
-{
-        for (int k = 0; k < a->nlanes; k++)
-                if ((a->lanes[k].inflight || (k == 0 && a->announcer.running)) &&
-                    writer_finished(&a->lanes[k].writer))
-                        settle_lane(a, k);
-}
-
-/* A lane the open batch's commit can start on now, or -1: an idle one, with
- * no batch under way of its commit group (of any, for a batch of every
- * partition), and no announcement under way (of the open batch's rows). */
-static int free_lane(const struct agg *a)
-{
-        if (a->announcer.running)
-                return -1;
-        int idle = -1;
-        for (int k = 0; k < a->nlanes; k++) {
-                const struct lane *ln = &a->lanes[k];
-                if (!ln->inflight)
-                        idle = idle < 0 ? k : idle;
-                else if (a->open_group == PARTITION_GROUP_ALL || ln->group == PARTITION_GROUP_ALL ||
-                         ln->group == a->open_group)
-                        return -1;
-        }
-        return idle;
-}
-
-/* Waits until a lane is free for the open batch: for the lane of its group
- * (any, for a batch of every partition), else for the commit started first.
- * Returns the lane, or the failure of a commit waited for (the open batch
- * is gone then). */
-static int make_room(struct agg *a)
-{
-        int k;
-        while ((k = free_lane(a)) < 0) {
-                int wait = 0;
-                for (int j = 0; j < a->nlanes; j++) {
-                        const struct lane *ln = &a->lanes[j];
-                        if (!ln->inflight)
-                                continue;
-                        if (a->open_group == PARTITION_GROUP_ALL || ln->group == PARTITION_GROUP_ALL ||
-                            ln->group == a->open_group) {
-                                wait = j;
-                                break;
-                        }
-                        if (!a->lanes[wait].inflight || ln->seq < a->lanes[wait].seq)
-                                wait = j;
-                }
-                int r = settle_lane(a, wait); /* (or lanes[0]'s announcement) */
-                if (r < 0)
-                        return r;
-        }
-        return k;
-}
-
-/* The batch not open and not under way. */
-static struct batch *spare_batch(struct agg *a)
-{
-        for (int i = 0; i <= a->nlanes; i++) {
-                struct batch *b = &a->batches[i];
-                bool busy = b == a->batch;
-                for (int k = 0; !busy && k < a->nlanes; k++)
-                        busy = a->lanes[k].inflight == b;
-                if (!busy)
-                        return b;
-        }
-        return NULL; /* (never: nlanes + 1 batches) */
-}
-
-/* A lane under way that writes one of the open batch's sandboxes, or -1. */
-static int lane_sharing(struct agg *a)
-{
-        const struct batch *b = a->batch;
-        for (int k = 0; k < a->nlanes; k++) {
-                const struct lane *ln = &a->lanes[k];
-                if (!ln->inflight)
-                        continue;
-                for (size_t i = 0; i < b->ndirty; i++)
-                        if (b->dirty[i]->commit_seq == ln->seq)
-                                return k;
-                for (size_t i = 0; i < b->nevents; i++) {
-                        const struct sandbox *s = sandbox_find(&a->cache, b->events[i].sandbox);
-                        if (s && s->commit_seq == ln->seq)
-                                return k;
-                }
-        }
-        return -1;
-}
-
-static void mark_sandboxes(struct agg *a, const struct batch *b, uint64_t seq)
-{
-        for (size_t i = 0; i < b->ndirty; i++)
-                b->dirty[i]->commit_seq = seq;
-        for (size_t i = 0; i < b->nevents; i++) {
-                struct sandbox *s = sandbox_find(&a->cache, b->events[i].sandbox);
-                if (s)
-                        s->commit_seq = seq;
-        }
 }
 
 /* Writes out the open batch's rows (store_prepare, on this thread: they read
- * the cache's sandboxes) and hands its commit to lane k (free_lane's); a
- * spare batch becomes the open one. 0, or the failure of a commit waited
- * for or of the rows (the state is read back then). */
-static int start_commit(struct agg *a, int k)
+ * the cache's sandboxes) and hands its commit to the writer; the other batch
+ * becomes the open one. The writer must be idle. */
+static int start_commit(struct agg *a)
 {
         struct batch *b = a->batch;
         if (b->messages == 0)
                 return 0;
-        int j;
-        while ((j = lane_sharing(a)) >= 0) {
-                int e = settle_lane(a, j);
-                if (e < 0)
-                        return e;
-        }
-        struct lane *ln = &a->lanes[k];
-        struct writer *w = &ln->writer;
+        struct writer *w = &a->writer;
         int r = writer_positions(w, &a->parts);
         if (r == 0)
                 r = store_prepare(b, &w->rep);
         if (r < 0) {
-                settle_all(a);
-                failed(a, &ln->wledger, b, r);
+                failed(a, b, r);
                 return r;
         }
         for (int32_t p = 0; p < w->positions.nparts; p++)
                 w->rep.partitions += w->positions.parts[p].touched;
-        ln->seq = ++a->commits_started;
-        ln->group = a->open_group;
-        mark_sandboxes(a, b, ln->seq);
         batch_written(b, &a->cache, time_mono_ns());
         partitions_untouch(&a->parts);
-        w->ledger = &ln->wledger;
+        w->ledger = &a->wledger;
         w->batch = b;
         w->metrics = a->metrics;
-        ln->inflight = b;
-        a->batch = a->intake.batch = spare_batch(a);
+        a->inflight = b;
+        a->batch = a->intake.batch = b == &a->batches[0] ? &a->batches[1] : &a->batches[0];
         writer_submit(w);
         return 0;
 }
 
-/* Commits the open batch and waits for it (after every lane's commit).
+/* Commits the open batch and waits for it (after the writer's, if any).
  * On failure the state is read back from the ledger. */
 static int commit_batch(struct agg *a)
 {
-        int r = settle_all(a);
+        int r = settle(a);
         if (r < 0 || a->batch->messages == 0)
                 return r;
-        r = start_commit(a, 0);
-        return r < 0 ? r : settle_all(a);
+        r = start_commit(a);
+        return r < 0 ? r : settle(a);
 }
 
 /* The open batch is full or due in the middle of a poll's messages: its
- * commit starts once a lane is free. One that holds readings waiting for
+ * commit starts once the writer's is through. One that holds readings waiting for
  * their sandbox's announcement (held.h) is waited for: the announcement may
  * be among the messages that follow, and must find them in the ledger. */
 static void hand_off(struct agg *a)
 {
-        int k = make_room(a);
-        if (k >= 0 && start_commit(a, k) == 0 && a->lanes[k].inflight && a->lanes[k].inflight->nwaiting)
-                settle_lane(a, k);
+        if (settle(a) == 0 && start_commit(a) == 0 && a->inflight && a->inflight->nwaiting)
+                settle(a);
 }
 
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err, rd_kafka_topic_partition_list_t *parts,
@@ -457,25 +287,26 @@ static bool commit_due(struct agg *a, bool quiet);
 /* Between two messages of a poll: one poll can hold millions of samples
  * (usage batches: HOLD_MAX messages of thousands each), so the batch's age
  * is looked at as it is folded, not only between polls. A due batch goes
- * only to a free lane; while none is free it grows, as it would between
- * polls. A batch not due gives lanes[0]'s idle writer its new created rows
+ * only to an idle writer; while the writer is busy it grows, as it would
+ * between polls. A batch not due gives an idle writer its new created rows
  * (announce.h): a poll of 4,096 created events takes the loop 50-80 ms. */
 static bool due_mid_poll(struct agg *a)
 {
         int64_t now = time_mono_ns();
-        /* Asked at most once a millisecond: a writer's state takes its lock and
+        /* Asked at most once a millisecond: the writer's state takes its lock and
          * commit_due asks every partition's watermarks, too much for each message
          * of a backlog of one-sample messages while a grown batch waits. */
         if (now - a->due_asked_ns < NS_PER_MS)
                 return false;
         a->due_asked_ns = now;
-        settle_finished(a);
-        if (!a->batch->messages)
-                return false; /* (a failed commit took it) */
-        if (free_lane(a) >= 0 && now - a->batch->started_ns >= a->cfg->batch_ms * NS_PER_MS && commit_due(a, false))
+        if ((a->inflight || a->announcer.running) && !writer_finished(&a->writer))
+                return false;
+        if (now - a->batch->started_ns >= a->cfg->batch_ms * NS_PER_MS && commit_due(a, false))
                 return true;
-        if (!a->lanes[0].inflight && !a->announcer.running)
-                announce_start(&a->announcer, &a->lanes[0].writer, &a->lanes[0].wledger, a->batch);
+        if (!a->inflight) {
+                announce_settle(&a->announcer, &a->writer);
+                announce_start(&a->announcer, &a->writer, &a->wledger, a->batch);
+        }
         return false;
 }
 
@@ -503,8 +334,9 @@ static bool due_mid_poll(struct agg *a)
  * created events at once, is not); while more than DEFER_MAX messages wait;
  * and while the poison rule searches a failing batch. A producer's clock
  * set wrong moves only this choice, never what is billed: behind, batches
- * take every partition (the latency of one group of commits is lost);
- * ahead, a backlog is caught up a group at a time (more commits). */
+ * take every partition (a sample waits for commits of all the sandboxes, as
+ * with commit_groups 1); ahead, a backlog is caught up a group at a time
+ * (more commits, each of fewer sandboxes). */
 
 static bool groups_off(struct agg *a, const rd_kafka_message_t *m)
 {
@@ -562,7 +394,7 @@ static void take_one(struct agg *a, rd_kafka_message_t *m, int64_t at_ns)
                 if (take_message(&a->intake, m) < 0) {
                         log_error("could not take a message (memory, or the ledger unreadable);"
                                   " dropping the batch to read it again", NULL);
-                        if (settle_all(a) == 0) { /* (a failure there resynced already) */
+                        if (settle(a) == 0) { /* (a failure there resynced already) */
                                 batch_drop(a);
                                 resync(&a->parts);
                         }
@@ -599,11 +431,10 @@ static void take_held(struct agg *a)
                 drop_pending(a);
                 return;
         }
-        /* Held readings a lane's commit stores or deletes: read back only
+        /* Held readings the writer's commit stores or deletes: read back only
          * once it is through (a failure resyncs: these messages are stale). */
-        for (int k = 0; a->npend && k < a->nlanes; k++)
-                if (a->lanes[k].inflight && a->lanes[k].inflight->nwaiting)
-                        settle_lane(a, k);
+        if (a->npend && a->inflight && a->inflight->nwaiting)
+                settle(a);
         prefetch_pending(a);
         size_t kept = 0;
         size_t i;
@@ -728,7 +559,7 @@ static size_t poll_held(struct agg *a)
         if (a->pend_gen != a->parts.seek_gen)
                 drop_pending(a);
         /* Messages waiting that the empty open batch can take: no wait. */
-        int wait_ms = a->npend && !a->batch->messages ? 0 : a->batch->messages || any_inflight(a) ? 5 : 100;
+        int wait_ms = a->npend && !a->batch->messages ? 0 : a->batch->messages || a->inflight ? 5 : 100;
         size_t n = 0;
         rd_kafka_message_t *m = rd_kafka_consumer_poll(a->consumer, wait_ms);
         while (m) {
@@ -766,7 +597,9 @@ static int64_t fetched(const struct agg *a)
  * a poll of many batches, which goes on in the next one (due_mid_poll).
  * A batch of one commit group is taken only while the consumer keeps up
  * (groups_off): it commits once batch_ms old, or sooner when quiet with
- * nothing of its group behind.
+ * nothing of its group behind, and not before it has looked at every
+ * message polled (a burst of thousands of fresh messages, each waiting
+ * since its poll, made a batch of each few hundred, a commit each).
  * quiet: nothing came within the first poll's wait (not merely an empty
  * queue between fetches). */
 static bool commit_due(struct agg *a, bool quiet)
@@ -780,7 +613,7 @@ static bool commit_due(struct agg *a, bool quiet)
                 if (age >= catchup_ns)
                         commit = true;
                 else if (age >= batch_ns)
-                        commit = a->open_group != PARTITION_GROUP_ALL ||
+                        commit = a->open_group != PARTITION_GROUP_ALL ? a->held_rest == 0 :
                                  (behind < (int64_t)a->batch->messages &&
                                  !(behind > 0 && behind * 4 <= (int64_t)a->batch->messages && behind <= fetched(a)));
                 else
@@ -800,13 +633,8 @@ static void housekeeping(struct agg *a)
                                                                                : 5 * NS_PER_SEC;
         /* Not while a commit is under way (a sandbox it writes, evicted, would be
          * read back from the ledger as it was before); the open batch's
-         * sandboxes are kept (sandboxes_sweep). Lanes whose commits overlap
-         * (a consumer that keeps up under load) may never all be idle at
-         * once: a period overdue, they are waited for. */
-        bool sweep = now_mono - a->last_sweep_ns >= sweep_every;
-        if (sweep && any_inflight(a) && now_mono - a->last_sweep_ns >= 2 * sweep_every)
-                settle_all(a);
-        if (sweep && !any_inflight(a)) {
+         * sandboxes are kept (sandboxes_sweep). */
+        if (!a->inflight && now_mono - a->last_sweep_ns >= sweep_every) {
                 a->last_sweep_ns = now_mono;
                 if (sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms))
                         a->prefetched = 0; /* (what it found absent is forgotten: looked up again) */
@@ -818,10 +646,7 @@ static void housekeeping(struct agg *a)
         int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
         if (held_every > METERING_CHECK_NS)
                 held_every = METERING_CHECK_NS;
-        bool held = !a->batch->nwaiting && now_mono - a->last_held_check_ns >= held_every;
-        if (held && any_inflight(a) && now_mono - a->last_held_check_ns >= 2 * held_every)
-                settle_all(a); /* (a failure there takes the open batch: it holds no readings then) */
-        if (held && !any_inflight(a) && !a->batch->nwaiting) {
+        if (!a->inflight && !a->batch->nwaiting && now_mono - a->last_held_check_ns >= held_every) {
                 a->last_held_check_ns = now_mono;
                 a->dead_total += expire_held(&a->ledger, cfg->provenance_grace_ms, a->metrics);
         }
@@ -844,11 +669,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         a.cache = (struct sandbox_cache){ .ledger = &a.ledger, .metrics = a.metrics };
         a.parts = (struct partitions){ .group = cfg->group, .ledger = &a.ledger, .cache = &a.cache,
                                        .metrics = a.metrics, .stop = stop };
-        a.nlanes = (int)(cfg->commit_writers < cfg->commit_groups ? cfg->commit_writers : cfg->commit_groups);
-        if (a.nlanes < 1 || a.nlanes > LANES_MAX)
-                a.nlanes = a.nlanes < 1 ? 1 : LANES_MAX;
-        for (int k = 0; k < a.nlanes; k++)
-                a.lanes[k].wledger = (struct ledger){ .url = cfg->database_url };
+        a.wledger = (struct ledger){ .url = cfg->database_url };
         a.batch = &a.batches[0];
         a.intake = (struct intake){ .cache = &a.cache, .batch = a.batch, .parts = &a.parts, .ledger = &a.ledger,
                                     .metrics = a.metrics, .max_ahead_ns = cfg->max_clock_ahead_ms * NS_PER_MS,
@@ -864,21 +685,18 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         if (ms)
                 log_info("metrics served", "url=http://%s:%" PRId64 "/metrics",
                          cfg->metrics_address ? cfg->metrics_address : "127.0.0.1", cfg->metrics_port);
-        if (db_ensure(&a.ledger) < 0 || enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0)
+        if (db_ensure(&a.ledger) < 0 || db_ensure(&a.wledger) < 0 ||
+            enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0)
                 goto out;
-        for (int k = 0; k < a.nlanes; k++) {
-                if (db_ensure(&a.lanes[k].wledger) < 0)
-                        goto out;
-                store_warm(&a.lanes[k].wledger); /* (a failure costs the first commit the time) */
-                if (writer_start(&a.lanes[k].writer) < 0) {
-                        log_error("could not start a writer thread", NULL);
-                        goto out;
-                }
+        store_warm(&a.wledger); /* (a failure costs the first commit the time) */
+        if (writer_start(&a.writer) < 0) {
+                log_error("could not start the writer thread", NULL);
+                goto out;
         }
         if (consumer_open(&a) < 0)
                 goto out;
-        log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64 " commit_groups=%" PRId64
-                 " commit_writers=%d", cfg->group, cfg->batch_messages, cfg->batch_ms, cfg->commit_groups, a.nlanes);
+        log_info("aggregator started", "group=%s batch_messages=%" PRId64 " batch_ms=%" PRId64, cfg->group,
+                 cfg->batch_messages, cfg->batch_ms);
         int64_t last_report = time_mono_ns();
         a.pend = calloc(DEFER_MAX + HOLD_MAX, sizeof(*a.pend));
         a.pend_at = calloc(DEFER_MAX + HOLD_MAX, sizeof(*a.pend_at));
@@ -889,13 +707,15 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         while (!*stop) {
                 size_t n = poll_held(&a);
                 take_held(&a);
-                settle_finished(&a);
+                if ((a.inflight || a.announcer.running) && writer_finished(&a.writer))
+                        settle(&a);
                 housekeeping(&a); /* (here: between a commit's end and the next one's start) */
-                int k = a.batch->messages ? free_lane(&a) : -1;
-                if (k >= 0 && commit_due(&a, n == 0))
-                        start_commit(&a, k);
-                else if (a.batch->messages && !a.lanes[0].inflight && !a.announcer.running)
-                        announce_start(&a.announcer, &a.lanes[0].writer, &a.lanes[0].wledger, a.batch);
+                if (a.batch->messages && !a.inflight && !a.announcer.running) {
+                        if (commit_due(&a, n == 0))
+                                start_commit(&a);
+                        else
+                                announce_start(&a.announcer, &a.writer, &a.wledger, a.batch);
+                }
                 enforce_poll(&a.enforce);
                 if (time_mono_ns() - last_report >= 10 * NS_PER_SEC) {
                         last_report = time_mono_ns();
@@ -915,12 +735,11 @@ out:
         if (a.fetched)
                 rd_kafka_queue_destroy(a.fetched);
         if (a.consumer) {
-                rd_kafka_consumer_close(a.consumer); /* (its revocation commits through a lane) */
+                rd_kafka_consumer_close(a.consumer); /* (its revocation commits through the writer) */
                 rd_kafka_destroy(a.consumer);
         }
-        settle_all(&a);
-        for (int k = 0; k < a.nlanes; k++)
-                writer_stop(&a.lanes[k].writer);
+        settle(&a);
+        writer_stop(&a.writer);
         enforce_close(&a.enforce);
         agg_log_lag_histogram(a.lag_hist, LAG_BUCKETS);
         if (r == 0)
@@ -928,14 +747,13 @@ out:
                                                " commit_lag_ms_p50=%" PRId64 " commit_lag_ms_p99=%" PRId64,
                          a.committed_messages, a.committed_batches, a.dead_total, a.fenced, lag_quantile(&a, 50, 100),
                          lag_quantile(&a, 99, 100));
-        for (int i = 0; i <= a.nlanes; i++)
-                batch_free(&a.batches[i]);
+        batch_free(&a.batches[0]);
+        batch_free(&a.batches[1]);
         sandbox_cache_free(&a.cache);
         partitions_free(&a.parts);
         free(a.lag_hist);
         free(a.metrics);
         ledger_close(&a.ledger);
-        for (int k = 0; k < a.nlanes; k++)
-                ledger_close(&a.lanes[k].wledger);
+        ledger_close(&a.wledger);
         return r;
 }

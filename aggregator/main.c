@@ -23,9 +23,6 @@ static const struct setting settings[] = {
         { "commit_groups", SETTING_INT, "2", false, offsetof(struct aggregator_config, commit_groups), 1, 64,
           "While keeping up, a batch takes one of this many groups of the partitions owned, in turn: a sample then "
           "waits for a commit of its own group's sandboxes, not of all (1: every batch takes every partition)" },
-        { "commit_writers", SETTING_INT, "2", false, offsetof(struct aggregator_config, commit_writers), 1, 8,
-          "Commits of different commit groups that may run at once, each on a PostgreSQL connection of its own "
-          "(at most commit_groups; 1: one commit at a time)" },
         { "consumer_settings", SETTING_STRING, "session.timeout.ms=10000,heartbeat.interval.ms=1000", false,
           offsetof(struct aggregator_config, consumer_settings), 0, 0,
           "Further librdkafka consumer settings, name=value separated by commas" },
