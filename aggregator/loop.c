@@ -86,7 +86,7 @@ struct agg {
         size_t prefetched;              /* pend's first messages prefetch has looked at... */
         uint64_t prefetch_commits;      /* ...since the commit that made committed_batches this */
         int open_group;                 /* the open batch's commit group, or PARTITION_GROUP_ALL */
-        bool groups_were_off;           /* groups_off's last answer, for the log */
+        int groups_were_off;            /* groups_off's last answer, for the log (-1: none yet) */
         size_t held_rest;               /* messages polled not folded yet (take_held) */
         rd_kafka_queue_t *fetched;      /* the consumer's queue: messages fetched, not polled */
         struct intake intake;
@@ -348,7 +348,7 @@ static bool groups_off(struct agg *a, const rd_kafka_message_t *m)
                 age_ms = time_wall_ns() / NS_PER_MS - produced_ms;
         bool late = produced_ms < 0 || age_ms > GROUPS_LATE_MS;
         bool off = poison_searching(&a->poison) || (behind > GROUPS_BEHIND_MIN && late);
-        if (off != a->groups_were_off) {
+        if ((int)off != a->groups_were_off) { /* (the first answer too) */
                 a->groups_were_off = off;
                 log_debug(off ? "batches take every partition" : "batches take one commit group",
                           "behind=%" PRId64 " age_ms=%" PRId64, behind, age_ms);
@@ -655,7 +655,7 @@ static void housekeeping(struct agg *a)
 int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *stop)
 {
         struct agg a = { .cfg = cfg, .stop = stop, .open_group = PARTITION_GROUP_ALL,
-                         .groups_were_off = true };
+                         .groups_were_off = -1 };
         int r = -EIO;
         struct metrics_http *ms = NULL;
         a.lag_hist = calloc(LAG_BUCKETS, sizeof(*a.lag_hist));
