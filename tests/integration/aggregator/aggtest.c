@@ -99,11 +99,29 @@ void aggtest_stop(struct aggtest *t)
         free(t->dir);
 }
 
+void aggtest_accounts_on_partitions(char (*ids)[32], int n, int partitions, const char *prefix)
+{
+        int on[64] = { 0 }, got = 0;
+        CHECK(partitions > 0 && partitions <= 64 && n % partitions == 0, "accounts: %d over %d partitions", n,
+              partitions);
+        for (int i = 0; got < n && i < 100000 && partitions <= 64; i++) {
+                char id[32];
+                snprintf(id, sizeof(id), "%.20s-%d", prefix, i);
+                int32_t p = rd_kafka_msg_partitioner_consistent(NULL, id, strlen(id), partitions, NULL, NULL);
+                if (p >= 0 && p < partitions && on[p] < n / partitions) {
+                        on[p]++;
+                        snprintf(ids[got++], 32, "%s", id);
+                }
+        }
+        CHECK(got == n, "accounts for every partition: %d of %d", got, n);
+}
+
 void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf, size_t len)
 {
         rd_kafka_resp_err_t e;
         while ((e = rd_kafka_producev(t->producer, RD_KAFKA_V_TOPIC(TOPIC_USAGE),
                                       RD_KAFKA_V_KEY(account, strlen(account)), RD_KAFKA_V_VALUE((void *)buf, len),
+                                      RD_KAFKA_V_TIMESTAMP(t->kafka_timestamp_ms),
                                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END)) ==
                RD_KAFKA_RESP_ERR__QUEUE_FULL)
                 rd_kafka_poll(t->producer, 10);

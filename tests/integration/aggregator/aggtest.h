@@ -24,6 +24,7 @@ struct aggtest {
         rd_kafka_t *producer;
         int spawned;        /* aggregators started, for log names */
         struct aggtest_id *created[4096]; /* sandboxes whose `created` event was produced (hash set) */
+        int64_t kafka_timestamp_ms; /* the Kafka timestamp messages are produced with; 0: the producer's clock */
 };
 
 /* Starts a private broker with `partitions`, creates and migrates a database. */
@@ -44,6 +45,11 @@ struct usage_event aggtest_created_for(const struct usage_event *first);
  * before ev): for a sample or `stopped` of a sandbox with a key whose
  * `created` the test has not produced. A `created` ev marks its sandbox. */
 bool aggtest_needs_created(struct aggtest *t, const struct usage_event *ev, struct usage_event *ret);
+
+/* Fills ids[0..n) with accounts "PREFIX-K", n / partitions on each of the
+ * partitions by librdkafka's partitioner for keyed messages (the producer's
+ * and the collector's: crc32 of the key modulo the partitions). */
+void aggtest_accounts_on_partitions(char (*ids)[32], int n, int partitions, const char *prefix);
 
 /* Produces one message with key = account (raw bytes as given). */
 void aggtest_produce_raw(struct aggtest *t, const char *account, const void *buf, size_t len);

@@ -17,6 +17,11 @@
  *      produced, then a fresh aggregator started 2 s later. Its first batch
  *      takes every partition (the message opening it over a second old),
  *      whichever partitions its first polls happen to hold.
+ *   3. A producer's clock set wrong moves only that choice, never what is
+ *      billed: a third sample each, dated an hour back by its Kafka
+ *      timestamp (a collector's clock behind), to a fresh idle aggregator,
+ *      is taken as a backlog (every partition); a fourth, dated an hour
+ *      ahead and waiting 2 s for a fresh aggregator, a group at a time.
  *
  * Every sandbox is billed its last counters exactly (worked out by hand). */
 #include "aggtest.h"
@@ -35,21 +40,6 @@
 #define MIB (UINT64_C(1) << 20)
 
 static char accounts[ACCOUNTS][32];
-
-static void pick_accounts(void)
-{
-        int on[PARTITIONS] = { 0 }, n = 0;
-        for (int i = 0; n < ACCOUNTS && i < 10000; i++) {
-                char id[32];
-                snprintf(id, sizeof(id), "acct-burst-%d", i);
-                int32_t p = rd_kafka_msg_partitioner_consistent(NULL, id, strlen(id), PARTITIONS, NULL, NULL);
-                if (p >= 0 && p < PARTITIONS && on[p] < ACCOUNTS / PARTITIONS) {
-                        on[p]++;
-                        snprintf(accounts[n++], sizeof(accounts[0]), "%s", id);
-                }
-        }
-        CHECK(n == ACCOUNTS, "accounts for every partition: %d of %d", n, ACCOUNTS);
-}
 
 /* Sample r (1 or 2) of every sandbox: 10 s apart, 4 s of CPU each, 256 MiB;
  * before the first, its created event (aggtest_produce). */
@@ -126,7 +116,7 @@ int main(void)
 {
         struct aggtest t;
         aggtest_start(&t, "agg_commit_burst", PARTITIONS);
-        pick_accounts();
+        aggtest_accounts_on_partitions(accounts, ACCOUNTS, PARTITIONS, "acct-burst"); /* (two on each) */
         /* batch_ms 1: shorter than taking the burst's messages of one group */
         const char *extra[] = { "--commit-groups", "2", "--batch-ms", "1", "--log-level", "debug", NULL };
         pid_t agg = aggtest_spawn(&t, extra);
@@ -155,6 +145,29 @@ int main(void)
         CHECK(first_choice(&t, 1) == 1, "the first batch of a backlog 2 s old did not take every partition (its"
                                         " log's first choice: %d)", first_choice(&t, 1));
         expect_billed(&t, 2, "after a backlog");
+
+        /* 3: a collector's clock an hour behind, a fresh burst to an idle aggregator */
+        agg = aggtest_spawn(&t, extra);
+        wait_assigned(&t, 2);
+        t.kafka_timestamp_ms = time_wall_ns() / NS_PER_MS - 3600 * 1000;
+        produce_round(&t, t0, 3);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the burst dated an hour back was not billed");
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
+        CHECK(first_choice(&t, 2) == 1, "a burst dated an hour back did not take every partition (first choice %d)",
+              first_choice(&t, 2));
+        expect_billed(&t, 3, "after a burst dated an hour back");
+
+        /* 4: a clock an hour ahead, a backlog 2 s old */
+        t.kafka_timestamp_ms = time_wall_ns() / NS_PER_MS + 3600 * 1000;
+        produce_round(&t, t0, 4);
+        t.kafka_timestamp_ms = 0;
+        time_sleep_ns(2 * NS_PER_SEC);
+        agg = aggtest_spawn(&t, extra);
+        CHECK(aggtest_wait_caught_up(&t, 60) == 0, "the backlog dated an hour ahead was not billed");
+        CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
+        CHECK(first_choice(&t, 3) == 0, "a backlog dated an hour ahead did not take one commit group (first choice"
+                                        " %d)", first_choice(&t, 3));
+        expect_billed(&t, 4, "after a backlog dated an hour ahead");
         CHECK(store_int(&t, "SELECT count(*) FROM dead_letters") == 0, "dead letters");
         if (test_result() != 0)
                 store_log_dump(&t, 0, 6000);

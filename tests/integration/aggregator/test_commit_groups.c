@@ -46,23 +46,6 @@
 
 static char accounts[ACCOUNTS][32];
 
-/* Two accounts on each partition: librdkafka's partitioner for keyed messages
- * (the producer's, the collector's: crc32 of the key modulo the partitions). */
-static void pick_accounts(void)
-{
-        int on[PARTITIONS] = { 0 }, n = 0;
-        for (int i = 0; n < ACCOUNTS && i < 10000; i++) {
-                char id[32];
-                snprintf(id, sizeof(id), "acct-cg-%d", i);
-                int32_t p = rd_kafka_msg_partitioner_consistent(NULL, id, strlen(id), PARTITIONS, NULL, NULL);
-                if (p >= 0 && p < PARTITIONS && on[p] < ACCOUNTS / PARTITIONS) {
-                        on[p]++;
-                        snprintf(accounts[n++], sizeof(accounts[0]), "%s", id);
-                }
-        }
-        CHECK(n == ACCOUNTS, "accounts for every partition: %d of %d", n, ACCOUNTS);
-}
-
 /* Sandbox s of account a at tick k (1-based): CPU (s + 1) x 100 ms a tick of
  * one second, running all along on 2 vCPUs with 1 GiB. */
 static struct usage_event reading(int a, int s, int k, int64_t base)
@@ -122,7 +105,7 @@ int main(void)
 {
         struct aggtest t;
         aggtest_start(&t, "agg_commit_groups", PARTITIONS);
-        pick_accounts();
+        aggtest_accounts_on_partitions(accounts, ACCOUNTS, PARTITIONS, "acct-cg"); /* (two on each) */
         int64_t base = time_wall_ns() - 3600 * SEC;
         const char *extra[] = { "--commit-groups", "2", "--log-level", "debug", NULL };
         pid_t first = aggtest_spawn(&t, extra), second = -1, third = -1;
