@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint64_t hash_id(const char *s)
 {
@@ -353,6 +354,14 @@ size_t sandboxes_sweep(struct sandbox_cache *c, int64_t keep_idle_ms, int64_t ke
                 sandboxes_forget_absent(c);
         }
         return evicted;
+}
+
+void sandboxes_warm(struct sandbox_cache *c)
+{
+        char ids[1][EVENT_ID_MAX + 1];
+        snprintf(ids[0], sizeof(ids[0]), "tally-warm-%ld", (long)getpid()); /* (store.c's: no one has it) */
+        load_sandboxes(c, ids, 1); /* (a failure costs the first prefetch the time) */
+        sandboxes_forget_absent(c);
 }
 
 void sandboxes_forget_absent(struct sandbox_cache *c)

@@ -96,6 +96,12 @@ bool sandbox_unheld(const struct sandbox_cache *c, const char *id);
 /* Forgets which sandboxes have no held readings: called at every commit. */
 void sandboxes_forget_unheld(struct sandbox_cache *c);
 
+/* Reads the state of a sandbox no one has once, as a prefetch would: a
+ * session's first read of the fold state parses the catalogs of the tables
+ * it joins, which the aggregator pays at start instead of in its first
+ * poll's latency. */
+void sandboxes_warm(struct sandbox_cache *c);
+
 /* Forgets which sandboxes prefetches found the ledger has no row for, and
  * which have no held readings (once the messages looked up are taken:
  * another aggregator may write them later). */

@@ -46,7 +46,7 @@ static int event_ref_cmp(const void *x, const void *y)
         return c ? c : (a->i > b->i) - (a->i < b->i);
 }
 
-static int created_row(struct text *t, const struct usage_event *ev)
+int lifecycle_created_row(struct text *t, const struct usage_event *ev)
 {
         char ts[64];
         format_ts(ts, sizeof(ts), ev->wall_ns);
@@ -96,7 +96,7 @@ int lifecycle_first_created(const struct batch *b, size_t from, size_t **ret, si
 }
 
 /* COPY of the rows in t into stage_created, then the one upsert. */
-static int write_created(struct ledger *l, const struct text *t)
+int lifecycle_write_created(struct ledger *l, const struct text *t)
 {
         int r = copy_rows(l, "COPY stage_created FROM STDIN", t->buf, t->len);
         if (r == 0) {
@@ -125,14 +125,14 @@ int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text
         for (size_t k = 0; r == 0 && k < n; k++) {
                 staged[idx[k]] = true; /* (one committed ahead is in the ledger already) */
                 if (!b->announced[idx[k]]) {
-                        r = created_row(t, &b->events[idx[k]]);
+                        r = lifecycle_created_row(t, &b->events[idx[k]]);
                         rows++;
                 }
         }
         free(idx);
         *ret_staged = staged;
         *ret_n = n;
-        return r == 0 && rows ? write_created(l, t) : r;
+        return r == 0 && rows ? lifecycle_write_created(l, t) : r;
 }
 
 int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **ret_idx, size_t *ret_n)
@@ -143,7 +143,7 @@ int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **ret_
         t->len = 0;
         int r = 0;
         for (size_t k = 0; r == 0 && k < n; k++)
-                r = created_row(t, &b->events[idx[k]]);
+                r = lifecycle_created_row(t, &b->events[idx[k]]);
         if (r < 0) {
                 free(idx);
                 return r;
@@ -158,7 +158,7 @@ int lifecycle_announce(struct ledger *l, const struct text *rows)
         int r = db_ensure(l);
         PGresult *res = r == 0 ? PQexec(l->db, "BEGIN") : NULL;
         if (r == 0 && (r = query_ok(l, res, PGRES_COMMAND_OK, "begin")) == 0) {
-                r = write_created(l, rows);
+                r = lifecycle_write_created(l, rows);
                 PGresult *end = PQexec(l->db, r == 0 ? "COMMIT" : "ROLLBACK");
                 int e = query_ok(l, end, PGRES_COMMAND_OK, r == 0 ? "commit" : "rollback");
                 PQclear(end);

@@ -38,6 +38,14 @@ int lifecycle_stage_created(struct ledger *l, const struct batch *b, struct text
  * Their indexes in *idx (free it), *n of them. 0 or -ENOMEM. */
 int lifecycle_announce_rows(const struct batch *b, struct text *t, size_t **idx, size_t *n);
 
+/* Appends ev's row (a `created` event) to t in stage_created's COPY text.
+ * 0 or -ENOMEM. */
+int lifecycle_created_row(struct text *t, const struct usage_event *ev);
+
+/* Stages the rows t holds (lifecycle_created_row's) and writes them with the
+ * one upsert, in the caller's transaction. 0, or -EIO (last_error says why). */
+int lifecycle_write_created(struct ledger *l, const struct text *t);
+
 /* Commits rows (lifecycle_announce_rows) to the sandboxes table in a
  * transaction of their own, ahead of their batch: a `created` event's row
  * says only what the sandbox was made with (never its state or host once

@@ -72,6 +72,7 @@ struct agg {
         struct batch *batch;            /* the batch being folded: one of batches */
         struct batch *inflight;         /* the other, while the writer commits it; NULL: none */
         struct ledger wledger;          /* every commit's connection */
+        struct ledger watch;            /* the metering gaps' (check_metering_gaps) */
         struct writer writer;
         struct announcer announcer;     /* created rows the writer commits ahead of their batch */
         int64_t due_asked_ns;           /* monotonic: when due_mid_poll last asked */
@@ -639,10 +640,10 @@ static void housekeeping(struct agg *a)
                 if (sandboxes_sweep(&a->cache, cfg->keep_idle_ms, cfg->keep_stopped_ms))
                         a->prefetched = 0; /* (what it found absent is forgotten: looked up again) */
         }
-        if (now_mono - a->last_gap_check_ns >= METERING_CHECK_NS) {
+        bool gaps_due = now_mono - a->last_gap_check_ns >= METERING_CHECK_NS;
+        if (gaps_due)
                 a->last_gap_check_ns = now_mono;
-                check_metering_gaps(&a->parts);
-        }
+        check_metering_gaps(&a->parts, gaps_due);
         int64_t held_every = cfg->provenance_grace_ms * NS_PER_MS / 4;
         if (held_every > METERING_CHECK_NS)
                 held_every = METERING_CHECK_NS;
@@ -670,6 +671,8 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
         a.parts = (struct partitions){ .group = cfg->group, .ledger = &a.ledger, .cache = &a.cache,
                                        .metrics = a.metrics, .stop = stop };
         a.wledger = (struct ledger){ .url = cfg->database_url };
+        a.watch = (struct ledger){ .url = cfg->database_url };
+        a.parts.watch = &a.watch;
         a.batch = &a.batches[0];
         a.intake = (struct intake){ .cache = &a.cache, .batch = a.batch, .parts = &a.parts, .ledger = &a.ledger,
                                     .metrics = a.metrics, .max_ahead_ns = cfg->max_clock_ahead_ms * NS_PER_MS,
@@ -689,6 +692,7 @@ int aggregator_run(const struct aggregator_config *cfg, volatile sig_atomic_t *s
             enforce_open(&a.enforce, cfg->kafka_brokers, &cfg->kafka) < 0)
                 goto out;
         store_warm(&a.wledger); /* (a failure costs the first commit the time) */
+        sandboxes_warm(&a.cache);
         if (writer_start(&a.writer) < 0) {
                 log_error("could not start the writer thread", NULL);
                 goto out;
@@ -755,5 +759,6 @@ out:
         free(a.metrics);
         ledger_close(&a.ledger);
         ledger_close(&a.wledger);
+        ledger_close(&a.watch);
         return r;
 }

@@ -254,29 +254,53 @@ void offset_reset(struct partitions *ps, int32_t pn)
 
 /* Hosts with running sandboxes and no recent sample (the metering_gaps
  * view): logged at warning and counted at each check. */
-void check_metering_gaps(struct partitions *ps)
+/* The metering_gaps view's rows: said and counted. */
+static void read_metering_gaps(struct partitions *ps, PGresult *res)
 {
-        if (db_ensure(ps->ledger) < 0)
-                return;
-        PGresult *res = PQexec(ps->ledger->db, "SELECT host, running_sandboxes, extract(epoch FROM silent_for)::bigint,"
-                                      " coalesce(to_char(last_sample_at AT TIME ZONE 'UTC',"
-                                      " 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), 'never')"
-                                      " FROM metering_gaps ORDER BY host");
-        if (query_ok(ps->ledger, res, PGRES_TUPLES_OK, "metering gaps") == 0) {
-                int n = PQntuples(res);
-                /* A line per host when the set of gaps grows, then once a minute. */
-                uint64_t before = atomic_load_explicit(&ps->metrics->metering_gap_hosts, memory_order_relaxed);
-                bool say = (uint64_t)n > before || time_mono_ns() - ps->last_gap_log_ns >= 60 * NS_PER_SEC;
-                if (say && n)
-                        ps->last_gap_log_ns = time_mono_ns();
-                for (int i = 0; say && i < n; i++)
-                        log_warn("metering gap: a host with running sandboxes sends no samples",
-                                 "host=%s running_sandboxes=%s silent_s=%s last_sample=%s", PQgetvalue(res, i, 0),
-                                 PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
-                atomic_store_explicit(&ps->metrics->metering_gap_hosts, (uint64_t)n, memory_order_relaxed);
-                atomic_fetch_add_explicit(&ps->metrics->metering_gaps_seen, (uint64_t)n, memory_order_relaxed);
+        int n = PQntuples(res);
+        /* A line per host when the set of gaps grows, then once a minute. */
+        uint64_t before = atomic_load_explicit(&ps->metrics->metering_gap_hosts, memory_order_relaxed);
+        bool say = (uint64_t)n > before || time_mono_ns() - ps->last_gap_log_ns >= 60 * NS_PER_SEC;
+        if (say && n)
+                ps->last_gap_log_ns = time_mono_ns();
+        for (int i = 0; say && i < n; i++)
+                log_warn("metering gap: a host with running sandboxes sends no samples",
+                         "host=%s running_sandboxes=%s silent_s=%s last_sample=%s", PQgetvalue(res, i, 0),
+                         PQgetvalue(res, i, 1), PQgetvalue(res, i, 2), PQgetvalue(res, i, 3));
+        atomic_store_explicit(&ps->metrics->metering_gap_hosts, (uint64_t)n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&ps->metrics->metering_gaps_seen, (uint64_t)n, memory_order_relaxed);
+}
+
+void check_metering_gaps(struct partitions *ps, bool due)
+{
+        struct ledger *l = ps->watch;
+        if (ps->gaps_asked) {
+                if (PQconsumeInput(l->db) != 1) {
+                        log_warn("lost the connection that watches for metering gaps; opening it again", "error=\"%s\"",
+                                 PQerrorMessage(l->db));
+                        ledger_close(l);
+                        ps->gaps_asked = false;
+                        return;
+                }
+                if (PQisBusy(l->db))
+                        return; /* (still running: looked at again on the next pass) */
+                PGresult *res;
+                while ((res = PQgetResult(l->db))) {
+                        if (query_ok(l, res, PGRES_TUPLES_OK, "metering gaps") == 0)
+                                read_metering_gaps(ps, res);
+                        PQclear(res);
+                }
+                ps->gaps_asked = false;
         }
-        PQclear(res);
+        if (!due || db_ensure(l) < 0)
+                return;
+        if (PQsendQuery(l->db, "SELECT host, running_sandboxes, extract(epoch FROM silent_for)::bigint,"
+                               " coalesce(to_char(last_sample_at AT TIME ZONE 'UTC',"
+                               " 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), 'never')"
+                               " FROM metering_gaps ORDER BY host") == 1)
+                ps->gaps_asked = true;
+        else
+                log_warn("could not ask for the metering gaps", "error=\"%s\"", PQerrorMessage(l->db));
 }
 
 /* Messages the broker holds beyond those taken, in the partitions owned: the

@@ -5,7 +5,11 @@
  * aggregator logs it at warning and /metrics shows one host in a gap; A's
  * vmm sending a `stopped` event every second meanwhile (not a sample) does
  * not hide the gap. Once
- * A's sandbox stops (its final sample arrives), the gap closes. */
+ * A's sandbox stops (its final sample arrives), the gap closes. Last, the
+ * view made slow (2 s a read): a sample is committed while the aggregator's
+ * check of it is still out (aggregator/partitions.h, check_metering_gaps);
+ * and the rows the aggregator warmed its session with at start are not in
+ * the ledger. */
 #include "aggtest.h"
 #include "storetest.h"
 #include "support.h"
@@ -93,6 +97,35 @@ int main(void)
                 time_sleep_ns(100 * NS_PER_MS);
         }
         CHECK(gauge == 0, "metering_gap_hosts did not go back to 0 (%lld)", (long long)gauge);
+
+        /* The view made slow (its threshold sleeps 2 s a call): the aggregator
+         * goes on committing while its check is out, not after it. */
+        aggtest_exec(&t, "CREATE OR REPLACE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE"
+                         " AS $$ SELECT interval '3 seconds' FROM pg_sleep(2) $$");
+        const char *checking = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                               " AND query LIKE '%FROM metering_gaps ORDER BY host'";
+        bool out = false;
+        for (int i = 0; i < 150 && !out; i++) { /* (asked every 5 s) */
+                time_sleep_ns(50 * NS_PER_MS);
+                out = store_int(&t, checking) == 1;
+        }
+        CHECK(out, "the aggregator never asked for the metering gaps");
+        sample(&t, "host-mg-b", "sb_mg_b", seq++, time_wall_ns(), STATE_RUNNING);
+        aggtest_flush(&t);
+        int64_t t0 = time_mono_ns();
+        CHECK(aggtest_wait_committed(&t, aggtest_topic_end(&t), 10000) == 0, "the sample was not committed");
+        int64_t ms = (time_mono_ns() - t0) / NS_PER_MS;
+        CHECK(store_int(&t, checking) == 1, "the sample was committed only once the metering gaps' check ended"
+                                            " (%lld ms)", (long long)ms);
+        /* Its session was warmed at start with a row of a sandbox of its own
+         * (aggregator/store.h, store_warm), rolled back: nothing of it stays. */
+        CHECK(store_log_has(&t, 0, "ledger session warmed"), "the aggregator did not warm its ledger session");
+        CHECK(store_int(&t, "SELECT (SELECT count(*) FROM sandboxes WHERE id LIKE 'tally-warm-%')"
+                            " + (SELECT count(*) FROM fold_state WHERE sandbox_id LIKE 'tally-warm-%')"
+                            " + (SELECT count(*) FROM usage_hourly WHERE sandbox_id LIKE 'tally-warm-%')"
+                            " + (SELECT count(*) FROM usage_key_hourly WHERE key_id LIKE 'tally-warm-%')"
+                            " + (SELECT count(*) FROM spend_daily WHERE key_id LIKE 'tally-warm-%')") == 0,
+              "rows of the session's warming stayed in the ledger");
         CHECK(aggtest_terminate(agg) == 0, "the aggregator did not stop cleanly");
         aggtest_stop(&t);
         return test_result();
