@@ -252,9 +252,8 @@ void offset_reset(struct partitions *ps, int32_t pn)
                 log_error("could not resume the partitions", "partition=%d error=\"%s\"", pn, rd_kafka_err2str(ae));
 }
 
-/* Hosts with running sandboxes and no recent sample (the metering_gaps
- * view): logged at warning and counted at each check. */
-/* The metering_gaps view's rows: said and counted. */
+/* The metering_gaps view's rows: hosts with running sandboxes and no
+ * recent sample, logged at warning and counted at each check. */
 static void read_metering_gaps(struct partitions *ps, PGresult *res)
 {
         int n = PQntuples(res);
@@ -282,10 +281,12 @@ void check_metering_gaps(struct partitions *ps, bool due)
                         ps->gaps_asked = false;
                         return;
                 }
-                if (PQisBusy(l->db))
-                        return; /* (still running: looked at again on the next pass) */
-                PGresult *res;
-                while ((res = PQgetResult(l->db))) {
+                for (;;) {
+                        if (PQisBusy(l->db))
+                                return; /* (not all there yet: looked at again on the next pass) */
+                        PGresult *res = PQgetResult(l->db);
+                        if (!res)
+                                break;
                         if (query_ok(l, res, PGRES_TUPLES_OK, "metering gaps") == 0)
                                 read_metering_gaps(ps, res);
                         PQclear(res);
