@@ -298,10 +298,13 @@ void check_metering_gaps(struct partitions *ps, bool due)
         if (PQsendQuery(l->db, "SELECT host, running_sandboxes, extract(epoch FROM silent_for)::bigint,"
                                " coalesce(to_char(last_sample_at AT TIME ZONE 'UTC',"
                                " 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), 'never')"
-                               " FROM metering_gaps ORDER BY host") == 1)
-                ps->gaps_asked = true;
-        else
-                log_warn("could not ask for the metering gaps", "error=\"%s\"", PQerrorMessage(l->db));
+                               " FROM metering_gaps ORDER BY host") != 1) {
+                log_warn("could not ask for the metering gaps; the connection is opened again", "error=\"%s\"",
+                         PQerrorMessage(l->db));
+                ledger_close(l);
+                return;
+        }
+        ps->gaps_asked = true;
 }
 
 /* Messages the broker holds beyond those taken, in the partitions owned: the

@@ -7,7 +7,8 @@
  * not hide the gap. Once
  * A's sandbox stops (its final sample arrives), the gap closes. Last, the
  * view made slow (2 s a read): a sample is committed while the aggregator's
- * check of it is still out (aggregator/partitions.h, check_metering_gaps);
+ * check of it is still out (aggregator/partitions.h, check_metering_gaps),
+ * and the check's connection, ended mid-check, is opened again;
  * and the rows the aggregator warmed its session with at start are not in
  * the ledger. */
 #include "aggtest.h"
@@ -117,6 +118,25 @@ int main(void)
         int64_t ms = (time_mono_ns() - t0) / NS_PER_MS;
         CHECK(store_int(&t, checking) == 1, "the sample was committed only once the metering gaps' check ended"
                                             " (%lld ms)", (long long)ms);
+        /* Its connection lost mid-check: said, opened again, asked again. */
+        bool ended = false;
+        for (int i = 0; i < 300 && !ended; i++) { /* (one is out 2 s of every 5) */
+                ended = store_int(&t, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                      " WHERE state = 'active' AND query LIKE '%FROM metering_gaps ORDER BY host'") == 1;
+                if (!ended)
+                        time_sleep_ns(50 * NS_PER_MS);
+        }
+        CHECK(ended, "no check to end");
+        time_sleep_ns(200 * NS_PER_MS); /* (its backend gone from pg_stat_activity) */
+        bool again = false;
+        for (int i = 0; i < 300 && !again; i++) { /* (asked every 5 s) */
+                time_sleep_ns(50 * NS_PER_MS);
+                again = store_int(&t, checking) == 1;
+        }
+        CHECK(store_log_has(&t, 0, "what=metering gaps") ||
+                      store_log_has(&t, 0, "lost the connection that watches for metering gaps"),
+              "the aggregator did not say its metering gaps' check failed");
+        CHECK(again, "the aggregator did not ask for the metering gaps again after losing their connection");
         /* Its session was warmed at start with a row of a sandbox of its own
          * (aggregator/store.h, store_warm), rolled back: nothing of it stays. */
         CHECK(store_log_has(&t, 0, "ledger session warmed"), "the aggregator did not warm its ledger session");
