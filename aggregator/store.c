@@ -540,29 +540,35 @@ static int run_steps(struct commit *c, int from, int to)
         return r;
 }
 
-/* One row in each staging table, and the `created` upsert of it, for
- * store_warm: a sandbox, account and key of this process's own id that no
- * one has, running, with nothing to rate (no rating gap) and no sample (no
- * hosts row), in the current hour's partition of usage_hourly. */
+/* One row in each staging table, written out as a commit writes its own
+ * (usage_copy_text, fold_copy_text: a batch of one sandbox), and the
+ * `created` upsert of it, for store_warm: a sandbox, account and key of this
+ * process's own id that no one has, running, with nothing to rate (no
+ * rating gap), its row to sync and no sample (no hosts row), in the current
+ * hour's partition of usage_hourly. */
 static int warm_rows(struct ledger *l)
 {
-        char id[EVENT_ID_MAX + 1], hour[64], wall[64];
         int64_t now = time_wall_ns();
-        snprintf(id, sizeof(id), "tally-warm-%ld", (long)getpid());
-        format_ts(hour, sizeof(hour), time_hour_start(now));
-        format_ts(wall, sizeof(wall), now);
-        struct text t = { 0 };
+        struct sandbox sb = { .vcpus = 1, .fold = { .known = true, .state = STATE_RUNNING, .wall_ns = now } };
+        snprintf(sb.id, sizeof(sb.id), "tally-warm-%ld", (long)getpid());
+        memcpy(sb.account, sb.id, sizeof(sb.id));
+        memcpy(sb.key, sb.id, sizeof(sb.id));
+        memcpy(sb.host, sb.id, sizeof(sb.id));
+        struct sandbox *dirty = &sb;
+        struct piece piece = { .sb = &sb, .u = { .hour_ns = time_hour_start(now) } };
+        struct batch b = { .pieces = &piece, .npieces = 1, .dirty = &dirty, .ndirty = 1 };
         struct usage_event ev = { .type = EVENT_CREATED, .vcpus = 1, .wall_ns = now };
-        snprintf(ev.sandbox, sizeof(ev.sandbox), "%s", id);
-        snprintf(ev.account, sizeof(ev.account), "%s", id);
-        snprintf(ev.key, sizeof(ev.key), "%s", id);
-        snprintf(ev.host, sizeof(ev.host), "%s", id);
-        int r = text_add(&t, "%s\t%s\t%s\t%s\t0\t0\t0\t0\n", id, hour, id, id);
+        memcpy(ev.sandbox, sb.id, sizeof(sb.id));
+        memcpy(ev.account, sb.id, sizeof(sb.id));
+        memcpy(ev.key, sb.id, sizeof(sb.id));
+        memcpy(ev.host, sb.id, sizeof(sb.id));
+        struct text t = { 0 };
+        size_t rows;
+        int r = usage_copy_text(&b, &t, &rows);
         if (r == 0)
                 r = copy_rows(l, stage_usage_copy, t.buf, t.len);
-        t.len = 0;
-        if (r == 0) /* (the fold text is never read: the transaction is rolled back) */
-                r = text_add(&t, "%s\t%s\t%s\t%s\t1\t-\t0\tf\trunning\t0\t%s\tt\t0\t0\tf\n", id, id, id, id, wall);
+        if (r == 0)
+                r = fold_copy_text(&b, &t);
         if (r == 0)
                 r = copy_rows(l, stage_fold_copy, t.buf, t.len);
         t.len = 0;

@@ -21,6 +21,8 @@
 #include <string.h>
 
 #define MIB (UINT64_C(1) << 20)
+/* The aggregator's metering-gap checks under way (pg_stat_activity), after a SELECT list. */
+#define CHECKS " FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%FROM metering_gaps ORDER BY host'"
 
 static void sample(struct aggtest *t, const char *host, const char *sb, int seq, int64_t wall, enum sandbox_state st)
 {
@@ -103,8 +105,7 @@ int main(void)
          * goes on committing while its check is out, not after it. */
         aggtest_exec(&t, "CREATE OR REPLACE FUNCTION metering_gap_threshold() RETURNS interval LANGUAGE sql STABLE"
                          " AS $$ SELECT interval '3 seconds' FROM pg_sleep(2) $$");
-        const char *checking = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
-                               " AND query LIKE '%FROM metering_gaps ORDER BY host'";
+        const char *checking = "SELECT count(*)" CHECKS;
         bool out = false;
         for (int i = 0; i < 150 && !out; i++) { /* (asked every 5 s) */
                 time_sleep_ns(50 * NS_PER_MS);
@@ -121,8 +122,7 @@ int main(void)
         /* Its connection lost mid-check: said, opened again, asked again. */
         bool ended = false;
         for (int i = 0; i < 300 && !ended; i++) { /* (one is out 2 s of every 5) */
-                ended = store_int(&t, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                                      " WHERE state = 'active' AND query LIKE '%FROM metering_gaps ORDER BY host'") == 1;
+                ended = store_int(&t, "SELECT count(pg_terminate_backend(pid))" CHECKS) == 1;
                 if (!ended)
                         time_sleep_ns(50 * NS_PER_MS);
         }
